@@ -1,0 +1,145 @@
+// Package store is the control plane's single source of truth: one
+// interface, Store, with a SQLite and a PostgreSQL implementation that pass
+// the same conformance suite. Every rule about jobs, attempts, leases and
+// conversations lives here, in SQL, not in handler code.
+//
+// Only the controlplane packages import store.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Sentinel errors. The HTTP layer maps each to one status and wire code.
+var (
+	ErrNotFound         = errors.New("not found")                // 404 not_found
+	ErrForbidden        = errors.New("token is for another job") // 403 forbidden
+	ErrUnauthorized     = errors.New("unknown token")            // 401 unauthorized
+	ErrLeaseLost        = errors.New("lease lost")               // 409 lease_lost (and a lease.stale_report event)
+	ErrAdmitted         = errors.New("job was admitted")         // 409 admitted
+	ErrNotAdmitted      = errors.New("job was not admitted")     // 409 not_admitted
+	ErrConversationLost = errors.New("conversation is lost")     // 409 conversation_lost
+	ErrGone             = errors.New("ended for good")           // 410 gone
+	ErrInvalid          = errors.New("invalid")                  // 400 invalid (wrap with detail)
+	ErrExists           = errors.New("already exists")           // 409 (host names)
+)
+
+// Host is a registered sandbox host.
+type Host struct {
+	ID   string
+	Name string
+}
+
+// AttemptAuth is what a worker token authorizes: one attempt of one job.
+type AttemptAuth struct {
+	JobID     string
+	AttemptID string
+	HostID    string
+}
+
+// ClaimParams are the inputs of Claim.
+type ClaimParams struct {
+	HostID          string
+	LeaseTTL        time.Duration
+	WorkerTokenHash []byte // hash of the worker token the server generated
+	Now             time.Time
+}
+
+// ReapParams are the inputs of one reaper sweep.
+type ReapParams struct {
+	Now time.Time
+	// Grace is added to lease expiry before an attempt is superseded; at
+	// least the runner's stop grace (P3).
+	Grace time.Duration
+	// MaxWorkerLost caps the uncounted requeues of one job (P6): past it
+	// the job fails with a plain reason instead of looping through the fleet.
+	MaxWorkerLost int
+	// Limit bounds one sweep; 0 means no limit.
+	Limit int
+}
+
+// ReapResult counts what one sweep did.
+type ReapResult struct {
+	Superseded         int
+	Requeued           int
+	ConversationsLost  int
+	FailedWorkerLostCap int
+}
+
+// Store is the control plane's persistence. Every method takes the current
+// time from its caller, so tests control it. Every attempt-scoped write is a
+// single guarded statement (attempt id, lease generation, state running,
+// lease not expired at Now); a refused one returns ErrLeaseLost and records
+// a lease.stale_report event on the job (P1).
+type Store interface {
+	// Hosts.
+	CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (Host, error)
+	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
+	RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error
+	ListServers(ctx context.Context) ([]wire.Server, error)
+
+	// User API.
+	CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error)
+	GetConversation(ctx context.Context, id string) (wire.Conversation, error)
+	ListConversations(ctx context.Context) ([]wire.Conversation, error)
+	// EnqueueTurn appends a turn; ErrConversationLost for a LOST conversation (R32).
+	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
+	// GetJob returns the job with its attempts and events.
+	GetJob(ctx context.Context, id string) (wire.Job, error)
+	// JobEvents returns events with ID > after, oldest first, at most limit.
+	JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error)
+	// CancelJob ends a queued job at once; for a running one it sets the
+	// cancel flag that the next renewal answer carries (P7). ErrGone if ended.
+	CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error)
+
+	// Worker API, host scope. Claim takes the oldest runnable job: queued,
+	// of a conversation that is usable and has no other job running or
+	// queued before it (one turn at a time, in order). It returns false when
+	// there is none. The new attempt's generation is one more than the job's
+	// last (P1).
+	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
+
+	// AuthorizeAttempt maps a worker token hash to its attempt, checking
+	// that it belongs to jobID: ErrUnauthorized if no attempt has it,
+	// ErrForbidden if it is another job's, ErrNotFound if jobID does not exist.
+	AuthorizeAttempt(ctx context.Context, jobID string, tokenHash []byte) (AttemptAuth, error)
+
+	// Attempt scope: each is one guarded statement (P1).
+	Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
+	AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
+	RecordContainer(ctx context.Context, ref wire.AttemptRef, req wire.ContainerRequest, now time.Time) error
+	// Admit is idempotent for the same attempt and activation (same receipt).
+	Admit(ctx context.Context, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error)
+	// Settle records the boundary once; the same attempt and activation
+	// again gets the same boundary without bumping the epoch, adding a
+	// snapshot or changing the native turn (R27). ErrNotAdmitted before admission.
+	Settle(ctx context.Context, ref wire.AttemptRef, req wire.SettlementRequest, now time.Time) (wire.Boundary, error)
+	Notice(ctx context.Context, ref wire.AttemptRef, req wire.NoticeRequest, now time.Time) error
+	// Abandon ends a never-admitted attempt as failed; the conversation
+	// stays usable (R29). ErrAdmitted if the job was admitted (R30).
+	Abandon(ctx context.Context, ref wire.AttemptRef, req wire.AbandonRequest, now time.Time) (wire.FinishResponse, error)
+	// Release requeues a never-accepted turn in one statement that also
+	// requires that no membership admitted the job (R36). ErrAdmitted otherwise.
+	Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error
+	// Finish records the terminal report. The same report again gets the
+	// first answer (P2). Admitted and unsettled with any outcome but
+	// succeeded marks the conversation LOST (R30). worker_lost on a
+	// never-admitted job requeues it without counting an attempt (P6).
+	Finish(ctx context.Context, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error)
+
+	// Reap supersedes attempts whose lease expired before Now-Grace with an
+	// attempt_superseded event: never admitted → requeued, counted as
+	// worker lost (P6); admitted → conversation LOST (R30, R35).
+	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
+	// ResumeAfterAbsence gives every running lease a full TTL from now when
+	// the control plane was away longer than its own heartbeat gap (P4).
+	// It records now as the control plane's last sign of life and returns
+	// how many leases it extended.
+	ResumeAfterAbsence(ctx context.Context, now time.Time, maxGap time.Duration) (int, error)
+
+	Close() error
+}

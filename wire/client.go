@@ -1,0 +1,235 @@
+package wire
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Client is the thin protocol client: one method per call, no goroutines,
+// no retries. Each caller brings its own *http.Client (the renewer has its
+// own transport, R3) and owns its retry policy and deadline.
+type Client struct {
+	BaseURL string       // e.g. http://127.0.0.1:8080, no trailing slash needed
+	HTTP    *http.Client // nil means http.DefaultClient
+}
+
+// StatusError is a non-2xx answer. It carries the status and the stable
+// code, never the URL, the token or the body's free text (R16).
+type StatusError struct {
+	Op     string
+	Status int
+	Code   string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%s: HTTP %d %s", e.Op, e.Status, e.Code)
+}
+
+// TransportError is a request that got no HTTP answer. The URL of the
+// underlying *url.Error is dropped so that it cannot reach a record.
+type TransportError struct {
+	Op  string
+	Err error
+}
+
+func (e *TransportError) Error() string { return e.Op + ": " + e.Err.Error() }
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// Retry classes (architecture: "Retry classes, everywhere").
+type RetryClass int
+
+const (
+	// Transient: transport errors and 408/502/503/504. Retry.
+	Transient RetryClass = iota
+	// Definitive: 409 and 410. The answer will not change.
+	Definitive
+	// CredentialRefused: 401/403/404 on an attempt-scoped call.
+	CredentialRefused
+	// Permanent: any other status; not retried.
+	Permanent
+)
+
+func (c RetryClass) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Definitive:
+		return "definitive"
+	case CredentialRefused:
+		return "credential_refused"
+	default:
+		return "permanent"
+	}
+}
+
+// Classify is the one place that decides what an error from this client
+// means for retrying. A context cancellation of the caller's own is
+// Permanent: the caller gave up, nothing is to be retried.
+func Classify(err error) RetryClass {
+	var se *StatusError
+	if errors.As(err, &se) {
+		return ClassifyStatus(se.Status)
+	}
+	if errors.Is(err, context.Canceled) {
+		return Permanent
+	}
+	return Transient
+}
+
+// ClassifyStatus classifies an HTTP status.
+func ClassifyStatus(status int) RetryClass {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return Transient
+	case http.StatusConflict, http.StatusGone:
+		return Definitive
+	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		return CredentialRefused
+	}
+	return Permanent
+}
+
+// ErrNoClaim is returned by Claim when the long poll ended with 204.
+var ErrNoClaim = errors.New("no turn to claim")
+
+// Claim long-polls for a turn with the host token.
+func (c *Client) Claim(ctx context.Context, hostToken string, req ClaimRequest) (Claim, error) {
+	var out Claim
+	status, err := c.do(ctx, "claim", PathClaim, hostToken, req, &out)
+	if err == nil && status == http.StatusNoContent {
+		return Claim{}, ErrNoClaim
+	}
+	return out, err
+}
+
+// HostHeartbeat reports the host's status with the host token.
+func (c *Client) HostHeartbeat(ctx context.Context, hostToken string, req HostHeartbeat) (HostHeartbeatResponse, error) {
+	var out HostHeartbeatResponse
+	_, err := c.do(ctx, "host_heartbeat", PathHostHeartbeat, hostToken, req, &out)
+	return out, err
+}
+
+// Renew renews an attempt's lease with its worker token.
+func (c *Client) Renew(ctx context.Context, workerToken, jobID string, req RenewRequest) (RenewResponse, error) {
+	var out RenewResponse
+	_, err := c.do(ctx, OpRenew, AttemptPath(jobID, OpRenew), workerToken, req, &out)
+	return out, err
+}
+
+// Events uploads a batch of runner events.
+func (c *Client) Events(ctx context.Context, workerToken, jobID string, req EventsRequest) (EventsResponse, error) {
+	var out EventsResponse
+	_, err := c.do(ctx, OpEvents, AttemptPath(jobID, OpEvents), workerToken, req, &out)
+	return out, err
+}
+
+// Container records the retained sandbox's identity.
+func (c *Client) Container(ctx context.Context, workerToken, jobID string, req ContainerRequest) error {
+	_, err := c.do(ctx, OpContainer, AttemptPath(jobID, OpContainer), workerToken, req, &Empty{})
+	return err
+}
+
+// Admission asks for the admission receipt.
+func (c *Client) Admission(ctx context.Context, workerToken, jobID string, req AdmissionRequest) (AdmissionReceipt, error) {
+	var out AdmissionReceipt
+	_, err := c.do(ctx, OpAdmission, AttemptPath(jobID, OpAdmission), workerToken, req, &out)
+	return out, err
+}
+
+// Settlement records the settlement and returns the boundary.
+func (c *Client) Settlement(ctx context.Context, workerToken, jobID string, req SettlementRequest) (Boundary, error) {
+	var out Boundary
+	_, err := c.do(ctx, OpSettlement, AttemptPath(jobID, OpSettlement), workerToken, req, &out)
+	return out, err
+}
+
+// Notice sends a notice such as shared_workspace_settled.
+func (c *Client) Notice(ctx context.Context, workerToken, jobID string, req NoticeRequest) error {
+	_, err := c.do(ctx, OpNotices, AttemptPath(jobID, OpNotices), workerToken, req, &Empty{})
+	return err
+}
+
+// Abandon ends a never-admitted attempt as failed, keeping the conversation usable.
+func (c *Client) Abandon(ctx context.Context, workerToken, jobID string, req AbandonRequest) (FinishResponse, error) {
+	var out FinishResponse
+	_, err := c.do(ctx, OpAbandon, AttemptPath(jobID, OpAbandon), workerToken, req, &out)
+	return out, err
+}
+
+// Release gives a never-accepted turn back to the queue.
+func (c *Client) Release(ctx context.Context, workerToken, jobID string, req ReleaseRequest) error {
+	_, err := c.do(ctx, OpRelease, AttemptPath(jobID, OpRelease), workerToken, req, &Empty{})
+	return err
+}
+
+// Finish sends the terminal report.
+func (c *Client) Finish(ctx context.Context, workerToken, jobID string, req FinishRequest) (FinishResponse, error) {
+	var out FinishResponse
+	_, err := c.do(ctx, OpFinish, AttemptPath(jobID, OpFinish), workerToken, req, &out)
+	return out, err
+}
+
+// Do is the general call for the user API and tools: method and path,
+// bearer token, a JSON body (nil for none) and where to decode the answer
+// (nil to discard it). It returns the status of a 2xx answer.
+func (c *Client) Do(ctx context.Context, method, path, token string, body, out any) (int, error) {
+	return c.send(ctx, strings.TrimPrefix(path, "/"), method, path, token, body, out)
+}
+
+func (c *Client) do(ctx context.Context, op, path, token string, body, out any) (int, error) {
+	return c.send(ctx, op, http.MethodPost, path, token, body, out)
+}
+
+func (c *Client) send(ctx context.Context, op, method, path, token string, body, out any) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, fmt.Errorf("%s: encode request: %w", op, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.BaseURL, "/")+path, rd)
+	if err != nil {
+		return 0, fmt.Errorf("%s: build request: %w", op, errors.Unwrap(err))
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return 0, &TransportError{Op: op, Err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		var eb ErrorBody
+		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
+		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code}
+	}
+	if resp.StatusCode == http.StatusNoContent || out == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBodyBytes))
+		return resp.StatusCode, nil
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16*MaxBodyBytes)).Decode(out); err != nil {
+		return resp.StatusCode, &TransportError{Op: op, Err: fmt.Errorf("decode answer: %w", err)}
+	}
+	return resp.StatusCode, nil
+}

@@ -1,0 +1,392 @@
+// Package wire holds the JSON types of the runnerd protocol, shared by the
+// host daemon and the reference control plane, and a thin client with one
+// method per call. docs/protocol.md is the contract; these types mirror it.
+//
+// Anything may import wire; wire imports nothing of this module.
+package wire
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Paths of the worker API. Attempt-scoped paths take the job id.
+const (
+	PathClaim         = "/v1/agent/worker/claim"
+	PathHostHeartbeat = "/v1/agent/worker/heartbeat"
+	pathJobPrefix     = "/v1/agent/worker/jobs/"
+)
+
+// Attempt-scoped operations: the last path element of
+// POST /v1/agent/worker/jobs/{job}/{op}.
+const (
+	OpRenew      = "renew"
+	OpEvents     = "events"
+	OpContainer  = "container"
+	OpAdmission  = "admission"
+	OpSettlement = "settlement"
+	OpNotices    = "notices"
+	OpAbandon    = "abandon"
+	OpRelease    = "release"
+	OpFinish     = "finish"
+)
+
+// AttemptPath is the path of an attempt-scoped call.
+func AttemptPath(jobID, op string) string { return pathJobPrefix + jobID + "/" + op }
+
+// MaxBodyBytes bounds every request body the control plane reads.
+const MaxBodyBytes = 1 << 20
+
+// ---- errors ----
+
+// Error codes of ErrorBody.Code. They are stable: clients switch on them.
+const (
+	CodeBadJSON          = "bad_json"          // 400: malformed JSON or trailing data
+	CodeUnknownField     = "unknown_field"     // 400: a field this version does not know
+	CodeBodyTooLarge     = "body_too_large"    // 400: body over MaxBodyBytes
+	CodeInvalid          = "invalid"           // 400: well-formed but a field is wrong
+	CodeUnauthorized     = "unauthorized"      // 401: no token, or a token nobody holds
+	CodeForbidden        = "forbidden"         // 403: a real token for something else
+	CodeNotFound         = "not_found"         // 404
+	CodeLeaseLost        = "lease_lost"        // 409: not the live attempt/generation, or lease expired
+	CodeAdmitted         = "admitted"          // 409: release/abandon of an admitted job
+	CodeNotAdmitted      = "not_admitted"      // 409: settlement/notice before admission
+	CodeConversationLost = "conversation_lost" // 409: a LOST conversation takes no new message
+	CodeGone             = "gone"              // 410: the job or conversation has ended for good
+	CodeInternal         = "internal"          // 500
+)
+
+// ErrorBody is the body of every non-2xx answer. Message is plain language
+// for people; it never echoes a token or the request body.
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ---- states and outcomes ----
+
+// Job states.
+const (
+	JobQueued    = "queued"
+	JobRunning   = "running"
+	JobSucceeded = "succeeded"
+	JobFailed    = "failed"
+	JobCancelled = "cancelled"
+)
+
+// Attempt states.
+const (
+	AttemptRunning    = "running"
+	AttemptFinished   = "finished"    // a terminal report was accepted
+	AttemptReleased   = "released"    // given back, never accepted (R33)
+	AttemptAbandoned  = "abandoned"   // failed before admission, conversation usable (R29)
+	AttemptSuperseded = "superseded"  // the reaper ended it after its lease expired
+	AttemptWorkerLost = "worker_lost" // the host died mid-turn before admission (P6)
+)
+
+// Conversation states.
+const (
+	ConversationUsable = "usable"
+	ConversationLost   = "lost"
+)
+
+// Outcomes a runner reports in FinishRequest.Outcome.
+const (
+	OutcomeSucceeded = "succeeded" // settled; needs a recorded settlement
+	OutcomeFailed    = "failed"    // the turn failed; if admitted and unsettled, the conversation becomes LOST
+	OutcomeCancelled = "cancelled" // stopped on the user's cancel
+	// OutcomeWorkerLost is reported by a restarted daemon for an attempt whose
+	// child died with it. Never admitted: the job is queued again and the
+	// attempt is not counted (P6). Admitted: the conversation becomes LOST.
+	OutcomeWorkerLost = "worker_lost"
+)
+
+// ---- user API ----
+
+// CreateConversationRequest is POST /v1/conversations.
+type CreateConversationRequest struct {
+	Title        string   `json:"title,omitempty"`
+	Image        string   `json:"image"`         // sandbox image (docker backend); informational for process
+	AgentCommand []string `json:"agent_command"` // argv of the agent, run in the workspace
+}
+
+// Conversation is one retained agent session.
+type Conversation struct {
+	ID           string    `json:"id"`
+	Title        string    `json:"title,omitempty"`
+	Image        string    `json:"image"`
+	AgentCommand []string  `json:"agent_command"`
+	State        string    `json:"state"`                 // usable | lost
+	LostReason   string    `json:"lost_reason,omitempty"` // plain language (R32)
+	ContainerID  string    `json:"container_id,omitempty"`
+	Epoch        int64     `json:"workspace_epoch"`
+	NativeTurn   int64     `json:"native_turn"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// ConversationList is GET /v1/conversations.
+type ConversationList struct {
+	Conversations []Conversation `json:"conversations"`
+}
+
+// SendMessageRequest is POST /v1/conversations/{id}/messages: it enqueues a turn.
+type SendMessageRequest struct {
+	Prompt string `json:"prompt"`
+}
+
+// Job is one turn of a conversation, as the user API shows it.
+type Job struct {
+	ID              string     `json:"id"`
+	ConversationID  string     `json:"conversation_id"`
+	Seq             int64      `json:"seq"` // turn number within the conversation, from 1
+	State           string     `json:"state"`
+	Outcome         string     `json:"outcome,omitempty"`
+	Reason          string     `json:"reason,omitempty"` // plain language
+	CancelRequested bool       `json:"cancel_requested"`
+	AttemptCount    int        `json:"attempt_count"`     // counted attempts
+	WorkerLostCount int        `json:"worker_lost_count"` // uncounted host losses (P6)
+	Admitted        bool       `json:"admitted"`
+	CreatedAt       time.Time  `json:"created_at"`
+	EndedAt         *time.Time `json:"ended_at,omitempty"`
+	Attempts        []Attempt  `json:"attempts"`
+	Events          []JobEvent `json:"events,omitempty"`
+}
+
+// Attempt is one lease of a job (R19).
+type Attempt struct {
+	ID              string     `json:"id"`
+	Generation      int64      `json:"lease_generation"`
+	State           string     `json:"state"`
+	LeaseOwner      string     `json:"lease_owner"` // host name
+	LeaseExpiresAt  time.Time  `json:"lease_expires_at"`
+	ClaimedAt       time.Time  `json:"claimed_at"`
+	EndedAt         *time.Time `json:"ended_at,omitempty"`
+	Outcome         string     `json:"outcome,omitempty"`
+	ContainerID     string     `json:"container_id,omitempty"`
+	ActivationID    string     `json:"activation_id,omitempty"`
+	CountsAsAttempt bool       `json:"counts_as_attempt"`
+}
+
+// JobEvent is one timestamped record of a job's history: control-plane
+// transitions (Source "control") and events uploaded by the runner
+// (Source "runner").
+type JobEvent struct {
+	ID        int64           `json:"id"` // increasing per control plane; use as a cursor
+	JobID     string          `json:"job_id"`
+	AttemptID string          `json:"attempt_id,omitempty"`
+	Time      time.Time       `json:"time"`
+	Source    string          `json:"source"`
+	Type      string          `json:"type"`
+	Data      json.RawMessage `json:"data,omitempty"`
+}
+
+// JobEventList is GET /v1/jobs/{id}/events?after=ID&wait_ms=N.
+type JobEventList struct {
+	Events []JobEvent `json:"events"`
+	Ended  bool       `json:"ended"` // the job is terminal and every event was returned
+}
+
+// Server is one host as Admin → Servers shows it (R37).
+type Server struct {
+	Name          string       `json:"name"`
+	LastHeartbeat *time.Time   `json:"last_heartbeat,omitempty"`
+	Capacity      int          `json:"capacity"`
+	Running       int          `json:"running"`
+	Draining      bool         `json:"draining"`
+	LaunchError   *LaunchError `json:"launch_error,omitempty"`
+	Version       string       `json:"version,omitempty"`
+}
+
+// ServerList is GET /v1/admin/servers.
+type ServerList struct {
+	Servers []Server `json:"servers"`
+}
+
+// ---- worker API: host scope ----
+
+// ClaimRequest is POST /v1/agent/worker/claim (host token). The control
+// plane holds the request up to WaitMS for a job and answers 204 if none came.
+type ClaimRequest struct {
+	WaitMS     int64 `json:"wait_ms"`      // long-poll bound; the server caps it
+	LeaseTTLMS int64 `json:"lease_ttl_ms"` // the lease the runner asks for; 0 = server default
+}
+
+// Claim is the 200 answer to a claim.
+type Claim struct {
+	JobID           string    `json:"job_id"`
+	AttemptID       string    `json:"attempt_id"`
+	LeaseGeneration int64     `json:"lease_generation"`
+	LeaseExpiresAt  time.Time `json:"lease_expires_at"`
+	LeaseTTLMS      int64     `json:"lease_ttl_ms"`
+	WorkerToken     string    `json:"worker_token"` // this attempt only; never logged
+	Turn            Turn      `json:"turn"`
+}
+
+// Turn is what the child needs to run the turn.
+type Turn struct {
+	ConversationID string   `json:"conversation_id"`
+	Seq            int64    `json:"seq"`
+	Prompt         string   `json:"prompt"`
+	Image          string   `json:"image"`
+	AgentCommand   []string `json:"agent_command"`
+	ContainerID    string   `json:"container_id,omitempty"` // last recorded retained sandbox
+	Epoch          int64    `json:"workspace_epoch"`        // last settled boundary
+	NativeTurn     int64    `json:"native_turn"`
+}
+
+// LaunchError is the host's run of consecutive launch failures (R37).
+type LaunchError struct {
+	Class       string    `json:"class"`
+	Consecutive int       `json:"consecutive"`
+	Since       time.Time `json:"since"`
+}
+
+// HostHeartbeat is POST /v1/agent/worker/heartbeat (host token).
+type HostHeartbeat struct {
+	Capacity    int          `json:"capacity"`
+	Running     int          `json:"running"`
+	Draining    bool         `json:"draining"`
+	LaunchError *LaunchError `json:"launch_error,omitempty"`
+	Version     string       `json:"version,omitempty"`
+}
+
+// HostHeartbeatResponse answers a host heartbeat.
+type HostHeartbeatResponse struct {
+	ServerTime time.Time `json:"server_time"`
+}
+
+// ---- worker API: attempt scope (worker token) ----
+
+// AttemptRef names the attempt and its fencing token (P1) in every
+// attempt-scoped body.
+type AttemptRef struct {
+	AttemptID       string `json:"attempt_id"`
+	LeaseGeneration int64  `json:"lease_generation"`
+}
+
+// RenewRequest is POST .../renew.
+type RenewRequest struct {
+	AttemptRef
+	LeaseTTLMS int64 `json:"lease_ttl_ms"`
+}
+
+// RenewResponse carries the new expiry and the cancel flag (P7).
+type RenewResponse struct {
+	LeaseExpiresAt  time.Time `json:"lease_expires_at"`
+	LeaseTTLMS      int64     `json:"lease_ttl_ms"`
+	CancelRequested bool      `json:"cancel_requested"`
+}
+
+// Event is one runner event in an upload batch. Seq is per attempt and
+// increasing; a batch repeated after a lost answer is harmless.
+type Event struct {
+	Seq  int64           `json:"seq"`
+	Time time.Time       `json:"time"`
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// EventsRequest is POST .../events.
+type EventsRequest struct {
+	AttemptRef
+	Events []Event `json:"events"`
+}
+
+// EventsResponse says the highest sequence number stored for the attempt.
+type EventsResponse struct {
+	StoredThrough int64 `json:"stored_through"`
+}
+
+// ContainerRequest is POST .../container: the retained sandbox's identity,
+// recorded before admission (R29).
+type ContainerRequest struct {
+	AttemptRef
+	Backend     string `json:"backend"` // process | docker
+	ContainerID string `json:"container_id"`
+}
+
+// AdmissionRequest is POST .../admission.
+type AdmissionRequest struct {
+	AttemptRef
+	ActivationID string `json:"activation_id"`
+}
+
+// AdmissionReceipt is the 200 answer; the same request again gets the same receipt.
+type AdmissionReceipt struct {
+	ReceiptID      string    `json:"receipt_id"`
+	JobID          string    `json:"job_id"`
+	ConversationID string    `json:"conversation_id"`
+	ActivationID   string    `json:"activation_id"`
+	AdmittedAt     time.Time `json:"admitted_at"`
+}
+
+// SupervisorReceipt is the sandbox manager's settlement receipt for one
+// activation (R26), passed on to the control plane.
+type SupervisorReceipt struct {
+	ActivationID string `json:"activation_id"`
+	ReceiptID    string `json:"receipt_id"`
+	NativeTurn   int64  `json:"native_turn"`
+	ExitCode     int    `json:"exit_code"`
+}
+
+// SettlementRequest is POST .../settlement.
+type SettlementRequest struct {
+	AttemptRef
+	ActivationID string            `json:"activation_id"`
+	Supervisor   SupervisorReceipt `json:"supervisor_receipt"`
+}
+
+// Boundary is the recorded settlement (R27); repeating the settlement for
+// the same attempt and activation returns the same boundary.
+type Boundary struct {
+	WorkspaceEpoch int64     `json:"workspace_epoch"`
+	SnapshotID     string    `json:"snapshot_id"`
+	NativeTurn     int64     `json:"native_turn"`
+	SettledAt      time.Time `json:"settled_at"`
+}
+
+// NoticeSharedWorkspaceSettled is the only notice kind today (R23).
+const NoticeSharedWorkspaceSettled = "shared_workspace_settled"
+
+// NoticeRequest is POST .../notices.
+type NoticeRequest struct {
+	AttemptRef
+	Kind     string   `json:"kind"`
+	Boundary Boundary `json:"boundary"`
+}
+
+// AbandonRequest is POST .../abandon: a failure before admission with a
+// recorded container; the conversation stays usable (R29).
+type AbandonRequest struct {
+	AttemptRef
+	Class  string `json:"class"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// ReleaseRequest is POST .../release: the child provably never accepted (R33, R36).
+type ReleaseRequest struct {
+	AttemptRef
+	Class string `json:"class"` // spawn_failed | payload_undelivered | declined:<class>
+}
+
+// FinishRequest is POST .../finish, the terminal report.
+type FinishRequest struct {
+	AttemptRef
+	Outcome string `json:"outcome"`
+	Class   string `json:"class,omitempty"`  // error class for failures
+	Reason  string `json:"reason,omitempty"` // operator detail, no secrets
+	// Ambiguous marks an admission whose answer never came (R30): the
+	// prompt was not sent and the conversation must become LOST.
+	Ambiguous bool `json:"admission_ambiguous,omitempty"`
+}
+
+// FinishResponse answers finish and abandon; the same report again gets the
+// same answer (P2).
+type FinishResponse struct {
+	JobState          string    `json:"job_state"`
+	ConversationState string    `json:"conversation_state"`
+	RecordedAt        time.Time `json:"recorded_at"`
+}
+
+// Empty is the body of answers that carry nothing but their status.
+type Empty struct{}
