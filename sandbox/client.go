@@ -1,0 +1,313 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Client speaks to one supervisor. It holds no connection between calls
+// and starts no goroutine: each call dials, sends one request, reads its
+// answer and closes — except Run, whose connection lives in the returned
+// Turn, because it is the driving connection of the agent.
+type Client struct {
+	// Socket is the host path of the supervisor's unix socket. Paths longer
+	// than a sockaddr holds are reached through /proc/self/fd.
+	Socket string
+	// DialTimeout bounds connecting; zero means 5 s.
+	DialTimeout time.Duration
+}
+
+// Status asks the supervisor how it is. A nil error is the proof that a
+// supervisor answers on the socket; see Status.Busy for what busy means.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	resp, err := c.call(ctx, Request{Op: OpStatus})
+	if err != nil {
+		return Status{}, err
+	}
+	if resp.Status == nil {
+		return Status{}, protocolError(OpStatus, "no status in answer")
+	}
+	return *resp.Status, nil
+}
+
+// Activate takes ownership of the sandbox with a fresh activation token.
+// Every older token is fenced from then on: its calls are refused with
+// ErrFenced, and an agent it still runs has been stopped (its process group
+// killed and reaped) before Activate returns. The previous token's receipt
+// is dropped (R26).
+func (c *Client) Activate(ctx context.Context) (Activation, error) {
+	resp, err := c.call(ctx, Request{Op: OpActivate})
+	if err != nil {
+		return Activation{}, err
+	}
+	if resp.Activation == nil || resp.Activation.ID == "" {
+		return Activation{}, protocolError(OpActivate, "no activation in answer")
+	}
+	return *resp.Activation, nil
+}
+
+// Settle returns the supervisor receipt of the activation's completed turn.
+// Asked again with the same token it returns the same receipt, until
+// another activation takes ownership (R26). It fails with ErrBusy while the
+// agent runs, ErrNotRun before a turn ran, ErrInterrupted for a turn that
+// did not complete, ErrFenced for a fenced token and ErrUnknownActivation
+// after a supervisor restart (R28): in each failure case there is no
+// receipt, and the caller must not assume the turn settled.
+func (c *Client) Settle(ctx context.Context, activationID string) (wire.SupervisorReceipt, error) {
+	resp, err := c.call(ctx, Request{Op: OpSettle, Activation: activationID})
+	if err != nil {
+		return wire.SupervisorReceipt{}, err
+	}
+	if resp.Receipt == nil || resp.Receipt.ReceiptID == "" {
+		return wire.SupervisorReceipt{}, protocolError(OpSettle, "no receipt in answer")
+	}
+	return *resp.Receipt, nil
+}
+
+// Run hands the prompt to the agent — once — and returns the turn's event
+// stream. It must be called only after the admission acknowledgement
+// (R25); the caller (the settlement package) gates it.
+//
+// The prompt is sent exactly once on a fresh connection; Run never retries.
+// The supervisor refuses a second run of the same activation with
+// ErrAlreadyRun, even one that arrives after a lost answer, so a prompt
+// cannot reach the agent twice through one activation, and a fenced token
+// cannot run at all. An error from Run other than a refusal (ErrFenced,
+// ErrUnknownActivation, ErrAlreadyRun, ErrStartFailed) means the prompt may
+// have reached the agent: treat the turn as admitted and
+// uncertain, never send it again.
+//
+// The connection inside Turn is the driving connection: cancelling ctx or
+// calling Turn.Close before the end stops the agent.
+func (c *Client) Run(ctx context.Context, activationID string, command []string, prompt string) (*Turn, error) {
+	if len(command) == 0 {
+		return nil, fmt.Errorf("supervisor run: %w: empty agent command", ErrProtocol)
+	}
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	t := &Turn{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+	t.stop = context.AfterFunc(ctx, func() { conn.Close() })
+	if err := writeRequest(conn, Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt}); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("supervisor run: send: %w: %w", ErrInterrupted, err)
+	}
+	resp, err := readResponse(t.r)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("supervisor run: %w: %w", ErrInterrupted, err)
+	}
+	if resp.Error != nil {
+		t.Close()
+		return nil, replyError(OpRun, resp.Error)
+	}
+	if resp.Started == nil {
+		t.Close()
+		return nil, protocolError(OpRun, "expected started")
+	}
+	t.PID = resp.Started.PID
+	return t, nil
+}
+
+// Turn is a running agent turn: its event stream and, at the end, its
+// result. It is not safe for concurrent use; one goroutine reads it.
+type Turn struct {
+	// PID is the agent's process id inside the sandbox (for records).
+	PID int
+
+	conn   net.Conn
+	r      *bufio.Reader
+	stop   func() bool
+	result *Result
+	err    error
+}
+
+// Next returns the next agent event. At the end of a turn that completed it
+// returns io.EOF, and Result has the outcome. Any other error ends the
+// stream: ErrInterrupted (wrapped) when the connection broke or the turn was
+// stopped, ErrFenced when a newer activation stopped it.
+func (t *Turn) Next() (Event, error) {
+	if t.err != nil {
+		return Event{}, t.err
+	}
+	resp, err := readResponse(t.r)
+	switch {
+	case err != nil:
+		t.fail(fmt.Errorf("supervisor run: %w: %w", ErrInterrupted, err))
+	case resp.Error != nil:
+		t.fail(replyError(OpRun, resp.Error))
+	case resp.Event != nil:
+		return *resp.Event, nil
+	case resp.End != nil:
+		r := *resp.End
+		t.result = &r
+		t.fail(io.EOF)
+	default:
+		t.fail(protocolError(OpRun, "unexpected message in stream"))
+	}
+	return Event{}, t.err
+}
+
+// Result is the turn's outcome once Next returned io.EOF; before that, or
+// when the stream ended otherwise, it returns the error that ended it (or
+// ErrBusy if the stream is still open).
+func (t *Turn) Result() (Result, error) {
+	if t.result != nil {
+		return *t.result, nil
+	}
+	if t.err != nil {
+		return Result{}, t.err
+	}
+	return Result{}, fmt.Errorf("supervisor run: %w", ErrBusy)
+}
+
+// Close drops the driving connection. Before the end this stops the agent
+// and interrupts the turn; after it, it only frees the connection.
+func (t *Turn) Close() error {
+	if t.err == nil {
+		t.err = fmt.Errorf("supervisor run: %w: closed by the caller", ErrInterrupted)
+	}
+	t.stop()
+	return t.conn.Close()
+}
+
+func (t *Turn) fail(err error) {
+	t.err = err
+	t.stop()
+	t.conn.Close()
+}
+
+// call sends one request and reads its single answer.
+func (c *Client) call(ctx context.Context, req Request) (Response, error) {
+	conn, err := c.dial(ctx)
+	if err != nil {
+		return Response{}, err
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	}
+	if err := writeRequest(conn, req); err != nil {
+		return Response{}, fmt.Errorf("supervisor %s: %w: %w", req.Op, ErrUnavailable, err)
+	}
+	resp, err := readResponse(bufio.NewReaderSize(conn, 64<<10))
+	if err != nil {
+		if ctx.Err() != nil {
+			return Response{}, fmt.Errorf("supervisor %s: %w", req.Op, ctx.Err())
+		}
+		return Response{}, fmt.Errorf("supervisor %s: %w: %w", req.Op, ErrUnavailable, err)
+	}
+	if resp.Error != nil {
+		return Response{}, replyError(req.Op, resp.Error)
+	}
+	return resp, nil
+}
+
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	timeout := c.DialTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	conn, err := DialUnix(ctx, c.Socket, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: %w: %w", ErrUnavailable, err)
+	}
+	return conn, nil
+}
+
+func writeRequest(w io.Writer, req Request) error {
+	req.V = ProtocolVersion
+	b, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	if len(b)+1 > MaxMessageBytes {
+		return fmt.Errorf("%w: request of %d bytes is over the limit", ErrProtocol, len(b))
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// ReadLine reads one newline-terminated message of at most max bytes. A
+// longer line is an error (ErrProtocol), not a partial message.
+func ReadLine(r *bufio.Reader, max int) ([]byte, error) {
+	var buf []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(buf)+len(chunk) > max {
+			return nil, fmt.Errorf("%w: message over %d bytes", ErrProtocol, max)
+		}
+		buf = append(buf, chunk...)
+		switch {
+		case err == nil:
+			return bytes.TrimSuffix(buf, []byte{'\n'}), nil
+		case errors.Is(err, bufio.ErrBufferFull):
+			continue
+		case errors.Is(err, io.EOF) && len(buf) > 0:
+			return nil, io.ErrUnexpectedEOF
+		default:
+			return nil, err
+		}
+	}
+}
+
+func readResponse(r *bufio.Reader) (Response, error) {
+	line, err := ReadLine(r, MaxMessageBytes)
+	if err != nil {
+		return Response{}, err
+	}
+	var resp Response
+	if err := json.Unmarshal(line, &resp); err != nil {
+		return Response{}, fmt.Errorf("%w: %w", ErrProtocol, err)
+	}
+	return resp, nil
+}
+
+var codeErrors = map[string]error{
+	CodeFenced:            ErrFenced,
+	CodeUnknownActivation: ErrUnknownActivation,
+	CodeAlreadyRun:        ErrAlreadyRun,
+	CodeBusy:              ErrBusy,
+	CodeNotRun:            ErrNotRun,
+	CodeInterrupted:       ErrInterrupted,
+	CodeProtocol:          ErrProtocol,
+	CodeStartFailed:       ErrStartFailed,
+}
+
+// CodeOf is the protocol code of a sentinel error (the supervisor's side of
+// replyError); CodeProtocol for anything else.
+func CodeOf(err error) string {
+	for code, sentinel := range codeErrors {
+		if errors.Is(err, sentinel) {
+			return code
+		}
+	}
+	return CodeProtocol
+}
+
+func replyError(op string, e *ErrorReply) error {
+	sentinel, ok := codeErrors[e.Code]
+	if !ok {
+		sentinel = ErrProtocol
+	}
+	if e.Message == "" {
+		return fmt.Errorf("supervisor %s: %w", op, sentinel)
+	}
+	return fmt.Errorf("supervisor %s: %w: %s", op, sentinel, e.Message)
+}
+
+func protocolError(op, what string) error {
+	return fmt.Errorf("supervisor %s: %w: %s", op, ErrProtocol, what)
+}

@@ -1,0 +1,145 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// The supervisor protocol: JSON lines over a unix socket, one request per
+// connection.
+//
+//	client → supervisor            supervisor → client
+//	{"op":"status"}                {"status":{…}}
+//	{"op":"activate"}              {"activation":{…}}
+//	{"op":"run","activation":…,    {"started":{…}}  once the agent runs and has the prompt
+//	 "command":[…],"prompt":…}     {"event":{…}}    one per agent stdout line
+//	                               {"end":{…}}      the agent exited on its own
+//	{"op":"settle","activation":…} {"receipt":{…}}
+//	any                            {"error":{"code":…,"message":…}} and close
+//
+// The connection that sent "run" is the driving connection: when it closes
+// before "end", the supervisor stops the agent (kills its process group) and
+// the turn is interrupted — it has no receipt, ever. Every message is one
+// line of at most MaxMessageBytes; each agent stdout line is cut at
+// MaxEventBytes.
+
+// ProtocolVersion is sent in every request; the supervisor refuses others.
+const ProtocolVersion = 1
+
+// Operations.
+const (
+	OpStatus   = "status"
+	OpActivate = "activate"
+	OpRun      = "run"
+	OpSettle   = "settle"
+)
+
+// Size bounds. A prompt is at most wire.MaxBodyBytes when it arrives in a
+// claim; JSON escaping can grow it, hence the margin.
+const (
+	MaxMessageBytes = 8 << 20
+	MaxEventBytes   = 256 << 10
+)
+
+// Error codes of ErrorReply, one per sentinel error.
+const (
+	CodeFenced            = "fenced"
+	CodeUnknownActivation = "unknown_activation"
+	CodeAlreadyRun        = "already_run"
+	CodeBusy              = "busy"
+	CodeNotRun            = "not_run"
+	CodeInterrupted       = "interrupted"
+	CodeProtocol          = "protocol"
+	CodeStartFailed       = "start_failed" // the agent command could not be started
+)
+
+// Request is one client request.
+type Request struct {
+	V          int      `json:"v"`
+	Op         string   `json:"op"`
+	Activation string   `json:"activation,omitempty"`
+	Command    []string `json:"command,omitempty"`
+	Prompt     string   `json:"prompt,omitempty"`
+}
+
+// Response is one line from the supervisor; exactly one field is set.
+type Response struct {
+	Error      *ErrorReply             `json:"error,omitempty"`
+	Status     *Status                 `json:"status,omitempty"`
+	Activation *Activation             `json:"activation,omitempty"`
+	Started    *Started                `json:"started,omitempty"`
+	Event      *Event                  `json:"event,omitempty"`
+	End        *Result                 `json:"end,omitempty"`
+	Receipt    *wire.SupervisorReceipt `json:"receipt,omitempty"`
+}
+
+// ErrorReply is a refused request. Message is plain detail without secrets.
+type ErrorReply struct {
+	Code    string `json:"code"`
+	Message string `json:"message,omitempty"`
+}
+
+// Status is the supervisor's view of itself.
+type Status struct {
+	// ID is the identity the supervisor was started with (--id).
+	ID  string `json:"id"`
+	PID int    `json:"pid"`
+	// Busy reports only the agent-turn transport: an agent process started
+	// by "run" is alive. It is NOT proof that nothing touches the workspace
+	// (R31): workspace setup and other preparation commands run outside
+	// this transport, and a runner that lost its lease may still be
+	// preparing. Recovery fences with a new activation and verifies the
+	// native turn boundary instead of trusting busy=false.
+	Busy bool `json:"busy"`
+	// NativeTurn is the native session's last turn ordinal as the
+	// supervisor knows it (durable across supervisor restarts).
+	NativeTurn int64 `json:"native_turn"`
+	// StartedAt is when this supervisor process started; a change means it
+	// restarted and knows no earlier activation.
+	StartedAt time.Time `json:"started_at"`
+}
+
+// Activation is the answer to activate. ID is the activation token: it
+// fences every token issued before it. It is a fencing token, not a
+// credential (the socket's permissions are the credential), so it may be
+// recorded with the control plane (wire.AdmissionRequest.ActivationID).
+type Activation struct {
+	ID         string `json:"id"`
+	NativeTurn int64  `json:"native_turn"` // the boundary the turn starts from
+}
+
+// Started says the agent process runs and the prompt was handed to it.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// Event is one line of the agent's stdout. Seq counts from 1 within the
+// turn. Type is the line's "type" string if it is a JSON object with one,
+// else "agent.output"; Data is the line itself (a JSON object as is, any
+// other line as a JSON string), or for a line over MaxEventBytes the type
+// "agent.output_truncated" and its first MaxEventBytes as a JSON string.
+type Event struct {
+	Seq  int64           `json:"seq"`
+	Time time.Time       `json:"time"`
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data,omitempty"`
+}
+
+// Wire converts the event for upload (wire.EventsRequest).
+func (e Event) Wire() wire.Event {
+	return wire.Event{Seq: e.Seq, Time: e.Time, Type: e.Type, Data: e.Data}
+}
+
+// Result is how the agent's turn ended on its own.
+type Result struct {
+	// ExitCode is the agent's exit status, -1 if a signal ended it.
+	ExitCode int `json:"exit_code"`
+	// Signal names the signal that ended the agent, if one did.
+	Signal string `json:"signal,omitempty"`
+	// NativeTurn is the native turn ordinal after this turn: the last
+	// "native_turn" the agent reported in an event, else the supervisor's
+	// own count of turns handed to the agent.
+	NativeTurn int64 `json:"native_turn"`
+}

@@ -1,0 +1,185 @@
+// Package sandbox is how a turn reaches its conversation's retained sandbox.
+//
+// Two layers live here:
+//
+//   - Backend: the lifecycle of one retained sandbox per conversation —
+//     read-only preflight, find-or-create, remove. Implementations are
+//     sandbox/process (a local process, no isolation, the embedded default)
+//     and sandbox/docker (a retained container per conversation).
+//   - Client: the turn itself, spoken to the sandbox manager ("runnerd
+//     supervise", package sandbox/supervisor) over its unix socket —
+//     activate, run the turn with the prompt once, settle. Every backend runs
+//     the same supervisor and hands back the host path of its socket, so the
+//     turn code is the same whatever the backend.
+//
+// A turn child uses them in this order (architecture, steps 3–7):
+//
+//	b.Preflight(ctx, spec)          // before ACCEPT; starts, creates, changes nothing
+//	sb, _ := b.Ensure(ctx, spec)     // after ACCEPT: find or create, supervisor running
+//	// record sb.ID with the control plane (wire.ContainerRequest) before admission (R29)
+//	c := sb.Client()
+//	act, _ := c.Activate(ctx)        // fences every older activation token
+//	// admission receipt from the control plane, then — and only then — the prompt, once (R25):
+//	turn, _ := c.Run(ctx, act.ID, spec.AgentCommand, prompt)
+//	for { ev, err := turn.Next(); if err == io.EOF { break } ... }
+//	res, _ := turn.Result()
+//	rcpt, _ := c.Settle(ctx, act.ID) // same receipt again until another activation (R26)
+//
+// Who may import: runner (and the turn child it runs), the backends
+// (sandbox/process, sandbox/docker) and sandbox/supervisor. sandbox imports
+// only wire.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Backend names, as recorded with the control plane (wire.ContainerRequest.Backend).
+const (
+	BackendProcess = "process"
+	BackendDocker  = "docker"
+)
+
+// Spec is what a backend needs to know about a conversation's sandbox. It
+// comes from the claimed turn (SpecFromTurn).
+type Spec struct {
+	ConversationID string
+	// Image is the container image (docker); the process backend ignores it.
+	Image string
+	// AgentCommand is the agent's argv, run in the workspace. Backends may
+	// check in Preflight that it can be started; Client.Run passes it to the
+	// supervisor.
+	AgentCommand []string
+	// RecordedID is the sandbox identity the control plane last recorded for
+	// the conversation (wire.Turn.ContainerID), "" if none. Backends use it
+	// to find the exact retained sandbox; callers compare it with
+	// Sandbox.ID to see whether the retained native session is the one the
+	// control plane knows (R29, R31).
+	RecordedID string
+}
+
+// SpecFromTurn builds the Spec of a claimed turn.
+func SpecFromTurn(t wire.Turn) Spec {
+	return Spec{
+		ConversationID: t.ConversationID,
+		Image:          t.Image,
+		AgentCommand:   append([]string(nil), t.AgentCommand...),
+		RecordedID:     t.ContainerID,
+	}
+}
+
+// Sandbox is a handle on a conversation's retained sandbox whose supervisor
+// is running and answering on Socket.
+type Sandbox struct {
+	// Backend is BackendProcess or BackendDocker.
+	Backend string
+	// ID is the sandbox's identity, to be recorded with the control plane
+	// before admission (wire.ContainerRequest.ContainerID): the container id
+	// for docker, a random id kept with the workspace for process. It stays
+	// the same for as long as the retained native session exists; a sandbox
+	// that had to be made anew has a new ID.
+	ID string
+	// Socket is the host path of the supervisor's unix socket.
+	Socket string
+	// Created reports that Ensure made the sandbox (or its supervisor) anew
+	// rather than finding it running.
+	Created bool
+}
+
+// Client returns a supervisor client for the sandbox's socket.
+func (s Sandbox) Client() *Client { return &Client{Socket: s.Socket} }
+
+// Backend manages the retained sandboxes of one host. Implementations are
+// safe for concurrent use by several turn children (they serialise per
+// conversation themselves, across processes), and find their sandboxes
+// again from a fresh value after the daemon restarts: no state that matters
+// lives only in memory.
+type Backend interface {
+	// Name is BackendProcess or BackendDocker.
+	Name() string
+
+	// Preflight checks, read-only, that a turn of this conversation can
+	// start here (docker: engine reachable, image present, network present,
+	// the retained container, if any, inspectable). It runs before the
+	// child ACCEPTs, so a failure lets the host release the claim (R33): it
+	// must start, create and change nothing. A failure is a
+	// *PreflightError carrying a class for the DECLINE frame.
+	Preflight(ctx context.Context, spec Spec) error
+
+	// Ensure finds the conversation's retained sandbox, or creates it, and
+	// returns once its supervisor answers on its socket. Finding is by
+	// durable markers (labels, files), never by a name alone. A sandbox
+	// whose supervisor died is restarted over the same workspace: the
+	// native session continues, the supervisor's receipts are gone (R28).
+	Ensure(ctx context.Context, spec Spec) (Sandbox, error)
+
+	// Remove stops the conversation's supervisor and deletes its sandbox,
+	// workspace included. Removing what is not there is not an error.
+	Remove(ctx context.Context, conversationID string) error
+}
+
+// Preflight failure classes, the reason class of a DECLINE frame.
+const (
+	ClassEngineUnreachable = "engine_unreachable"    // docker: the engine does not answer
+	ClassImageMissing      = "image_missing"         // docker: the image is not present locally
+	ClassNetworkMissing    = "network_missing"       // docker: the configured network does not exist
+	ClassSandboxBroken     = "sandbox_uninspectable" // the retained sandbox exists but cannot be inspected
+	ClassSupervisorMissing = "supervisor_missing"    // the supervisor executable cannot be found
+	ClassAgentMissing      = "agent_command_missing" // the agent command is empty or cannot be found
+	ClassStateDir          = "state_dir_unusable"    // process: the state directory cannot hold sandboxes
+	ClassInvalidSpec       = "invalid_sandbox_spec"  // the spec itself is unusable (e.g. a bad conversation id)
+)
+
+// PreflightError is a failed read-only preflight. Class is one of the
+// Class* constants; Err is detail for operators and never holds a token.
+type PreflightError struct {
+	Class string
+	Err   error
+}
+
+func (e *PreflightError) Error() string {
+	if e.Err == nil {
+		return "sandbox preflight: " + e.Class
+	}
+	return fmt.Sprintf("sandbox preflight: %s: %v", e.Class, e.Err)
+}
+
+func (e *PreflightError) Unwrap() error { return e.Err }
+
+// Sentinel errors of the supervisor protocol. Client methods wrap them;
+// check with errors.Is.
+var (
+	// ErrFenced: the activation token was fenced by a newer activation. The
+	// caller no longer owns the sandbox and must write nothing more.
+	ErrFenced = errors.New("activation fenced by a newer activation")
+	// ErrUnknownActivation: the supervisor has never issued this token —
+	// typically it restarted since (receipts live in memory only). A
+	// completion that needs this token's receipt fails closed (R28).
+	ErrUnknownActivation = errors.New("activation unknown to the supervisor")
+	// ErrAlreadyRun: the activation has already been given a prompt. A
+	// prompt is handed to the agent at most once per activation (R25); a
+	// new turn needs a new activation.
+	ErrAlreadyRun = errors.New("activation already ran its turn")
+	// ErrStartFailed: the agent command could not be started (not found,
+	// not executable). No process ran, so the prompt did not reach the
+	// agent; the activation is spent all the same.
+	ErrStartFailed = errors.New("agent command could not be started")
+	// ErrBusy: the turn is still running, so it cannot be settled yet.
+	ErrBusy = errors.New("turn still running")
+	// ErrNotRun: settle was asked for an activation that never ran a turn.
+	ErrNotRun = errors.New("activation ran no turn")
+	// ErrInterrupted: the turn did not complete — the driving connection
+	// dropped, a newer activation stopped it, or the supervisor died. No
+	// receipt exists for it, ever: the completion is uncertain and fails
+	// closed (R28, R35).
+	ErrInterrupted = errors.New("turn interrupted")
+	// ErrUnavailable: no supervisor answers on the socket.
+	ErrUnavailable = errors.New("supervisor unavailable")
+	// ErrProtocol: the peer said something this version does not accept
+	// (bad JSON, an oversize message, an unknown operation).
+	ErrProtocol = errors.New("supervisor protocol error")
+)
