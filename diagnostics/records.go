@@ -1,0 +1,158 @@
+package diagnostics
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Record names (R15, R18). They are stable: operators search for them.
+const (
+	MsgAttemptClaimed     = "agent_attempt_claimed"
+	MsgControlFailure     = "agent_control_failure"
+	MsgHeartbeatRetry     = "agent_heartbeat_retry"
+	MsgHeartbeatRecovered = "agent_heartbeat_recovered"
+	MsgLeaseExpired       = "agent_lease_expired"
+	MsgLeaseLost          = "agent_lease_lost"
+	MsgCredentialRefused  = "agent_credential_refused"
+	MsgHeartbeatStopped   = "agent_heartbeat_stopped"
+	MsgExecutionTimeout   = "agent_execution_timeout"
+	MsgTurnCancelled      = "agent_turn_cancelled"
+	MsgAgentExit          = "agent_exit"
+	MsgConfigIgnored      = "agent_config_ignored"
+)
+
+// Field keys. Durations are whole milliseconds so that text and JSON
+// handlers print the same number.
+const (
+	KeyJobID       = "job_id"
+	KeyAttemptID   = "attempt_id"
+	KeyGeneration  = "lease_generation"
+	KeyWorkerID    = "worker_id"
+	KeyHostID      = "host_id"
+	KeyOp          = "op"
+	KeyClass       = "class"
+	KeyStatus      = "status"
+	KeyConsecutive = "consecutive_failures"
+	KeySinceAck    = "since_ack_ms"
+	KeyNextDelay   = "next_delay_ms"
+	KeyRenewals    = "renewals"
+	KeyLimit       = "limit_ms"
+	KeySource      = "source"
+	KeyExitCode    = "exit_code"
+	KeySignal      = "signal"
+	KeySetting     = "setting"
+	KeyGiven       = "given_ms"
+	KeyUsed        = "used_ms"
+	KeyReason      = "reason"
+)
+
+// Attempt names the attempt a record is about.
+type Attempt struct {
+	JobID     string
+	AttemptID string
+}
+
+func (a Attempt) attrs() []slog.Attr {
+	return []slog.Attr{slog.String(KeyJobID, a.JobID), slog.String(KeyAttemptID, a.AttemptID)}
+}
+
+// Recorder writes the records. The zero value discards them.
+type Recorder struct {
+	l *slog.Logger
+}
+
+// NewRecorder writes to l; nil discards.
+func NewRecorder(l *slog.Logger) Recorder { return Recorder{l: l} }
+
+func (r Recorder) log(ctx context.Context, level slog.Level, msg string, a Attempt, extra ...slog.Attr) {
+	if r.l == nil {
+		return
+	}
+	r.l.LogAttrs(ctx, level, msg, append(a.attrs(), extra...)...)
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// AttemptClaimed: a turn was claimed (R15).
+func (r Recorder) AttemptClaimed(ctx context.Context, a Attempt, generation int64, workerID, hostID string) {
+	r.log(ctx, slog.LevelInfo, MsgAttemptClaimed, a,
+		slog.Int64(KeyGeneration, generation), slog.String(KeyWorkerID, workerID), slog.String(KeyHostID, hostID))
+}
+
+// ControlFailure: a control-plane call failed (R15, R16). op is a fixed
+// stage name such as "renew" or "finish"; the class and status come from err.
+func (r Recorder) ControlFailure(ctx context.Context, op string, a Attempt, err error) {
+	r.log(ctx, slog.LevelWarn, MsgControlFailure, a,
+		slog.String(KeyOp, op), slog.String(KeyClass, Class(err)), slog.Int(KeyStatus, Status(err)))
+}
+
+// HeartbeatRetry: renewal failed again and will be retried after next (R15, R17).
+// sinceAck is measured from the last acknowledged renewal's send time, or
+// from the claim when none was acknowledged yet.
+func (r Recorder) HeartbeatRetry(ctx context.Context, a Attempt, consecutive int, sinceAck, next time.Duration) {
+	r.log(ctx, slog.LevelWarn, MsgHeartbeatRetry, a,
+		slog.Int(KeyConsecutive, consecutive), slog.Int64(KeySinceAck, ms(sinceAck)), slog.Int64(KeyNextDelay, ms(next)))
+}
+
+// HeartbeatRecovered: a renewal was acknowledged after failures (R15).
+func (r Recorder) HeartbeatRecovered(ctx context.Context, a Attempt, failures int, sinceAck time.Duration) {
+	r.log(ctx, slog.LevelInfo, MsgHeartbeatRecovered, a,
+		slog.Int(KeyConsecutive, failures), slog.Int64(KeySinceAck, ms(sinceAck)))
+}
+
+// LeaseExpired: the last acknowledgement became a whole lease old (R10, R18);
+// lastErr is the last renewal's failure, classified.
+func (r Recorder) LeaseExpired(ctx context.Context, a Attempt, consecutive int, sinceAck time.Duration, lastErr error) {
+	r.log(ctx, slog.LevelError, MsgLeaseExpired, a,
+		slog.Int(KeyConsecutive, consecutive), slog.Int64(KeySinceAck, ms(sinceAck)),
+		slog.String(KeyClass, Class(lastErr)), slog.Int(KeyStatus, Status(lastErr)))
+}
+
+// LeaseLost: the control plane rejected the lease, 409 or 410 (R8, R18).
+func (r Recorder) LeaseLost(ctx context.Context, a Attempt, status int) {
+	r.log(ctx, slog.LevelError, MsgLeaseLost, a, slog.String(KeyClass, StatusClass(status)), slog.Int(KeyStatus, status))
+}
+
+// CredentialRefused: 401, 403 or 404 on the attempt's own call (R11, R18).
+func (r Recorder) CredentialRefused(ctx context.Context, a Attempt, status int) {
+	r.log(ctx, slog.LevelError, MsgCredentialRefused, a, slog.String(KeyClass, StatusClass(status)), slog.Int(KeyStatus, status))
+}
+
+// HeartbeatStopped: the owner ended renewal; renewals is how many were acknowledged.
+func (r Recorder) HeartbeatStopped(ctx context.Context, a Attempt, renewals int) {
+	r.log(ctx, slog.LevelInfo, MsgHeartbeatStopped, a, slog.Int(KeyRenewals, renewals))
+}
+
+// ExecutionTimeout: the turn ran past its execution timeout (R5, R18).
+func (r Recorder) ExecutionTimeout(ctx context.Context, a Attempt, limit time.Duration) {
+	r.log(ctx, slog.LevelWarn, MsgExecutionTimeout, a, slog.Int64(KeyLimit, ms(limit)))
+}
+
+// Cancellation sources for TurnCancelled.
+const (
+	CancelByUser  = "user"  // cancel_requested in a renewal answer (P7)
+	CancelByDrain = "drain" // the daemon is stopping
+)
+
+// TurnCancelled: the turn was explicitly cancelled (R18). source is
+// CancelByUser or CancelByDrain.
+func (r Recorder) TurnCancelled(ctx context.Context, a Attempt, source string) {
+	r.log(ctx, slog.LevelInfo, MsgTurnCancelled, a, slog.String(KeySource, source))
+}
+
+// AgentExit: the agent process exited (R18). signal is the signal's name
+// ("SIGKILL") when it was killed, else "".
+func (r Recorder) AgentExit(ctx context.Context, a Attempt, exitCode int, signal string) {
+	r.log(ctx, slog.LevelInfo, MsgAgentExit, a, slog.Int(KeyExitCode, exitCode), slog.String(KeySignal, signal))
+}
+
+// ConfigIgnored: a setting was ignored in favour of used (R12). given is
+// zero when the value could not be read at all; reason is a fixed phrase.
+func (r Recorder) ConfigIgnored(ctx context.Context, setting string, given, used time.Duration, reason string) {
+	if r.l == nil {
+		return
+	}
+	r.l.LogAttrs(ctx, slog.LevelWarn, MsgConfigIgnored,
+		slog.String(KeySetting, setting), slog.Int64(KeyGiven, ms(given)), slog.Int64(KeyUsed, ms(used)), slog.String(KeyReason, reason))
+}
