@@ -1,0 +1,554 @@
+package settlement
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Sentinel errors; check with errors.Is.
+var (
+	// ErrLeaseRejected: the lease was rejected (409 lease_lost, 401, 403,
+	// 404, 410, or the owner's LeaseLost). Nothing more is written about the
+	// attempt (R8, R10, R11, R22, R23).
+	ErrLeaseRejected = errors.New("lease rejected: nothing more is written for this attempt")
+	// ErrAmbiguousAdmission: no admission answer arrived and the request
+	// may have committed. The turn fails, the prompt is never sent, and the
+	// terminal report carries Ambiguous so the conversation becomes LOST (R30).
+	ErrAmbiguousAdmission = errors.New("admission unacknowledged: it may have committed")
+	// ErrNoAdmission: a prompt or a settlement without an admission receipt
+	// from this Session's Admit.
+	ErrNoAdmission = errors.New("no admission receipt")
+	// ErrPromptSent: the prompt of this admission was already handed over (R25).
+	ErrPromptSent = errors.New("prompt already sent")
+	// ErrPromptNotSent: settlement before the prompt was handed over.
+	ErrPromptNotSent = errors.New("prompt not sent")
+	// ErrUnconfirmed: the supervisor could not confirm the turn's
+	// completion for this activation (for example it restarted and lost its
+	// receipt). Settlement fails closed (R28).
+	ErrUnconfirmed = errors.New("supervisor settlement unconfirmed")
+	// ErrNotSettled: a notice before a recorded settlement.
+	ErrNotSettled = errors.New("not settled")
+)
+
+// Classes of terminal failures decided here.
+const (
+	ClassAdmissionAmbiguous = "admission_ambiguous"
+	ClassUnsettled          = "unsettled"
+	ClassPanic              = "panic"
+	ClassPreparation        = "preparation_failed"
+)
+
+// Config configures a Session. Zero fields mean the default.
+type Config struct {
+	// BaseURL is the control plane's address. Required.
+	BaseURL string
+	// Transport carries every request; nil means http.DefaultTransport.
+	Transport http.RoundTripper
+	// WorkerToken is this attempt's token. Required; never logged.
+	WorkerToken string
+	// JobID and Attempt name the attempt and its fencing token. Required.
+	JobID   string
+	Attempt wire.AttemptRef
+	// Prompt is the turn's prompt, handed over only by SendPrompt.
+	Prompt string
+	// Logger receives the records; nil means slog.Default().
+	Logger *slog.Logger
+	// Policy is the retry policy of every write (R24).
+	Policy Policy
+	// Events bounds the event buffer and upload.
+	Events EventsConfig
+	// Classify names an error's class for records and terminal reports;
+	// nil means a class from the wire client's error, else "preparation_failed".
+	Classify func(error) string
+}
+
+// Facts are what the Session learned about the attempt; they decide the
+// terminal report (Facts.Report). A daemon that sends the report on the
+// turn child's behalf gets them in the child's result.
+type Facts struct {
+	ContainerRecorded bool `json:"container_recorded"`
+	Admitted          bool `json:"admitted"`
+	Ambiguous         bool `json:"admission_ambiguous"`
+	PromptSent        bool `json:"prompt_sent"`
+	Settled           bool `json:"settled"`
+}
+
+// Session is the control-plane side of one attempt. Its methods are safe
+// for concurrent use; LeaseLost may come from the renewal goroutine.
+type Session struct {
+	cfg   Config
+	log   *slog.Logger
+	fence fence
+
+	fenced context.Context // done once the lease is rejected
+	reject context.CancelCauseFunc
+
+	admitMu  sync.Mutex // one Admit at a time
+	settleMu sync.Mutex // one Settle at a time
+	finishMu sync.Mutex // one terminal report at a time
+
+	mu        sync.Mutex
+	facts     Facts
+	admitDone bool
+	adm       *Admission
+	admErr    error
+	boundary  *wire.Boundary
+	noticed   bool
+	finished  *wire.FinishResponse
+
+	ev *uploader
+}
+
+// New returns a Session for one attempt and starts its event uploader;
+// Close stops it and waits.
+func New(cfg Config) (*Session, error) {
+	if cfg.BaseURL == "" || cfg.WorkerToken == "" || cfg.JobID == "" || cfg.Attempt.AttemptID == "" {
+		return nil, errors.New("settlement: BaseURL, WorkerToken, JobID and Attempt.AttemptID are required")
+	}
+	if cfg.Transport == nil {
+		cfg.Transport = http.DefaultTransport
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	cfg.Policy = cfg.Policy.withDefaults()
+	cfg.Events = cfg.Events.withDefaults()
+	s := &Session{cfg: cfg, log: cfg.Logger}
+	s.fence = fence{s: s, base: cfg.Transport}
+	s.fenced, s.reject = context.WithCancelCause(context.Background())
+	s.ev = startUploader(s)
+	return s, nil
+}
+
+// Close stops the event uploader and waits for it. It writes nothing.
+func (s *Session) Close() error {
+	s.ev.stop()
+	return nil
+}
+
+// LeaseLost is the owner's signal that the lease is gone (a renewal
+// answered 409/401/403/404, or the last acknowledgement is a whole lease
+// old). From now on nothing is written about the attempt, and requests in
+// flight are cancelled.
+func (s *Session) LeaseLost() { s.reject(ErrLeaseRejected) }
+
+// Rejected reports whether the lease was rejected.
+func (s *Session) Rejected() bool { return s.fenced.Err() != nil }
+
+// Facts returns what the Session has learned so far.
+func (s *Session) Facts() Facts {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.facts
+}
+
+// do runs one wire call under the policy, cancelled by a lease rejection.
+// An answer that rejects the lease fences the Session.
+func (s *Session) do(ctx context.Context, c *call, fn func(context.Context, *wire.Client) error) error {
+	if s.Rejected() {
+		return fmt.Errorf("%s: %w", c.op, ErrLeaseRejected)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(s.fenced, func() { cancel(ErrLeaseRejected) })
+	defer stop()
+	err := fn(ctx, c.client())
+	if err == nil {
+		return nil
+	}
+	if rejects(err) {
+		s.reject(ErrLeaseRejected)
+	}
+	if s.Rejected() && !errors.Is(err, ErrLeaseRejected) {
+		return fmt.Errorf("%w: %w", ErrLeaseRejected, err)
+	}
+	return err
+}
+
+// rejects reports whether an answer means the lease is gone: the
+// credential refused, the job gone, or a 409 that is not one of the
+// answers about admission or the conversation.
+func rejects(err error) bool {
+	var se *wire.StatusError
+	if !errors.As(err, &se) {
+		return false
+	}
+	switch wire.ClassifyStatus(se.Status) {
+	case wire.CredentialRefused:
+		return true
+	case wire.Definitive:
+		switch se.Code {
+		case wire.CodeAdmitted, wire.CodeNotAdmitted, wire.CodeConversationLost:
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// RecordContainer records the retained sandbox's identity with the control
+// plane. Only a recorded identity lets a failure before admission abandon
+// the activation and keep the conversation usable (R29).
+func (s *Session) RecordContainer(ctx context.Context, backend, containerID string) error {
+	c := &call{s: s, op: wire.OpContainer, stage: "container"}
+	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		return wc.Container(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ContainerRequest{
+			AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID,
+		})
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.facts.ContainerRecorded = true
+	s.mu.Unlock()
+	return nil
+}
+
+// Admission is the control plane's acknowledged admission of this
+// attempt's job. Only Session.Admit makes a usable one; it is the only key
+// to SendPrompt.
+type Admission struct {
+	s       *Session
+	receipt wire.AdmissionReceipt
+}
+
+// Receipt returns the control plane's receipt.
+func (a *Admission) Receipt() wire.AdmissionReceipt { return a.receipt }
+
+// Admit asks the control plane to admit the job for this activation, under
+// the policy. A Session admits once: calling Admit again returns the first
+// call's result, and never asks again — in particular not after an
+// ambiguous admission (R30). Errors: ErrAmbiguousAdmission when no answer
+// arrived and the request may have committed; otherwise the definitive
+// refusal (a *wire.StatusError).
+func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, error) {
+	s.admitMu.Lock()
+	defer s.admitMu.Unlock()
+	s.mu.Lock()
+	if s.admitDone {
+		defer s.mu.Unlock()
+		return s.adm, s.admErr
+	}
+	s.mu.Unlock()
+
+	c := &call{s: s, op: wire.OpAdmission, stage: "admission"}
+	var rcpt wire.AdmissionReceipt
+	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		var err error
+		rcpt, err = wc.Admission(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.AdmissionRequest{
+			AttemptRef: s.cfg.Attempt, ActivationID: activationID,
+		})
+		return err
+	})
+	if err == nil && (rcpt.JobID != s.cfg.JobID || rcpt.ActivationID != activationID) {
+		// A receipt for something else proves nothing about this request.
+		err, c.unsure = errors.New("admission: receipt for another job or activation"), true
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.admitDone = true
+	switch {
+	case err == nil:
+		s.facts.Admitted = true
+		s.adm = &Admission{s: s, receipt: rcpt}
+	case c.unsure || ctx.Err() != nil:
+		s.facts.Ambiguous = true
+		s.admErr = fmt.Errorf("admit job %s after %d tries: %w", s.cfg.JobID, c.tries, ErrAmbiguousAdmission)
+	default:
+		s.admErr = fmt.Errorf("admit job %s: %w", s.cfg.JobID, err)
+	}
+	return s.adm, s.admErr
+}
+
+// SendPrompt hands the Session's prompt to the agent through run — the
+// sandbox's "run the turn with this prompt" — and returns what run returns.
+// It is the only way this package hands a prompt over, it needs the
+// receipt of a received admission, and it works once per Session (hence
+// once per receipt, and a copy of the receipt does not help): a second
+// call, a call without a receipt from Admit or after a lease rejection
+// returns an error and never calls run (R25, R30). A failed run is not
+// retried: the prompt may have reached the agent.
+func SendPrompt[T any](ctx context.Context, a *Admission, run func(ctx context.Context, prompt string) (T, error)) (T, error) {
+	var zero T
+	if a == nil || a.s == nil {
+		return zero, ErrNoAdmission
+	}
+	s := a.s
+	if s.Rejected() {
+		return zero, fmt.Errorf("send prompt: %w", ErrLeaseRejected)
+	}
+	s.mu.Lock()
+	if s.facts.PromptSent {
+		s.mu.Unlock()
+		return zero, ErrPromptSent
+	}
+	s.facts.PromptSent = true
+	prompt := s.cfg.Prompt
+	s.mu.Unlock()
+	return run(ctx, prompt)
+}
+
+// Settle confirms the turn's completion: first the supervisor's receipt
+// for this activation (supervisor, which must answer with the admitted
+// activation), then the control-plane settlement with that receipt, which
+// returns the recorded boundary (R26, R27). A settled Session answers
+// again with the same boundary without asking; after a failure Settle may
+// be called again and both sides answer with what they recorded. A
+// supervisor that cannot confirm fails closed with ErrUnconfirmed (R28).
+func (s *Session) Settle(ctx context.Context, a *Admission, supervisor func(context.Context) (wire.SupervisorReceipt, error)) (wire.Boundary, error) {
+	if a == nil || a.s != s {
+		return wire.Boundary{}, ErrNoAdmission
+	}
+	s.settleMu.Lock()
+	defer s.settleMu.Unlock()
+	s.mu.Lock()
+	b, sent := s.boundary, s.facts.PromptSent
+	s.mu.Unlock()
+	if b != nil {
+		return *b, nil
+	}
+	if !sent {
+		return wire.Boundary{}, ErrPromptNotSent
+	}
+	if s.Rejected() {
+		return wire.Boundary{}, fmt.Errorf("settle: %w", ErrLeaseRejected)
+	}
+	act := a.receipt.ActivationID
+	rcpt, err := supervisor(ctx)
+	if err != nil {
+		return wire.Boundary{}, fmt.Errorf("settle activation %s: %w: %w", act, ErrUnconfirmed, err)
+	}
+	if rcpt.ActivationID != act || rcpt.ReceiptID == "" {
+		return wire.Boundary{}, fmt.Errorf("settle activation %s: receipt for another activation: %w", act, ErrUnconfirmed)
+	}
+
+	c := &call{s: s, op: wire.OpSettlement, stage: "settlement"}
+	var got wire.Boundary
+	err = s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		var err error
+		got, err = wc.Settlement(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.SettlementRequest{
+			AttemptRef: s.cfg.Attempt, ActivationID: act, Supervisor: rcpt,
+		})
+		return err
+	})
+	if err != nil {
+		return wire.Boundary{}, fmt.Errorf("settle job %s: %w", s.cfg.JobID, err)
+	}
+	s.mu.Lock()
+	s.boundary = &got
+	s.facts.Settled = true
+	s.mu.Unlock()
+	return got, nil
+}
+
+// Notify sends the shared_workspace_settled notice for the recorded
+// boundary. Its failure is recorded (agent_control_failure) and returned
+// for information only: the turn still succeeds (R23). Before settlement
+// or after a lease rejection it writes nothing.
+func (s *Session) Notify(ctx context.Context) error {
+	s.mu.Lock()
+	b, done := s.boundary, s.noticed
+	s.mu.Unlock()
+	if b == nil {
+		return ErrNotSettled
+	}
+	if done {
+		return nil
+	}
+	c := &call{s: s, op: wire.OpNotices, stage: "notice"}
+	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		return wc.Notice(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.NoticeRequest{
+			AttemptRef: s.cfg.Attempt, Kind: wire.NoticeSharedWorkspaceSettled, Boundary: *b,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("notice for job %s: %w", s.cfg.JobID, err)
+	}
+	s.mu.Lock()
+	s.noticed = true
+	s.mu.Unlock()
+	return nil
+}
+
+// Result is how the turn ended, as its handler saw it.
+type Result struct {
+	Outcome string // wire.Outcome*; "" means failed
+	Class   string // error class of a failure
+	Reason  string // operator detail; no secrets
+}
+
+// Report is a terminal report: exactly one of Finish and Abandon is set.
+type Report struct {
+	Finish  *wire.FinishRequest  `json:"finish,omitempty"`
+	Abandon *wire.AbandonRequest `json:"abandon,omitempty"`
+}
+
+// Report decides the terminal report of an attempt from what is known:
+//   - success needs a recorded settlement; without one it is a failure (R28);
+//   - a failure before admission with a recorded container abandons, so the
+//     conversation stays usable (R29);
+//   - an ambiguous admission is reported as such (R30): the control plane
+//     marks the conversation LOST rather than requeue.
+func (f Facts) Report(ref wire.AttemptRef, r Result) Report {
+	outcome, class := r.Outcome, r.Class
+	if outcome == "" {
+		outcome = wire.OutcomeFailed
+	}
+	if outcome == wire.OutcomeSucceeded && !f.Settled {
+		outcome, class = wire.OutcomeFailed, ClassUnsettled
+	}
+	if f.Ambiguous && class == "" {
+		class = ClassAdmissionAmbiguous
+	}
+	if outcome == wire.OutcomeFailed && f.ContainerRecorded && !f.Admitted && !f.Ambiguous {
+		return Report{Abandon: &wire.AbandonRequest{AttemptRef: ref, Class: class, Reason: r.Reason}}
+	}
+	return Report{Finish: &wire.FinishRequest{
+		AttemptRef: ref, Outcome: outcome, Class: class, Reason: r.Reason, Ambiguous: f.Ambiguous,
+	}}
+}
+
+// Finish sends the attempt's terminal report (Facts.Report) under the
+// policy, after giving pending events a bounded chance (EventsConfig.Flush);
+// event upload never gates it (R21). It runs even if ctx is already
+// cancelled (a terminal report is owed), but not after a lease rejection.
+// Finishing twice returns the first answer.
+func (s *Session) Finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
+	if r.Outcome != wire.OutcomeSucceeded {
+		s.recordTurnFailed("turn", s.Facts().Report(s.cfg.Attempt, r).class())
+	}
+	return s.finish(ctx, r)
+}
+
+func (s *Session) finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
+	s.finishMu.Lock()
+	defer s.finishMu.Unlock()
+	if s.finished != nil {
+		return *s.finished, nil
+	}
+	if s.Rejected() {
+		return wire.FinishResponse{}, fmt.Errorf("finish: %w", ErrLeaseRejected)
+	}
+	ctx = context.WithoutCancel(ctx)
+	s.ev.flush(ctx)
+	resp, err := s.Send(ctx, s.Facts().Report(s.cfg.Attempt, r))
+	if err != nil {
+		return wire.FinishResponse{}, err
+	}
+	s.finished = &resp
+	return resp, nil
+}
+
+func (r Report) class() string {
+	if r.Abandon != nil {
+		return r.Abandon.Class
+	}
+	return r.Finish.Class
+}
+
+// Send sends a terminal report under the policy. An abandon the control
+// plane refuses because the job was admitted (409 admitted) becomes an
+// ambiguous failure: the admission committed although no receipt arrived.
+func (s *Session) Send(ctx context.Context, rep Report) (wire.FinishResponse, error) {
+	var resp wire.FinishResponse
+	if rep.Abandon != nil {
+		c := &call{s: s, op: wire.OpAbandon, stage: "abandon"}
+		err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+			var err error
+			resp, err = wc.Abandon(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Abandon)
+			return err
+		})
+		var se *wire.StatusError
+		if !errors.As(err, &se) || se.Code != wire.CodeAdmitted {
+			return resp, err
+		}
+		rep = Report{Finish: &wire.FinishRequest{
+			AttemptRef: rep.Abandon.AttemptRef, Outcome: wire.OutcomeFailed,
+			Class: rep.Abandon.Class, Reason: rep.Abandon.Reason, Ambiguous: true,
+		}}
+	}
+	c := &call{s: s, op: wire.OpFinish, stage: "finish"}
+	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		var err error
+		resp, err = wc.Finish(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Finish)
+		return err
+	})
+	return resp, err
+}
+
+// Prepare is the outer failure handler of preparation that runs outside
+// the turn's execution handler (image inspection, manifest validation):
+// it runs prep; if prep fails or panics, it records the error class
+// (agent_turn_failed, stage "preparation") whatever happens next, attempts
+// the terminal failure — an abandon when the container is recorded, else
+// a plain failure (R29) — unless the lease was rejected, and only then
+// calls stopRenewal (R22). It returns prep's error.
+func (s *Session) Prepare(ctx context.Context, stopRenewal func(), prep func(context.Context) error) error {
+	err := guard(ctx, prep)
+	if err == nil {
+		return nil
+	}
+	class := s.classify(err)
+	s.recordTurnFailed("preparation", class)
+	if !s.Rejected() {
+		// Its failed tries are recorded by the policy; the reaper is the backstop (R21).
+		_, _ = s.finish(ctx, Result{Outcome: wire.OutcomeFailed, Class: class})
+	}
+	if stopRenewal != nil {
+		stopRenewal()
+	}
+	return err
+}
+
+// PanicError is a panic in preparation, turned into an error so that the
+// outer failure handler can report it.
+type PanicError struct{ Value any }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("preparation panicked: %v", e.Value) }
+
+func guard(ctx context.Context, prep func(context.Context) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v}
+		}
+	}()
+	return prep(ctx)
+}
+
+func (s *Session) classify(err error) string {
+	if s.cfg.Classify != nil {
+		if c := s.cfg.Classify(err); c != "" {
+			return c
+		}
+	}
+	var pe *PanicError
+	var se *wire.StatusError
+	var te *wire.TransportError
+	switch {
+	case errors.As(err, &pe):
+		return ClassPanic
+	case errors.Is(err, ErrLeaseRejected):
+		return ClassLeaseRejected
+	case errors.As(err, &se):
+		return se.Op + "_" + wire.ClassifyStatus(se.Status).String()
+	case errors.As(err, &te):
+		return te.Op + "_" + transportClass(context.Background(), err)
+	}
+	return ClassPreparation
+}
+
+// isDial reports a transport failure before the connection existed: the
+// request certainly never reached the server.
+func isDial(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
