@@ -1,0 +1,131 @@
+package runner
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// record is what the state directory keeps of one claimed attempt. It holds
+// the worker token, so its file is 0600 and it is never logged.
+type record struct {
+	Claim     wire.Claim `json:"claim"`
+	ClaimedAt time.Time  `json:"claimed_at"`
+	// Report is the terminal report, persisted before it is sent so that a
+	// daemon restarted before the answer re-sends the same idempotent
+	// report (P2). Exactly one of Finish, Release, Abandon is set.
+	Report *report `json:"report,omitempty"`
+}
+
+type report struct {
+	Finish  *wire.FinishRequest  `json:"finish,omitempty"`
+	Release *wire.ReleaseRequest `json:"release,omitempty"`
+	Abandon *wire.AbandonRequest `json:"abandon,omitempty"`
+}
+
+// stateDir is the daemon's state directory: one file per live attempt under
+// attempts/, written atomically.
+type stateDir struct{ root string }
+
+func openStateDir(root string) (stateDir, error) {
+	if root == "" {
+		return stateDir{}, errors.New("state directory: not set")
+	}
+	if err := os.MkdirAll(filepath.Join(root, "attempts"), 0o700); err != nil {
+		return stateDir{}, fmt.Errorf("state directory: %w", err)
+	}
+	return stateDir{root: root}, nil
+}
+
+func (s stateDir) path(attemptID string) string {
+	return filepath.Join(s.root, "attempts", attemptID+".json")
+}
+
+// save writes the record atomically: a 0600 temporary file in the same
+// directory, synced, renamed over the old one, and the directory synced.
+func (s stateDir) save(r record) error {
+	if r.Claim.AttemptID == "" || strings.ContainsAny(r.Claim.AttemptID, `/\`) {
+		return errors.New("persist attempt: bad attempt id")
+	}
+	if err := s.write(r); err != nil {
+		return fmt.Errorf("persist attempt %s: %w", r.Claim.AttemptID, err)
+	}
+	return nil
+}
+
+func (s stateDir) write(r record) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(s.root, "attempts")
+	f, err := os.CreateTemp(dir, ".tmp-*") // CreateTemp makes it 0600
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // a no-op after the rename
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(f.Name(), s.path(r.Claim.AttemptID)); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}
+
+func (s stateDir) remove(attemptID string) error {
+	if err := os.Remove(s.path(attemptID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("forget attempt %s: %w", attemptID, err)
+	}
+	return syncDir(filepath.Join(s.root, "attempts"))
+}
+
+// load returns every persisted attempt, oldest claim first.
+func (s stateDir) load() ([]record, error) {
+	dir := filepath.Join(s.root, "attempts")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read state directory: %w", err)
+	}
+	var out []record
+	for _, e := range ents {
+		name := e.Name()
+		if e.IsDir() || !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, fmt.Errorf("read state directory: %w", err)
+		}
+		var r record
+		if err := json.Unmarshal(b, &r); err != nil {
+			return nil, fmt.Errorf("read state directory: %s is corrupt: %w", name, err)
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ClaimedAt.Before(out[j].ClaimedAt) })
+	return out, nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

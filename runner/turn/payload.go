@@ -1,0 +1,70 @@
+// Package turn is the turn child: what `runnerd turn` runs between the
+// handover descriptor and the sandbox (architecture, "One turn", steps 3–8).
+// The daemon (package runner) builds a Payload, hands it over on fd 3 and
+// reads back PROGRESS frames carrying the turn's Facts and one RESULT frame
+// carrying the terminal report, which the daemon persists and sends.
+//
+// Only runner and cmd/runnerd import turn.
+package turn
+
+import (
+	"time"
+
+	"github.com/runnerd/runnerd/settlement"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Payload is the Data of the handover PAYLOAD frame (JSON). It carries the
+// attempt's worker token: it travels only over the descriptor.
+type Payload struct {
+	Claim           wire.Claim `json:"claim"`
+	ControlPlaneURL string     `json:"control_plane_url"`
+	Sandbox         Sandbox    `json:"sandbox"`
+	// ExecTimeoutMS bounds the agent turn (R5); 0 means the default.
+	ExecTimeoutMS int64 `json:"exec_timeout_ms,omitempty"`
+	// RequestTimeoutMS bounds each receipt try (R24); 0 means 10 s.
+	RequestTimeoutMS int64 `json:"request_timeout_ms,omitempty"`
+	// RetryDelayMS is the pause between receipt tries (R24); 0 means 5 s.
+	RetryDelayMS int64 `json:"retry_delay_ms,omitempty"`
+	// LogFormat is "json" or "text", for the child's own records on stderr.
+	LogFormat string `json:"log_format,omitempty"`
+}
+
+// Sandbox says which backend the child uses and how to build it.
+type Sandbox struct {
+	Backend  string `json:"backend"`   // sandbox.BackendProcess | sandbox.BackendDocker
+	StateDir string `json:"state_dir"` // the daemon's state directory
+	HostName string `json:"host_name"`
+	// Runnerd is the path of the runnerd executable: the process backend
+	// starts `runnerd supervise` from it, the docker backend bind-mounts it.
+	Runnerd string        `json:"runnerd"`
+	Docker  DockerOptions `json:"docker,omitempty"`
+}
+
+// DockerOptions are the docker backend's safe defaults, each a daemon flag.
+type DockerOptions struct {
+	Network     string `json:"network,omitempty"`
+	PidsLimit   int64  `json:"pids_limit,omitempty"`
+	MemoryBytes int64  `json:"memory_bytes,omitempty"`
+	NanoCPUs    int64  `json:"nano_cpus,omitempty"`
+}
+
+// Progress is the body of a PROGRESS frame: what the turn has established so
+// far, so that a daemon whose child died can still choose the right report
+// (abandon when a container was recorded and nothing was admitted).
+type Progress struct {
+	Stage string           `json:"stage"`
+	Facts settlement.Facts `json:"facts"`
+	At    time.Time        `json:"at"`
+}
+
+// Result is the body of the RESULT frame: the terminal report, decided by
+// the child from its Facts (settlement.Facts.Report), which the daemon
+// persists and then sends (P2).
+type Result struct {
+	Report settlement.Report `json:"report"`
+	// Outcome and Class repeat the report's, for the daemon's records and
+	// metrics.
+	Outcome string `json:"outcome"`
+	Class   string `json:"class,omitempty"`
+}
