@@ -1,0 +1,348 @@
+package docker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/sandbox"
+)
+
+// LabelInstance carries the random id the container's supervisor was
+// started with (`runnerd supervise --id`). Ensure checks that the
+// supervisor answering on the socket reports it, so a stale socket or a
+// socket of another container can never pass for this one.
+const LabelInstance = "runnerd.instance"
+
+// Errors of Ensure beyond the sandbox package's sentinels.
+var (
+	// ErrWorkspaceLost: the control plane recorded a sandbox for the
+	// conversation (it has a native session), but this host has neither
+	// its container nor its workspace volume. Starting an empty workspace
+	// would silently drop the session, so Ensure refuses.
+	ErrWorkspaceLost = errors.New("the conversation's workspace volume is missing on this host")
+	// ErrSandboxGone: the container died or vanished (mid-turn, it fails
+	// the turn closed, R35).
+	ErrSandboxGone = errors.New("the conversation's container is gone")
+)
+
+// Backend is the Docker sandbox backend. It keeps no state of its own in
+// memory: every call finds the conversation's objects again by labels, so
+// a fresh Backend after a daemon restart sees what the last one made.
+type Backend struct {
+	cfg Config
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks cfg and returns the backend. It does not talk to the engine.
+func New(cfg Config) (*Backend, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{cfg: cfg}, nil
+}
+
+// Name is sandbox.BackendDocker.
+func (b *Backend) Name() string { return sandbox.BackendDocker }
+
+// Ensure finds the conversation's container or creates it over the
+// conversation's workspace volume, starts it if it is stopped, and returns
+// once its supervisor answers. Ensure calls for one conversation are
+// serialised across processes by a lock file.
+func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	if err := validSpec(spec); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure docker sandbox: %w", err)
+	}
+	unlock, err := b.lock(ctx, spec.ConversationID)
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure docker sandbox: %w", err)
+	}
+	defer unlock()
+	sb, err := b.ensure(ctx, spec)
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure docker sandbox: %w", err)
+	}
+	return sb, nil
+}
+
+func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	conv := spec.ConversationID
+	found, ok, err := b.findContainer(ctx, conv)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	if ok {
+		info, err := b.cfg.Engine.ContainerInspect(ctx, found.ID)
+		if err != nil && !cerrdefs.IsNotFound(err) {
+			return sandbox.Sandbox{}, fmt.Errorf("inspect container: %w", err)
+		}
+		if err == nil && info.State != nil && info.State.Dead {
+			// The engine could not stop or remove it cleanly; it will never
+			// run again. Remove it and make a new one over the workspace.
+			if err := b.removeContainer(ctx, info.ID); err != nil {
+				return sandbox.Sandbox{}, err
+			}
+		} else if err == nil {
+			return b.reuse(ctx, info)
+		}
+		// Removed (or dead and removed) since the list: make it anew below.
+	}
+
+	vol, found2, err := b.findVolume(ctx, conv)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	if !found2 {
+		if spec.RecordedID != "" {
+			return sandbox.Sandbox{}, ErrWorkspaceLost
+		}
+		vol, _, err = b.ensureVolume(ctx, conv)
+		if err != nil {
+			return sandbox.Sandbox{}, err
+		}
+	}
+	instance, err := newInstanceID()
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	id, err := b.createContainer(ctx, conv, spec.Image, vol, instance)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	recordCreated(b.cfg.Logger, conv, id)
+	if err := b.start(ctx, conv, id, instance); err != nil {
+		return sandbox.Sandbox{}, err
+	}
+	return sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: id, Socket: b.SocketPath(conv), Created: true}, nil
+}
+
+// reuse returns a found container, starting it first if it stopped.
+func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sandbox.Sandbox, error) {
+	conv := info.Config.Labels[LabelConversation]
+	instance := info.Config.Labels[LabelInstance]
+	sb := sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: info.ID, Socket: b.SocketPath(conv)}
+	st := info.State
+	switch {
+	case st == nil:
+		return sandbox.Sandbox{}, fmt.Errorf("container %.12s has no state", info.ID)
+	case st.Running && !st.Paused && !st.Restarting:
+		if err := b.waitSupervisor(ctx, info.ID, instance); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		return sb, nil
+	case st.Status == container.StateCreated || st.Status == container.StateExited:
+		// Stopped (a host reboot, the supervisor exited): start it again
+		// over the same workspace. Its receipts are gone (R28).
+		if err := b.prepareRunDir(conv); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		if err := b.start(ctx, conv, info.ID, instance); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		sb.Created = true
+		return sb, nil
+	}
+	return sandbox.Sandbox{}, fmt.Errorf("container %.12s is %s: %w", info.ID, st.Status, ErrSandboxGone)
+}
+
+// start starts a created or stopped container and waits for its supervisor.
+func (b *Backend) start(ctx context.Context, conv, id, instance string) error {
+	if err := b.cfg.Engine.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("start container: %w", err)
+	}
+	recordStarted(b.cfg.Logger, conv, id)
+	return b.waitSupervisor(ctx, id, instance)
+}
+
+// waitSupervisor waits, up to StartTimeout, until the supervisor on the
+// conversation's socket answers with the container's instance id. It gives
+// up early if the container stops.
+func (b *Backend) waitSupervisor(ctx context.Context, id, instance string) error {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
+	defer cancel()
+	info, err := b.cfg.Engine.ContainerInspect(ctx, id)
+	if err != nil {
+		return fmt.Errorf("inspect container: %w", err)
+	}
+	c := &sandbox.Client{Socket: b.SocketPath(info.Config.Labels[LabelConversation])}
+	delay := 10 * time.Millisecond
+	for {
+		st, err := c.Status(ctx)
+		if err == nil {
+			if st.ID != instance {
+				return fmt.Errorf("supervisor on the socket is not this container's (instance mismatch): %w", sandbox.ErrUnavailable)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait for the supervisor of container %.12s: %w", id, errors.Join(sandbox.ErrUnavailable, ctx.Err()))
+		}
+		// A container that stopped will not answer: say so now.
+		info, ierr := b.cfg.Engine.ContainerInspect(ctx, id)
+		if cerrdefs.IsNotFound(ierr) || ierr == nil && info.State != nil && !info.State.Running {
+			return fmt.Errorf("container %.12s stopped before its supervisor answered: %w", id, ErrSandboxGone)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+// Alive reports whether the sandbox sb (from Ensure) is still there and
+// running: nil if so, an error wrapping ErrSandboxGone if its container
+// stopped, died or vanished, another error if the engine cannot tell. After
+// a turn's stream broke (sandbox.ErrInterrupted) it tells a lost container
+// (R35: the turn fails closed) from a dropped connection.
+func (b *Backend) Alive(ctx context.Context, sb sandbox.Sandbox) error {
+	info, err := b.cfg.Engine.ContainerInspect(ctx, sb.ID)
+	if cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("container %.12s: %w", sb.ID, ErrSandboxGone)
+	}
+	if err != nil {
+		return fmt.Errorf("inspect container: %w", err)
+	}
+	if info.Config == nil || !b.ours(info.Config.Labels) {
+		return fmt.Errorf("container %.12s is not this host's", sb.ID)
+	}
+	if info.State == nil || !info.State.Running || info.State.Restarting {
+		status := "unknown"
+		if info.State != nil {
+			status = info.State.Status
+		}
+		return fmt.Errorf("container %.12s is %s: %w", sb.ID, status, ErrSandboxGone)
+	}
+	return nil
+}
+
+// Remove stops and removes the conversation's container and its workspace
+// volume, and deletes its host directory. Only this host's objects are
+// touched; what is not there is not an error.
+func (b *Backend) Remove(ctx context.Context, conversationID string) error {
+	if conversationID == "" {
+		return errors.New("remove docker sandbox: empty conversation id")
+	}
+	unlock, err := b.lock(ctx, conversationID)
+	if err != nil {
+		return fmt.Errorf("remove docker sandbox: %w", err)
+	}
+	defer unlock()
+	if err := b.remove(ctx, conversationID); err != nil {
+		return fmt.Errorf("remove docker sandbox: %w", err)
+	}
+	return nil
+}
+
+func (b *Backend) remove(ctx context.Context, conv string) error {
+	list, err := b.cfg.Engine.ContainerList(ctx, container.ListOptions{All: true, Filters: b.filter(conv, roleSandbox)})
+	if err != nil {
+		return fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range list {
+		if !b.ours(c.Labels) || c.Labels[LabelConversation] != conv {
+			continue
+		}
+		if err := b.removeContainer(ctx, c.ID); err != nil {
+			return err
+		}
+	}
+	for {
+		name, ok, err := b.findVolume(ctx, conv)
+		if errors.Is(err, ErrAmbiguous) {
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if err := b.removeVolume(ctx, name); err != nil {
+			return err
+		}
+	}
+	// The lock file lives in the directory; unlinking it while we hold it
+	// is fine: a waiter that then locks the old inode re-checks below.
+	if err := os.RemoveAll(b.convDir(conv)); err != nil {
+		return fmt.Errorf("remove conversation directory: %w", err)
+	}
+	return nil
+}
+
+// lock takes the conversation's cross-process lock (flock on a file in its
+// directory), waiting at most until ctx ends.
+func (b *Backend) lock(ctx context.Context, conv string) (func(), error) {
+	if err := ensureDir(filepath.Join(b.cfg.StateDir, "docker"), 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	if err := ensureDir(b.convDir(conv), 0o700); err != nil {
+		return nil, fmt.Errorf("conversation directory: %w", err)
+	}
+	path := filepath.Join(b.convDir(conv), "lock")
+	delay := 5 * time.Millisecond
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open lock: %w", err)
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			// A Remove may have unlinked the file while we waited: then
+			// this lock guards nothing, take the new file's.
+			fi, serr := os.Stat(path)
+			held, _ := f.Stat()
+			if serr == nil && os.SameFile(fi, held) {
+				return func() { _ = f.Close() }, nil
+			}
+			_ = f.Close()
+			if err := ensureDir(b.convDir(conv), 0o700); err != nil {
+				return nil, fmt.Errorf("conversation directory: %w", err)
+			}
+			continue
+		}
+		_ = f.Close()
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("lock: %w", err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("wait for the conversation lock: %w", ctx.Err())
+		case <-t.C:
+		}
+		delay = min(2*delay, 100*time.Millisecond)
+	}
+}
+
+func validSpec(spec sandbox.Spec) error {
+	if spec.ConversationID == "" {
+		return errors.New("empty conversation id")
+	}
+	if spec.Image == "" {
+		return errors.New("empty image")
+	}
+	return nil
+}
+
+func newInstanceID() (string, error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("instance id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}

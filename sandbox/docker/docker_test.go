@@ -1,0 +1,587 @@
+package docker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/wire"
+)
+
+func newSpec(agent ...string) sandbox.Spec {
+	if len(agent) == 0 {
+		agent = env.agent
+	}
+	return sandbox.Spec{ConversationID: "conv-" + randHex(4), Image: env.image, AgentCommand: agent}
+}
+
+// testCtx bounds one test's engine and supervisor calls, so that a hang is
+// a failure and not a stuck run.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+type turnOut struct {
+	act     sandbox.Activation
+	events  []sandbox.Event
+	result  sandbox.Result
+	receipt wire.SupervisorReceipt
+}
+
+// runTurn drives one whole turn through the supervisor in sb: activate,
+// run the prompt, read the stream to its end, settle.
+func runTurn(t *testing.T, ctx context.Context, sb sandbox.Sandbox, command []string, prompt string) turnOut {
+	t.Helper()
+	c := sb.Client()
+	var out turnOut
+	var err error
+	if out.act, err = c.Activate(ctx); err != nil {
+		t.Fatalf("activate: %v", err)
+	}
+	turn, err := c.Run(ctx, out.act.ID, command, prompt)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	defer turn.Close()
+	for {
+		ev, err := turn.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("turn stream: %v (events so far: %v)", err, out.events)
+		}
+		out.events = append(out.events, ev)
+	}
+	if out.result, err = turn.Result(); err != nil {
+		t.Fatalf("result: %v", err)
+	}
+	if out.receipt, err = c.Settle(ctx, out.act.ID); err != nil {
+		t.Fatalf("settle: %v", err)
+	}
+	return out
+}
+
+// R29: the retained container's identity is found again by labels, is the
+// one Ensure reports (and the runner records before admission), and stays
+// the same across turns and across a fresh Backend (a daemon restart); the
+// native turn ordinal continues.
+func TestDockerTurnReusesRetainedContainer(t *testing.T) {
+	b, cfg := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec()
+	if err := b.Preflight(ctx, spec); err != nil {
+		t.Fatalf("preflight of a new conversation: %v", err)
+	}
+	sb1, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatalf("ensure: %v", err)
+	}
+	if !sb1.Created || sb1.Backend != sandbox.BackendDocker || sb1.ID == "" {
+		t.Fatalf("first ensure = %+v, want a created docker sandbox with an id", sb1)
+	}
+	cs := containersOf(t, cfg.Host, spec.ConversationID)
+	if len(cs) != 1 || cs[0].ID != sb1.ID {
+		t.Fatalf("containers labelled for the conversation = %v, want exactly %.12s", cs, sb1.ID)
+	}
+	if got := cs[0].Labels[docker.LabelManaged]; got != "true" {
+		t.Errorf("label %s = %q, want true", docker.LabelManaged, got)
+	}
+
+	out1 := runTurn(t, ctx, sb1, spec.AgentCommand, "hello")
+	if out1.result.ExitCode != 0 || out1.result.NativeTurn != 1 {
+		t.Fatalf("turn 1 result = %+v, want exit 0 at native turn 1", out1.result)
+	}
+	if out1.receipt.ActivationID != out1.act.ID || out1.receipt.NativeTurn != 1 {
+		t.Fatalf("turn 1 receipt = %+v, want activation %s at native turn 1", out1.receipt, out1.act.ID)
+	}
+	again, err := sb1.Client().Settle(ctx, out1.act.ID)
+	if err != nil || again != out1.receipt {
+		t.Fatalf("settle again = %+v, %v; want the same receipt %+v (R26)", again, err, out1.receipt)
+	}
+
+	spec.RecordedID = sb1.ID
+	if err := b.Preflight(ctx, spec); err != nil {
+		t.Fatalf("preflight with a retained container: %v", err)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatalf("second ensure: %v", err)
+	}
+	if sb2.ID != sb1.ID || sb2.Created {
+		t.Fatalf("second ensure = %+v, want the retained %.12s, not created", sb2, sb1.ID)
+	}
+	out2 := runTurn(t, ctx, sb2, spec.AgentCommand, "again")
+	if out2.act.NativeTurn != 1 || out2.result.NativeTurn != 2 || out2.receipt.NativeTurn != 2 {
+		t.Fatalf("turn 2: activation at %d, result %+v, receipt %+v; want it to start at 1 and end at 2",
+			out2.act.NativeTurn, out2.result, out2.receipt)
+	}
+
+	// A fresh backend value (the daemon restarted) finds the same container.
+	fresh, err := docker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb3, err := fresh.Ensure(ctx, spec)
+	if err != nil || sb3.ID != sb1.ID || sb3.Created {
+		t.Fatalf("ensure from a fresh backend = %+v, %v; want the retained %.12s", sb3, err, sb1.ID)
+	}
+	if n := len(volumesOf(t, cfg.Host, spec.ConversationID)); n != 1 {
+		t.Fatalf("%d workspace volumes, want 1", n)
+	}
+}
+
+// A missing container at the next turn of a usable conversation is made
+// anew over the workspace volume, and the native session continues.
+func TestDockerMissingContainerRecreatedFromVolume(t *testing.T) {
+	b, cfg := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec()
+	sb1, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := runTurn(t, ctx, sb1, spec.AgentCommand, "one"); out.result.NativeTurn != 1 {
+		t.Fatalf("turn 1 ended at native turn %d, want 1", out.result.NativeTurn)
+	}
+	if err := env.engine.ContainerRemove(ctx, sb1.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Alive(ctx, sb1); !errors.Is(err, docker.ErrSandboxGone) {
+		t.Fatalf("alive after removal = %v, want ErrSandboxGone", err)
+	}
+	spec.RecordedID = sb1.ID
+	if err := b.Preflight(ctx, spec); err != nil {
+		t.Fatalf("preflight with the container gone: %v", err)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb2.ID == sb1.ID || !sb2.Created {
+		t.Fatalf("ensure after loss = %+v, want a new container", sb2)
+	}
+	if cs := containersOf(t, cfg.Host, spec.ConversationID); len(cs) != 1 || cs[0].ID != sb2.ID {
+		t.Fatalf("containers = %v, want exactly the new %.12s", cs, sb2.ID)
+	}
+	out := runTurn(t, ctx, sb2, spec.AgentCommand, "two")
+	if out.act.NativeTurn != 1 || out.result.NativeTurn != 2 {
+		t.Fatalf("turn 2 started at %d and ended at %d, want 1 and 2: the session must continue from the volume",
+			out.act.NativeTurn, out.result.NativeTurn)
+	}
+}
+
+// A conversation the control plane has a sandbox for, whose workspace
+// volume is not on this host, is refused rather than silently started
+// empty; nothing is created.
+func TestDockerWorkspaceLostIsRefused(t *testing.T) {
+	b, cfg := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec()
+	spec.RecordedID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	_, err := b.Ensure(ctx, spec)
+	if !errors.Is(err, docker.ErrWorkspaceLost) {
+		t.Fatalf("ensure = %v, want ErrWorkspaceLost", err)
+	}
+	if cs, vs := containersOf(t, cfg.Host, ""), volumesOf(t, cfg.Host, ""); len(cs)+len(vs) != 0 {
+		t.Fatalf("created %d containers and %d volumes, want none", len(cs), len(vs))
+	}
+}
+
+// R33: a failed read-only preflight declines with its class and creates,
+// starts and changes nothing: no container, no volume, not even the state
+// directory's docker/ subdirectory.
+func TestDockerPreflightDeclinesAndCreatesNothing(t *testing.T) {
+	unreachable, err := client.NewClientWithOpts(client.WithHost("unix:///nonexistent/docker.sock"), client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unreachable.Close()
+	tests := []struct {
+		name   string
+		modify func(*docker.Config)
+		spec   func(*sandbox.Spec)
+		class  string
+	}{
+		{name: "image missing", spec: func(s *sandbox.Spec) { s.Image = "runnerd-test/missing:" + randHex(4) }, class: sandbox.ClassImageMissing},
+		{name: "network missing", modify: func(c *docker.Config) { c.Network = "runnerd-test-nonet-" + randHex(4) }, class: sandbox.ClassNetworkMissing},
+		{name: "engine unreachable", modify: func(c *docker.Config) { c.Engine = unreachable }, class: sandbox.ClassEngineUnreachable},
+		{name: "runnerd binary missing", modify: func(c *docker.Config) { c.RunnerdPath = "/nonexistent/runnerd" }, class: sandbox.ClassSupervisorMissing},
+		{name: "agent command empty", spec: func(s *sandbox.Spec) { s.AgentCommand = nil }, class: sandbox.ClassAgentMissing},
+		{name: "conversation id empty", spec: func(s *sandbox.Spec) { s.ConversationID = "" }, class: sandbox.ClassInvalidSpec},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, cfg := newBackend(t, tt.modify)
+			ctx := testCtx(t)
+			spec := newSpec()
+			if tt.spec != nil {
+				tt.spec(&spec)
+			}
+			err := b.Preflight(ctx, spec)
+			var pe *sandbox.PreflightError
+			if !errors.As(err, &pe) || pe.Class != tt.class {
+				t.Fatalf("preflight = %v, want a PreflightError of class %s", err, tt.class)
+			}
+			if cs, vs := containersOf(t, cfg.Host, ""), volumesOf(t, cfg.Host, ""); len(cs)+len(vs) != 0 {
+				t.Fatalf("preflight created %d containers and %d volumes", len(cs), len(vs))
+			}
+			if ents, err := os.ReadDir(cfg.StateDir); err != nil || len(ents) != 0 {
+				t.Fatalf("state directory after preflight: %v, %v; want it untouched", ents, err)
+			}
+		})
+	}
+}
+
+// R35: the container killed mid-turn fails the turn closed: the stream ends
+// with ErrInterrupted, there is no receipt, the backend says the sandbox is
+// gone; the next Ensure restarts the container, whose fresh supervisor
+// knows no earlier activation (R28), so the killed turn can never be
+// confirmed as settled.
+func TestDockerContainerKilledMidTurnFailsClosed(t *testing.T) {
+	b, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec(imgTestAgent)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sb.Client()
+	act, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := c.Run(ctx, act.ID, spec.AgentCommand, "work forever !hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	if ev, err := turn.Next(); err != nil || ev.Type != "turn.start" {
+		t.Fatalf("first event = %+v, %v; want turn.start", ev, err)
+	}
+	if err := env.engine.ContainerKill(ctx, sb.ID, "KILL"); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		_, err = turn.Next()
+		if err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, sandbox.ErrInterrupted) {
+		t.Fatalf("stream after the kill ended with %v, want ErrInterrupted", err)
+	}
+	if _, err := turn.Result(); err == nil {
+		t.Fatal("a killed turn has a result")
+	}
+	if err := b.Alive(ctx, sb); !errors.Is(err, docker.ErrSandboxGone) {
+		t.Fatalf("alive after the kill = %v, want ErrSandboxGone", err)
+	}
+	if r, err := c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("settle after the kill = %+v, %v; want ErrUnavailable and no receipt", r, err)
+	}
+
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb2.ID != sb.ID || !sb2.Created {
+		t.Fatalf("ensure after the kill = %+v, want %.12s restarted", sb2, sb.ID)
+	}
+	if r, err := sb2.Client().Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("settle through the restarted supervisor = %+v, %v; want ErrUnknownActivation (R28)", r, err)
+	}
+}
+
+// Two activations of one container: the older token is refused, and a turn
+// it was running is stopped.
+func TestDockerOlderActivationRefused(t *testing.T) {
+	b, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec(imgTestAgent)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := sb.Client()
+	older, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := c.Run(ctx, older.ID, spec.AgentCommand, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	if _, err := turn.Next(); err != nil {
+		t.Fatal(err)
+	}
+	newer, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if newer.ID == older.ID {
+		t.Fatal("two activations got the same token")
+	}
+	for err == nil {
+		_, err = turn.Next()
+	}
+	if !errors.Is(err, sandbox.ErrFenced) && !errors.Is(err, sandbox.ErrInterrupted) {
+		t.Fatalf("older turn after a newer activation ended with %v, want fenced or interrupted", err)
+	}
+	if _, err := c.Run(ctx, older.ID, spec.AgentCommand, "again"); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("run with the older token = %v, want ErrFenced", err)
+	}
+	if _, err := c.Settle(ctx, older.ID); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("settle with the older token = %v, want ErrFenced", err)
+	}
+	// The newer token owns the container and runs a whole turn.
+	t2, err := c.Run(ctx, newer.ID, spec.AgentCommand, "fine")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2.Close()
+	for err == nil {
+		_, err = t2.Next()
+	}
+	if err != io.EOF {
+		t.Fatalf("newer turn ended with %v, want a completed stream", err)
+	}
+	if _, err := c.Settle(ctx, newer.ID); err != nil {
+		t.Fatalf("settle with the newer token: %v", err)
+	}
+}
+
+// The security defaults are in force: as the engine reports them, and as
+// the agent inside experiences them.
+func TestDockerSecurityDefaults(t *testing.T) {
+	b, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec(imgTestAgent, "probe")
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := info.HostConfig
+	if !slices.Equal([]string(hc.CapDrop), []string{"ALL"}) || len(hc.CapAdd) != 0 {
+		t.Errorf("CapDrop %v, CapAdd %v; want ALL dropped, none added", hc.CapDrop, hc.CapAdd)
+	}
+	if !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") {
+		t.Errorf("SecurityOpt %v lacks no-new-privileges", hc.SecurityOpt)
+	}
+	if hc.NetworkMode != "none" {
+		t.Errorf("NetworkMode %q, want none", hc.NetworkMode)
+	}
+	if hc.PidsLimit == nil || *hc.PidsLimit != docker.DefaultPidsLimit {
+		t.Errorf("PidsLimit %v, want %d", hc.PidsLimit, docker.DefaultPidsLimit)
+	}
+	if hc.Memory != docker.DefaultMemoryBytes || hc.NanoCPUs != docker.DefaultNanoCPUs {
+		t.Errorf("Memory %d, NanoCPUs %d; want %d and %d", hc.Memory, hc.NanoCPUs, docker.DefaultMemoryBytes, docker.DefaultNanoCPUs)
+	}
+	if !hc.ReadonlyRootfs {
+		t.Error("root filesystem is writable")
+	}
+	if hc.Privileged {
+		t.Error("container is privileged")
+	}
+	for _, m := range info.Mounts {
+		if m.Destination == "/.runnerd/bin/runnerd" && m.RW {
+			t.Error("the runnerd binary is mounted writable")
+		}
+	}
+
+	out := runTurn(t, ctx, sb, spec.AgentCommand, "probe")
+	var probe struct {
+		CapEff       string   `json:"cap_eff"`
+		CapBnd       string   `json:"cap_bnd"`
+		NoNewPrivs   string   `json:"no_new_privs"`
+		UID          int      `json:"uid"`
+		RootWritable bool     `json:"root_writable"`
+		Interfaces   []string `json:"interfaces"`
+	}
+	i := slices.IndexFunc(out.events, func(e sandbox.Event) bool { return e.Type == "probe" })
+	if i < 0 {
+		t.Fatalf("no probe event in %v", out.events)
+	}
+	if err := json.Unmarshal(out.events[i].Data, &probe); err != nil {
+		t.Fatal(err)
+	}
+	if probe.CapEff != "0000000000000000" || probe.CapBnd != "0000000000000000" {
+		t.Errorf("agent capabilities eff=%s bnd=%s, want none", probe.CapEff, probe.CapBnd)
+	}
+	if probe.NoNewPrivs != "1" {
+		t.Errorf("agent NoNewPrivs = %q, want 1", probe.NoNewPrivs)
+	}
+	if probe.UID != 65534 {
+		t.Errorf("agent uid %d, want the image's non-root user 65534", probe.UID)
+	}
+	if probe.RootWritable {
+		t.Error("agent could write to /")
+	}
+	if !slices.Equal(probe.Interfaces, []string{"lo"}) {
+		t.Errorf("agent network interfaces %v, want only lo", probe.Interfaces)
+	}
+}
+
+// Every security default is a Config field, and the fields reach the engine.
+func TestDockerSecurityOverrides(t *testing.T) {
+	b, _ := newBackend(t, func(c *docker.Config) {
+		c.Network = "bridge"
+		c.PidsLimit = 64
+		c.MemoryBytes = 256 << 20
+		c.NanoCPUs = 500_000_000
+		c.AllowNewPrivileges = true
+		c.CapAdd = []string{"CHOWN"}
+		c.WritableRootFS = true
+		c.User = "1234:1234"
+	})
+	ctx := testCtx(t)
+	sb, err := b.Ensure(ctx, newSpec(imgTestAgent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := info.HostConfig
+	if hc.NetworkMode != "bridge" || *hc.PidsLimit != 64 || hc.Memory != 256<<20 || hc.NanoCPUs != 500_000_000 ||
+		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Equal([]string(hc.CapAdd), []string{"CHOWN"}) ||
+		hc.ReadonlyRootfs || info.Config.User != "1234:1234" {
+		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v user %q",
+			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, info.Config.User)
+	}
+}
+
+type recorder struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.records = append(r.records, rec.Clone())
+	return nil
+}
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *recorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *recorder) find(msg string) []map[string]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []map[string]string
+	for _, rec := range r.records {
+		if rec.Message != msg {
+			continue
+		}
+		m := map[string]string{}
+		rec.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value.String(); return true })
+		out = append(out, m)
+	}
+	return out
+}
+
+// The sweep removes the sandboxes of the conversations the runner names,
+// with a record, and nothing else: not the other conversations of this
+// host, not another host's sandbox of the same conversation, not a
+// container this host did not create.
+func TestDockerSweepRemovesOnlyChosenAndOnlyOurs(t *testing.T) {
+	rec := &recorder{}
+	a, cfgA := newBackend(t, func(c *docker.Config) { c.Logger = slog.New(rec) })
+	other, cfgB := newBackend(t, nil)
+	ctx := testCtx(t)
+	lost, kept := newSpec(imgTestAgent), newSpec(imgTestAgent)
+
+	// A container someone else made, carrying our host and conversation
+	// labels but not runnerd.managed. It is created, never started.
+	foreign, err := env.engine.ContainerCreate(ctx, &container.Config{
+		Image:      env.image,
+		Entrypoint: []string{imgTestAgent},
+		Labels:     map[string]string{docker.LabelHost: cfgA.Host, docker.LabelConversation: lost.ConversationID},
+	}, &container.HostConfig{NetworkMode: "none"}, nil, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.engine.ContainerRemove(context.Background(), foreign.ID, container.RemoveOptions{Force: true})
+	})
+
+	sbLost, err := a.Ensure(ctx, lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbLost.ID == foreign.ID {
+		t.Fatal("ensure adopted a container this host did not create")
+	}
+	if _, err := a.Ensure(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	sbOther, err := other.Ensure(ctx, lost)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := a.Sweep(ctx, func(conv string) bool { return conv == lost.ConversationID })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Removed, []string{lost.ConversationID}) || res.Kept != 1 {
+		t.Fatalf("sweep = %+v, want %s removed and 1 kept", res, lost.ConversationID)
+	}
+	if _, err := env.engine.ContainerInspect(ctx, sbLost.ID); !isNotFound(err) {
+		t.Errorf("swept container still there (inspect: %v)", err)
+	}
+	var managedLeft int
+	for _, c := range containersOf(t, cfgA.Host, lost.ConversationID) {
+		if c.ID != foreign.ID {
+			managedLeft++
+		}
+	}
+	if managedLeft != 0 || len(volumesOf(t, cfgA.Host, lost.ConversationID)) != 0 {
+		t.Errorf("sweep left %d containers and some volume of the swept conversation", managedLeft)
+	}
+	if _, err := env.engine.ContainerInspect(ctx, foreign.ID); err != nil {
+		t.Errorf("the foreign container is gone: %v", err)
+	}
+	if _, err := env.engine.ContainerInspect(ctx, sbOther.ID); err != nil {
+		t.Errorf("another host's container is gone: %v", err)
+	}
+	if n := len(containersOf(t, cfgA.Host, kept.ConversationID)); n != 1 {
+		t.Errorf("kept conversation has %d containers, want 1", n)
+	}
+	if len(volumesOf(t, cfgB.Host, lost.ConversationID)) != 1 {
+		t.Error("another host's workspace volume is gone")
+	}
+	recs := rec.find(docker.RecordSwept)
+	if len(recs) != 1 || recs[0]["conversation_id"] != lost.ConversationID || recs[0]["container_id"] != sbLost.ID {
+		t.Fatalf("sweep records = %v, want one for %s with container %.12s", recs, lost.ConversationID, sbLost.ID)
+	}
+
+	// Remove of a conversation also leaves the foreign container alone.
+	if err := a.Remove(ctx, lost.ConversationID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.engine.ContainerInspect(ctx, foreign.ID); err != nil {
+		t.Errorf("remove took the foreign container: %v", err)
+	}
+}

@@ -1,0 +1,319 @@
+package docker
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/volume"
+)
+
+// Labels on everything the backend creates. A container or volume is ours
+// only if it carries LabelManaged=true and LabelHost equal to Config.Host.
+const (
+	LabelManaged      = "runnerd.managed"
+	LabelHost         = "runnerd.host"
+	LabelConversation = "runnerd.conversation"
+	LabelRole         = "runnerd.role" // "sandbox" or "workspace"
+)
+
+const (
+	roleSandbox   = "sandbox"
+	roleWorkspace = "workspace"
+)
+
+// ours reports whether labels mark an object this host created.
+func (b *Backend) ours(labels map[string]string) bool {
+	return labels[LabelManaged] == "true" && labels[LabelHost] == b.cfg.Host
+}
+
+func (b *Backend) labels(conversationID, role string) map[string]string {
+	return map[string]string{
+		LabelManaged:      "true",
+		LabelHost:         b.cfg.Host,
+		LabelConversation: conversationID,
+		LabelRole:         role,
+	}
+}
+
+// filter selects this host's objects of a role; with a conversation id,
+// only that conversation's.
+func (b *Backend) filter(conversationID, role string) filters.Args {
+	f := filters.NewArgs(
+		filters.Arg("label", LabelManaged+"=true"),
+		filters.Arg("label", LabelHost+"="+b.cfg.Host),
+		filters.Arg("label", LabelRole+"="+role),
+	)
+	if conversationID != "" {
+		f.Add("label", LabelConversation+"="+conversationID)
+	}
+	return f
+}
+
+// slug is a name fragment for the engine and the file system: the readable
+// part of the conversation id, then a hash of host and id so that two hosts
+// sharing an engine, or two ids that sanitize alike, never collide. Names
+// are for people; the backend finds objects by labels.
+func (b *Backend) slug(conversationID string) string {
+	var s strings.Builder
+	for _, r := range conversationID {
+		if s.Len() >= 40 {
+			break
+		}
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			s.WriteRune(r)
+		} else {
+			s.WriteByte('_')
+		}
+	}
+	h := sha256.Sum256([]byte(b.cfg.Host + "\x00" + conversationID))
+	return s.String() + "-" + hex.EncodeToString(h[:6])
+}
+
+func (b *Backend) containerName(conversationID string) string {
+	return "runnerd-" + b.slug(conversationID)
+}
+
+func (b *Backend) volumeName(conversationID string) string {
+	return "runnerd-ws-" + b.slug(conversationID)
+}
+
+// convDir is the conversation's host directory; runDir, inside it, is
+// bind-mounted at containerSocketDir.
+func (b *Backend) convDir(conversationID string) string {
+	return filepath.Join(b.cfg.StateDir, "docker", b.slug(conversationID))
+}
+
+func (b *Backend) runDir(conversationID string) string {
+	return filepath.Join(b.convDir(conversationID), "run")
+}
+
+// SocketPath is the host path of the conversation's supervisor socket.
+func (b *Backend) SocketPath(conversationID string) string {
+	return filepath.Join(b.runDir(conversationID), socketName)
+}
+
+// ErrAmbiguous means the engine holds more than one container of this host
+// for one conversation: the backend cannot tell which one is the retained
+// sandbox, so it uses neither.
+var ErrAmbiguous = errors.New("more than one retained container for the conversation")
+
+// findContainer returns the conversation's container of this host, or
+// ok=false when there is none. It only reads.
+func (b *Backend) findContainer(ctx context.Context, conversationID string) (container.Summary, bool, error) {
+	list, err := b.cfg.Engine.ContainerList(ctx, container.ListOptions{All: true, Filters: b.filter(conversationID, roleSandbox)})
+	if err != nil {
+		return container.Summary{}, false, fmt.Errorf("list containers: %w", err)
+	}
+	// The engine filtered by label; check again so that a filter the
+	// engine ignored can never hand us someone else's container.
+	var mine []container.Summary
+	for _, c := range list {
+		if b.ours(c.Labels) && c.Labels[LabelConversation] == conversationID {
+			mine = append(mine, c)
+		}
+	}
+	switch len(mine) {
+	case 0:
+		return container.Summary{}, false, nil
+	case 1:
+		return mine[0], true, nil
+	}
+	return container.Summary{}, false, ErrAmbiguous
+}
+
+// findVolume returns the name of the conversation's workspace volume of
+// this host, or ok=false when there is none.
+func (b *Backend) findVolume(ctx context.Context, conversationID string) (string, bool, error) {
+	resp, err := b.cfg.Engine.VolumeList(ctx, volume.ListOptions{Filters: b.filter(conversationID, roleWorkspace)})
+	if err != nil {
+		return "", false, fmt.Errorf("list volumes: %w", err)
+	}
+	var names []string
+	for _, v := range resp.Volumes {
+		if b.ours(v.Labels) && v.Labels[LabelConversation] == conversationID {
+			names = append(names, v.Name)
+		}
+	}
+	switch len(names) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return names[0], true, nil
+	}
+	return "", false, fmt.Errorf("more than one workspace volume for the conversation: %w", ErrAmbiguous)
+}
+
+// ensureVolume finds or creates the workspace volume.
+func (b *Backend) ensureVolume(ctx context.Context, conversationID string) (name string, created bool, err error) {
+	name, ok, err := b.findVolume(ctx, conversationID)
+	if err != nil || ok {
+		return name, false, err
+	}
+	v, err := b.cfg.Engine.VolumeCreate(ctx, volume.CreateOptions{
+		Name:   b.volumeName(conversationID),
+		Labels: b.labels(conversationID, roleWorkspace),
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("create workspace volume: %w", err)
+	}
+	// VolumeCreate answers with an existing volume of that name; refuse
+	// one that is not ours rather than mount a stranger's data.
+	if !b.ours(v.Labels) || v.Labels[LabelConversation] != conversationID {
+		return "", false, fmt.Errorf("volume %s exists and is not this host's workspace for the conversation", v.Name)
+	}
+	return v.Name, true, nil
+}
+
+// containerSpec is what the backend creates: the security defaults of
+// Config, the supervisor as the entrypoint, the workspace volume, the
+// socket directory and the runnerd binary.
+func (b *Backend) containerSpec(conversationID, image, volumeName, instance string) (*container.Config, *container.HostConfig) {
+	cfg := b.cfg
+	labels := b.labels(conversationID, roleSandbox)
+	labels[LabelInstance] = instance
+	cc := &container.Config{
+		Image:      image,
+		User:       cfg.User,
+		WorkingDir: cfg.Workspace,
+		Entrypoint: b.superviseArgv(instance),
+		Cmd:        nil, // the image's CMD is not used once Entrypoint is set
+		Labels:     labels,
+		// No stdin, no tty: the supervisor speaks only on its socket.
+		AttachStdout: false,
+		AttachStderr: false,
+	}
+	hc := &container.HostConfig{
+		NetworkMode: container.NetworkMode(cfg.Network),
+		CapDrop:     []string{"ALL"},
+		CapAdd:      cfg.CapAdd,
+		Mounts: []mount.Mount{
+			{Type: mount.TypeBind, Source: cfg.RunnerdPath, Target: containerRunnerd, ReadOnly: true},
+			{Type: mount.TypeBind, Source: b.runDir(conversationID), Target: containerSocketDir},
+			{Type: mount.TypeVolume, Source: volumeName, Target: cfg.Workspace},
+		},
+		ReadonlyRootfs: !cfg.WritableRootFS,
+		RestartPolicy:  container.RestartPolicy{Name: container.RestartPolicyDisabled},
+	}
+	if !cfg.AllowNewPrivileges {
+		hc.SecurityOpt = append(hc.SecurityOpt, "no-new-privileges:true")
+	}
+	if !cfg.WritableRootFS {
+		hc.Tmpfs = map[string]string{"/tmp": "rw,nosuid,nodev,size=" + strconv.FormatInt(cfg.TmpfsBytes, 10)}
+	}
+	if !cfg.NoInit {
+		yes := true
+		hc.Init = &yes
+	}
+	if cfg.PidsLimit > 0 {
+		n := cfg.PidsLimit
+		hc.PidsLimit = &n
+	}
+	if cfg.MemoryBytes > 0 {
+		hc.Memory = cfg.MemoryBytes
+		hc.MemorySwap = cfg.MemoryBytes // no swap beyond the limit
+	}
+	if cfg.NanoCPUs > 0 {
+		hc.NanoCPUs = cfg.NanoCPUs
+	}
+	return cc, hc
+}
+
+// superviseArgv is the container's entrypoint: our supervisor, serving
+// its socket in the bind-mounted run directory, over the workspace.
+func (b *Backend) superviseArgv(instance string) []string {
+	argv := []string{
+		containerRunnerd, "supervise",
+		"--socket", containerSocketDir + "/" + socketName,
+		"--workspace", b.cfg.Workspace,
+		"--id", instance,
+	}
+	return append(argv, b.cfg.SuperviseArgs...)
+}
+
+// createContainer creates (does not start) the conversation's container.
+func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string) (string, error) {
+	if err := b.prepareRunDir(conversationID); err != nil {
+		return "", err
+	}
+	cc, hc := b.containerSpec(conversationID, image, volumeName, instance)
+	resp, err := b.cfg.Engine.ContainerCreate(ctx, cc, hc, nil, nil, b.containerName(conversationID))
+	if err != nil {
+		return "", fmt.Errorf("create container: %w", err)
+	}
+	return resp.ID, nil
+}
+
+// prepareRunDir makes the conversation directory (0700, ours) and the run
+// directory inside it, and removes a stale socket left by an earlier
+// container. The run directory is world-writable so that a supervisor
+// running as any non-root uid can bind its socket there; the 0700 parent
+// keeps every other host user out.
+func (b *Backend) prepareRunDir(conversationID string) error {
+	if err := ensureDir(filepath.Join(b.cfg.StateDir, "docker"), 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	if err := ensureDir(b.convDir(conversationID), 0o700); err != nil {
+		return fmt.Errorf("conversation directory: %w", err)
+	}
+	if err := ensureDir(b.runDir(conversationID), 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("socket directory: %w", err)
+	}
+	if err := os.Remove(b.SocketPath(conversationID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove stale socket: %w", err)
+	}
+	return nil
+}
+
+// removeContainer stops and removes a container after checking it is ours.
+func (b *Backend) removeContainer(ctx context.Context, id string) error {
+	info, err := b.cfg.Engine.ContainerInspect(ctx, id)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("inspect container: %w", err)
+	}
+	if info.Config == nil || !b.ours(info.Config.Labels) {
+		return fmt.Errorf("container %.12s is not this host's: refusing to remove it", id)
+	}
+	if info.State != nil && info.State.Running {
+		secs := int(b.cfg.StopTimeout.Seconds())
+		if err := b.cfg.Engine.ContainerStop(ctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
+			return fmt.Errorf("stop container: %w", err)
+		}
+	}
+	err = b.cfg.Engine.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
+	if err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove container: %w", err)
+	}
+	return nil
+}
+
+// removeVolume removes a volume after checking it is ours.
+func (b *Backend) removeVolume(ctx context.Context, name string) error {
+	v, err := b.cfg.Engine.VolumeInspect(ctx, name)
+	if cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("inspect volume: %w", err)
+	}
+	if !b.ours(v.Labels) {
+		return fmt.Errorf("volume %s is not this host's: refusing to remove it", name)
+	}
+	if err := b.cfg.Engine.VolumeRemove(ctx, name, false); err != nil && !cerrdefs.IsNotFound(err) {
+		return fmt.Errorf("remove volume: %w", err)
+	}
+	return nil
+}

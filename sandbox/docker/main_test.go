@@ -1,0 +1,336 @@
+package docker_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/volume"
+	"github.com/docker/docker/client"
+
+	"github.com/runnerd/runnerd/sandbox/docker"
+)
+
+// The environment every Docker test shares, set up once by TestMain: the
+// engine, the static runnerd (or stand-in) binary to bind-mount, and an
+// image built FROM scratch over the static agents.
+var env struct {
+	skip    string // why the Docker tests skip; "" when they run
+	engine  *client.Client
+	runnerd string // host path of the static supervisor binary
+	image   string // tag of the test image
+	agent   []string
+	demo    bool // agent is cmd/demoagent, not the stand-in
+}
+
+// Paths of the agents inside the test image.
+const (
+	imgDemoAgent = "/bin/demoagent"
+	imgTestAgent = "/bin/testagent"
+	imgUser      = "65534:65534"
+)
+
+func TestMain(m *testing.M) { os.Exit(testMain(m)) }
+
+func testMain(m *testing.M) int {
+	eng, err := docker.EngineFromEnv()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = eng.Ping(ctx)
+		cancel()
+	}
+	if err != nil {
+		if os.Getenv("RUNNERD_REQUIRE_DOCKER") == "1" {
+			fmt.Fprintf(os.Stderr, "RUNNERD_REQUIRE_DOCKER=1 but no Docker engine is reachable: %v\n", err)
+			return 1
+		}
+		env.skip = fmt.Sprintf("no Docker engine reachable (%v); set RUNNERD_REQUIRE_DOCKER=1 to make this a failure", err)
+		return m.Run()
+	}
+	env.engine = eng
+	defer eng.Close()
+
+	dir, err := os.MkdirTemp("", "runnerd-docker-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	if err := setup(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "docker test setup: %v\n", err)
+		return 1
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, _ = eng.ImageRemove(ctx, env.image, image.RemoveOptions{Force: true, PruneChildren: true})
+	}()
+	return m.Run()
+}
+
+// setup builds the static binaries and the FROM-scratch test image.
+func setup(dir string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	env.runnerd = filepath.Join(dir, "runnerd")
+	supervise := "./cmd/runnerd"
+	if _, err := os.Stat(filepath.Join(root, "cmd", "runnerd", "main.go")); err != nil {
+		supervise = "./sandbox/docker/testdata/supervise"
+	}
+	demo := "./cmd/demoagent"
+	if _, err := os.Stat(filepath.Join(root, "cmd", "demoagent", "main.go")); err == nil {
+		env.demo = true
+	} else {
+		demo = "./sandbox/docker/testdata/testagent"
+	}
+	bins := map[string]string{
+		env.runnerd:                     supervise,
+		filepath.Join(dir, "demoagent"): demo,
+		filepath.Join(dir, "testagent"): "./sandbox/docker/testdata/testagent",
+	}
+	for out, pkg := range bins {
+		if err := goBuild(root, out, pkg); err != nil {
+			return err
+		}
+	}
+	env.agent = []string{imgDemoAgent}
+	if !env.demo {
+		env.agent = []string{imgTestAgent}
+	}
+
+	tag := "runnerd-test/agent:" + randHex(6)
+	dockerfile := "FROM scratch\n" +
+		"COPY demoagent " + imgDemoAgent + "\n" +
+		"COPY testagent " + imgTestAgent + "\n" +
+		"COPY --chown=" + imgUser + " workspace /workspace\n" +
+		"USER " + imgUser + "\n"
+	ctxTar, err := buildContext(dir, dockerfile, []string{"demoagent", "testagent"})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	resp, err := env.engine.ImageBuild(ctx, ctxTar, build.ImageBuildOptions{
+		Tags:        []string{tag},
+		Remove:      true,
+		ForceRemove: true,
+		Labels:      map[string]string{"runnerd.test": "true"},
+		Version:     build.BuilderV1,
+	})
+	if err != nil {
+		return fmt.Errorf("build image: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := buildOutput(resp.Body); err != nil {
+		return fmt.Errorf("build image: %w", err)
+	}
+	env.image = tag
+	return nil
+}
+
+func goBuild(root, out, pkg string) error {
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+	}
+	return nil
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// buildContext tars the Dockerfile, the named files of dir and an empty
+// workspace directory.
+func buildContext(dir, dockerfile string, files []string) (io.Reader, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	add := func(name string, mode int64, body []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
+			return err
+		}
+		_, err := tw.Write(body)
+		return err
+	}
+	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
+		return nil, err
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, err
+		}
+		if err := add(f, 0o755, b); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: "workspace/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
+		return nil, err
+	}
+	return &buf, tw.Close()
+}
+
+// buildOutput reads the build's JSON message stream and returns its error.
+func buildOutput(r io.Reader) error {
+	dec := json.NewDecoder(r)
+	var log strings.Builder
+	for {
+		var msg struct {
+			Stream string `json:"stream"`
+			Error  string `json:"error"`
+		}
+		if err := dec.Decode(&msg); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		log.WriteString(msg.Stream)
+		if msg.Error != "" {
+			return fmt.Errorf("%s\n%s", msg.Error, log.String())
+		}
+	}
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newBackend makes a backend for a host of its own, so that tests running
+// beside each other (and other helpers' containers) never meet, and makes
+// the test's end assert that nothing labelled with that host is left.
+func newBackend(tb testing.TB, modify func(*docker.Config)) (*docker.Backend, docker.Config) {
+	tb.Helper()
+	if env.skip != "" {
+		tb.Skip(env.skip)
+	}
+	host := "test-" + randHex(6)
+	cfg := docker.Config{
+		Engine:       env.engine,
+		Host:         host,
+		StateDir:     tb.TempDir(),
+		RunnerdPath:  env.runnerd,
+		StartTimeout: 30 * time.Second,
+		StopTimeout:  time.Second,
+	}
+	if modify != nil {
+		modify(&cfg)
+	}
+	b, err := docker.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { assertNothingLeft(tb, host) })
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := b.Sweep(ctx, func(string) bool { return true }); err != nil {
+			tb.Errorf("teardown sweep: %v", err)
+		}
+	})
+	return b, cfg
+}
+
+// hostFilter selects everything labelled with host.
+func hostFilter(host string) filters.Args {
+	return filters.NewArgs(filters.Arg("label", docker.LabelHost+"="+host))
+}
+
+// assertNothingLeft fails the test if any container, volume or network
+// labelled with host is still there, and then removes them so that one
+// failure does not leak into the next run.
+func assertNothingLeft(tb testing.TB, host string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs, err := env.engine.ContainerList(ctx, container.ListOptions{All: true, Filters: hostFilter(host)})
+	if err != nil {
+		tb.Fatalf("teardown: list containers: %v", err)
+	}
+	for _, c := range cs {
+		tb.Errorf("teardown: container %.12s (%v) left behind", c.ID, c.Labels)
+		_ = env.engine.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+	}
+	vs, err := env.engine.VolumeList(ctx, volume.ListOptions{Filters: hostFilter(host)})
+	if err != nil {
+		tb.Fatalf("teardown: list volumes: %v", err)
+	}
+	for _, v := range vs.Volumes {
+		tb.Errorf("teardown: volume %s left behind", v.Name)
+		_ = env.engine.VolumeRemove(ctx, v.Name, true)
+	}
+	ns, err := env.engine.NetworkList(ctx, network.ListOptions{Filters: hostFilter(host)})
+	if err != nil {
+		tb.Fatalf("teardown: list networks: %v", err)
+	}
+	for _, n := range ns {
+		tb.Errorf("teardown: network %s left behind", n.Name)
+		_ = env.engine.NetworkRemove(ctx, n.ID)
+	}
+}
+
+// containersOf lists the containers labelled with host and conversation.
+func containersOf(tb testing.TB, host, conv string) []container.Summary {
+	tb.Helper()
+	f := hostFilter(host)
+	if conv != "" {
+		f.Add("label", docker.LabelConversation+"="+conv)
+	}
+	cs, err := env.engine.ContainerList(context.Background(), container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cs
+}
+
+func volumesOf(tb testing.TB, host, conv string) []*volume.Volume {
+	tb.Helper()
+	f := hostFilter(host)
+	if conv != "" {
+		f.Add("label", docker.LabelConversation+"="+conv)
+	}
+	vs, err := env.engine.VolumeList(context.Background(), volume.ListOptions{Filters: f})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return vs.Volumes
+}
+
+func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }

@@ -1,0 +1,64 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/network"
+
+	"github.com/runnerd/runnerd/sandbox"
+)
+
+// Preflight checks, reading only, that a turn of the conversation can start
+// on this host: the spec is usable, the runnerd binary to bind-mount is
+// there, the engine answers, the image is present locally (nothing is ever
+// pulled), the configured network exists, and the conversation's retained
+// container, if there is one, can be inspected. It starts, creates and
+// changes nothing, so a failure lets the host release the claim (R33).
+// Every failure is a *sandbox.PreflightError.
+func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
+	fail := func(class string, err error) error { return &sandbox.PreflightError{Class: class, Err: err} }
+	if err := validSpec(spec); err != nil {
+		return fail(sandbox.ClassInvalidSpec, err)
+	}
+	if len(spec.AgentCommand) == 0 || spec.AgentCommand[0] == "" {
+		return fail(sandbox.ClassAgentMissing, errors.New("empty agent command"))
+	}
+	if fi, err := os.Stat(b.cfg.RunnerdPath); err != nil {
+		return fail(sandbox.ClassSupervisorMissing, err)
+	} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fail(sandbox.ClassSupervisorMissing, fmt.Errorf("%s is not an executable file", b.cfg.RunnerdPath))
+	}
+	if _, err := b.cfg.Engine.Ping(ctx); err != nil {
+		return fail(sandbox.ClassEngineUnreachable, err)
+	}
+	if _, err := b.cfg.Engine.ImageInspect(ctx, spec.Image); err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return fail(sandbox.ClassImageMissing, fmt.Errorf("image %q is not present on this host", spec.Image))
+		}
+		return fail(sandbox.ClassEngineUnreachable, fmt.Errorf("inspect image: %w", err))
+	}
+	if _, err := b.cfg.Engine.NetworkInspect(ctx, b.cfg.Network, network.InspectOptions{}); err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return fail(sandbox.ClassNetworkMissing, fmt.Errorf("network %q does not exist", b.cfg.Network))
+		}
+		return fail(sandbox.ClassEngineUnreachable, fmt.Errorf("inspect network: %w", err))
+	}
+	found, ok, err := b.findContainer(ctx, spec.ConversationID)
+	if errors.Is(err, ErrAmbiguous) {
+		return fail(sandbox.ClassSandboxBroken, err)
+	}
+	if err != nil {
+		return fail(sandbox.ClassEngineUnreachable, err)
+	}
+	if ok {
+		// Gone between list and inspect is fine: Ensure will make it anew.
+		if _, err := b.cfg.Engine.ContainerInspect(ctx, found.ID); err != nil && !cerrdefs.IsNotFound(err) {
+			return fail(sandbox.ClassSandboxBroken, fmt.Errorf("inspect container: %w", err))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,47 @@
+package docker
+
+import (
+	"context"
+	"log/slog"
+)
+
+// Record names of this package. Fields are ids and classes only: never an
+// error's text, a prompt or a token.
+const (
+	RecordContainerCreated = "sandbox_container_created"
+	RecordContainerStarted = "sandbox_container_started"
+	RecordSwept            = "sandbox_swept"
+	RecordSweepFailed      = "sandbox_sweep_failed"
+)
+
+func recordCreated(l *slog.Logger, conv, id string) {
+	l.LogAttrs(context.Background(), slog.LevelInfo, RecordContainerCreated,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("container_id", id))
+}
+
+func recordStarted(l *slog.Logger, conv, id string) {
+	l.LogAttrs(context.Background(), slog.LevelInfo, RecordContainerStarted,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("container_id", id))
+}
+
+// recordSwept says the sweep removed a conversation's sandbox; container_id
+// is empty when only a workspace volume was left.
+func recordSwept(l *slog.Logger, conv, id, volume string) {
+	l.LogAttrs(context.Background(), slog.LevelInfo, RecordSwept,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("container_id", id),
+		slog.String("volume", volume))
+}
+
+// recordSweepFailed carries a class, never the engine's error text.
+func recordSweepFailed(l *slog.Logger, conv, class string) {
+	l.LogAttrs(context.Background(), slog.LevelWarn, RecordSweepFailed,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("class", class))
+}

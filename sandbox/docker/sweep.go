@@ -1,0 +1,108 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/volume"
+)
+
+// SweepResult says what one sweep did.
+type SweepResult struct {
+	// Removed are the conversations whose container and workspace volume
+	// this sweep removed.
+	Removed []string
+	// Kept counts this host's conversations the predicate kept.
+	Kept int
+}
+
+// Sweep removes the sandboxes — container, workspace volume, host
+// directory — of this host's conversations for which remove reports true
+// (the runner decides: LOST or deleted conversations). It looks only at
+// objects labelled as this host's, takes each conversation's lock like
+// Ensure, and leaves a RecordSwept record per removed conversation. A
+// failure with one conversation does not stop the others; the errors are
+// joined.
+func (b *Backend) Sweep(ctx context.Context, remove func(conversationID string) bool) (SweepResult, error) {
+	convs, err := b.conversations(ctx)
+	if err != nil {
+		return SweepResult{}, fmt.Errorf("sweep docker sandboxes: %w", err)
+	}
+	var res SweepResult
+	var errs []error
+	for _, conv := range convs {
+		if !remove(conv) {
+			res.Kept++
+			continue
+		}
+		ids, vols, err := b.sweepOne(ctx, conv)
+		if err != nil {
+			recordSweepFailed(b.cfg.Logger, conv, errorClass(ctx, err))
+			errs = append(errs, fmt.Errorf("sweep conversation %s: %w", conv, err))
+			continue
+		}
+		recordSwept(b.cfg.Logger, conv, ids, vols)
+		res.Removed = append(res.Removed, conv)
+	}
+	return res, errors.Join(errs...)
+}
+
+func (b *Backend) sweepOne(ctx context.Context, conv string) (containerID, volumeName string, err error) {
+	unlock, err := b.lock(ctx, conv)
+	if err != nil {
+		return "", "", err
+	}
+	defer unlock()
+	if c, ok, err := b.findContainer(ctx, conv); err == nil && ok {
+		containerID = c.ID
+	}
+	if v, ok, err := b.findVolume(ctx, conv); err == nil && ok {
+		volumeName = v
+	}
+	return containerID, volumeName, b.remove(ctx, conv)
+}
+
+// conversations lists, sorted, the conversations that have a container or
+// a workspace volume of this host.
+func (b *Backend) conversations(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	cs, err := b.cfg.Engine.ContainerList(ctx, container.ListOptions{All: true, Filters: b.filter("", roleSandbox)})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	for _, c := range cs {
+		if b.ours(c.Labels) && c.Labels[LabelConversation] != "" {
+			seen[c.Labels[LabelConversation]] = true
+		}
+	}
+	vs, err := b.cfg.Engine.VolumeList(ctx, volume.ListOptions{Filters: b.filter("", roleWorkspace)})
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %w", err)
+	}
+	for _, v := range vs.Volumes {
+		if b.ours(v.Labels) && v.Labels[LabelConversation] != "" {
+			seen[v.Labels[LabelConversation]] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// errorClass names an error for a record without its text.
+func errorClass(ctx context.Context, err error) string {
+	switch {
+	case ctx.Err() != nil:
+		return "cancelled"
+	case errors.Is(err, ErrAmbiguous):
+		return "ambiguous"
+	default:
+		return "engine"
+	}
+}
