@@ -1,0 +1,100 @@
+package controlplane
+
+import (
+	"bytes"
+	"html/template"
+	"net/http"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server, bool) {
+	list, err := s.cfg.Store.ListServers(r.Context())
+	if err != nil {
+		s.fail(w, r, "list_servers", err)
+		return nil, false
+	}
+	if list == nil {
+		list = []wire.Server{}
+	}
+	return list, true
+}
+
+func (s *Server) handleServersJSON(w http.ResponseWriter, r *http.Request) {
+	if list, ok := s.servers(w, r); ok {
+		writeJSON(w, http.StatusOK, wire.ServerList{Servers: list})
+	}
+}
+
+// serversPage is Admin → Servers: every host with its last heartbeat,
+// capacity, running turns, draining state and, beside it, the launch
+// error that stopped its claims (R37).
+var serversPage = template.Must(template.New("servers").Funcs(template.FuncMap{
+	"ago": func(now time.Time, t *time.Time) string {
+		if t == nil {
+			return "never"
+		}
+		return now.Sub(*t).Truncate(time.Second).String() + " ago"
+	},
+	"stamp": func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
+}).Parse(`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>Servers · runnerd control plane</title>
+<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 2em; }
+table { border-collapse: collapse; }
+th, td { text-align: left; padding: .3em .8em; border-bottom: 1px solid #ddd; }
+td.num { text-align: right; }
+.launch-error { color: #a40000; font-weight: 600; }
+.draining { color: #8a5a00; }
+</style>
+</head>
+<body>
+<h1>Servers</h1>
+<p>{{len .Servers}} host(s) · as of {{stamp .Now}}</p>
+{{if .Servers}}
+<table>
+<thead><tr><th>Host</th><th>Last heartbeat</th><th>Capacity</th><th>Running</th><th>Draining</th><th>Launch error</th><th>Version</th></tr></thead>
+<tbody>
+{{range .Servers}}<tr>
+<td>{{.Name}}</td>
+<td>{{if .LastHeartbeat}}<time datetime="{{stamp .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
+<td class="num">{{.Capacity}}</td>
+<td class="num">{{.Running}}</td>
+<td>{{if .Draining}}<span class="draining">draining</span>{{else}}no{{end}}</td>
+<td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since {{stamp .Since}}; claims paused</span>{{else}}none{{end}}</td>
+<td>{{.Version}}</td>
+</tr>
+{{end}}</tbody>
+</table>
+{{else}}
+<p>No host is registered. Add one with <code>controlplane host add NAME</code>.</p>
+{{end}}
+</body>
+</html>
+`))
+
+func (s *Server) handleServersPage(w http.ResponseWriter, r *http.Request) {
+	list, ok := s.servers(w, r)
+	if !ok {
+		return
+	}
+	var buf bytes.Buffer
+	data := struct {
+		Now     time.Time
+		Servers []wire.Server
+	}{s.cfg.Now(), list}
+	if err := serversPage.Execute(&buf, data); err != nil {
+		s.fail(w, r, "servers_page", err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/html; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	_, _ = w.Write(buf.Bytes())
+}

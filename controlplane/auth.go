@@ -1,0 +1,97 @@
+package controlplane
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"net/http"
+	"strings"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+)
+
+// Token prefixes say what a token is when one turns up where it should not.
+const (
+	HostTokenPrefix   = "rdh_"
+	WorkerTokenPrefix = "rdw_"
+	UserTokenPrefix   = "rdu_"
+)
+
+// NewToken returns prefix followed by 256 random bits, base64url.
+func NewToken(prefix string) string {
+	var b [32]byte
+	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// HashToken is the only form of a token the store keeps.
+func HashToken(token string) []byte {
+	h := sha256.Sum256([]byte(token))
+	return h[:]
+}
+
+// bearer returns the token of an "Authorization: Bearer" header, or, for
+// a browser on the admin page, the password of Basic authentication.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if ok && strings.EqualFold(scheme, "Bearer") {
+		return strings.TrimSpace(tok)
+	}
+	if _, pw, ok := r.BasicAuth(); ok {
+		return pw
+	}
+	return ""
+}
+
+// user wraps a user-API handler with the user token check.
+func (s *Server) user(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.userToken != nil {
+			tok := bearer(r)
+			if tok == "" || subtle.ConstantTimeCompare(HashToken(tok), s.userToken) != 1 {
+				if strings.HasPrefix(r.URL.Path, "/admin/") {
+					w.Header().Set("WWW-Authenticate", `Basic realm="runnerd control plane", charset="UTF-8"`)
+				}
+				if tok == "" {
+					writeError(w, errNoToken)
+				} else {
+					writeError(w, errBadToken)
+				}
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+// host authenticates a host token.
+func (s *Server) host(w http.ResponseWriter, r *http.Request, op string) (store.Host, bool) {
+	tok := bearer(r)
+	if tok == "" {
+		writeError(w, errNoToken)
+		return store.Host{}, false
+	}
+	h, err := s.cfg.Store.HostByTokenHash(r.Context(), HashToken(tok))
+	if err != nil {
+		s.fail(w, r, op, err)
+		return store.Host{}, false
+	}
+	return h, true
+}
+
+// attempt authenticates a worker token for the path's job.
+func (s *Server) attempt(w http.ResponseWriter, r *http.Request, op string) (store.AttemptAuth, bool) {
+	tok := bearer(r)
+	if tok == "" {
+		writeError(w, errNoToken)
+		return store.AttemptAuth{}, false
+	}
+	a, err := s.cfg.Store.AuthorizeAttempt(r.Context(), r.PathValue("job"), HashToken(tok))
+	if err != nil {
+		s.fail(w, r, op, err)
+		return store.AttemptAuth{}, false
+	}
+	return a, true
+}

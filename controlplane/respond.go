@@ -1,0 +1,168 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// apiError is a refusal: a status, a stable wire code and a plain-language
+// message that never echoes a token or the request body.
+type apiError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("HTTP %d %s", e.status, e.code) }
+
+func refuse(status int, code, message string) *apiError {
+	return &apiError{status: status, code: code, message: message}
+}
+
+// invalid is a well-formed request with a wrong field.
+func invalid(format string, args ...any) *apiError {
+	return refuse(http.StatusBadRequest, wire.CodeInvalid, fmt.Sprintf(format, args...))
+}
+
+var (
+	errNoRoute       = refuse(http.StatusNotFound, wire.CodeNotFound, "There is no such endpoint.")
+	errEmptyBody     = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is empty; send one JSON object.")
+	errBadJSON       = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is not valid JSON.")
+	errTrailingData  = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body has data after its JSON value.")
+	errUnknownField  = refuse(http.StatusBadRequest, wire.CodeUnknownField, "The request body has a field this server does not know.")
+	errBodyTooLarge  = refuse(http.StatusBadRequest, wire.CodeBodyTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", wire.MaxBodyBytes))
+	errNoToken       = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "This call needs a bearer token.")
+	errBadToken      = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "The token is not valid for this call.")
+	errOtherAttempt  = refuse(http.StatusForbidden, wire.CodeForbidden, "The worker token belongs to another attempt.")
+	errInternal      = refuse(http.StatusInternalServerError, wire.CodeInternal, "The control plane failed; try again.")
+	errUnavailable   = refuse(http.StatusServiceUnavailable, wire.CodeInternal, "The control plane is shutting down; try again.")
+	errConvLostPlain = refuse(http.StatusConflict, wire.CodeConversationLost,
+		"This conversation is no longer available: an earlier response was interrupted and could not be recovered. Start a new conversation to continue.")
+)
+
+// fromStore maps a store error to its refusal (the comments on the store's
+// sentinels). ok is false for an error the store did not decide: a failure.
+func fromStore(err error) (*apiError, bool) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return refuse(http.StatusNotFound, wire.CodeNotFound, "No such job, conversation or attempt."), true
+	case errors.Is(err, store.ErrForbidden):
+		return refuse(http.StatusForbidden, wire.CodeForbidden, "The worker token belongs to another job."), true
+	case errors.Is(err, store.ErrUnauthorized):
+		return errBadToken, true
+	case errors.Is(err, store.ErrLeaseLost):
+		return refuse(http.StatusConflict, wire.CodeLeaseLost, "This attempt no longer holds the job's lease."), true
+	case errors.Is(err, store.ErrAdmitted):
+		return refuse(http.StatusConflict, wire.CodeAdmitted, "The job was admitted into its conversation; it cannot be released or abandoned."), true
+	case errors.Is(err, store.ErrNotAdmitted):
+		return refuse(http.StatusConflict, wire.CodeNotAdmitted, "The job has not been admitted into its conversation yet."), true
+	case errors.Is(err, store.ErrConversationLost):
+		return errConvLostPlain, true
+	case errors.Is(err, store.ErrGone):
+		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
+	case errors.Is(err, store.ErrInvalid):
+		// The store words its own detail; it never holds a token.
+		return refuse(http.StatusBadRequest, wire.CodeInvalid, err.Error()), true
+	case errors.Is(err, store.ErrExists):
+		return refuse(http.StatusConflict, wire.CodeInvalid, "That already exists."), true
+	}
+	return nil, false
+}
+
+// fail answers err. A store failure or anything undecided is a 500 and one
+// record with the operation and the error's type, never its text.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err error) {
+	var ae *apiError
+	if errors.As(err, &ae) {
+		writeError(w, ae)
+		return
+	}
+	if ae, ok := fromStore(err); ok {
+		writeError(w, ae)
+		return
+	}
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The caller went away or the server is shutting down.
+		writeError(w, errUnavailable)
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelError, "controlplane_request_failed",
+		slog.String("op", op), slog.Int("status", http.StatusInternalServerError),
+		slog.String("class", errorClass(err)))
+	writeError(w, errInternal)
+}
+
+// errorClass names an error by its innermost type, never its text.
+func errorClass(err error) string {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			break
+		}
+		err = u
+	}
+	return fmt.Sprintf("%T", err)
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	writeJSON(w, e.status, wire.ErrorBody{Code: e.code, Message: e.message})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v) // a client that went away is not our failure
+}
+
+// decode reads r's body strictly into dst: at most wire.MaxBodyBytes, one
+// JSON value, no unknown field, nothing after it.
+func decode(w http.ResponseWriter, r *http.Request, dst any) *apiError {
+	return decodeJSON(http.MaxBytesReader(w, r.Body, wire.MaxBodyBytes), dst)
+}
+
+// decodeJSON is decode without the size limit, which the caller applies.
+func decodeJSON(body io.Reader, dst any) *apiError {
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		return decodeError(err, true)
+	}
+	var extra json.RawMessage
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return errTrailingData
+	default:
+		return decodeError(err, false)
+	}
+}
+
+func decodeError(err error, first bool) *apiError {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return errBodyTooLarge
+	case first && errors.Is(err, io.EOF):
+		return errEmptyBody
+	case !first:
+		return errTrailingData
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		// encoding/json has no typed error for this one.
+		return errUnknownField
+	}
+	return errBadJSON
+}

@@ -1,0 +1,141 @@
+// Package controlplane is the reference control plane's HTTP server: the
+// worker API the host daemons speak (wire paths, host and worker tokens),
+// the user API (conversations, messages, jobs, events, cancel), the
+// Admin → Servers page, and the reaper loop. Every rule about leases and
+// conversations lives in the store (package controlplane/store); this
+// package authenticates, decodes strictly, validates shapes and maps store
+// errors to statuses and wire codes.
+//
+// Only cmd/controlplane and tests import this package. It imports wire and
+// controlplane/store, nothing of the runner.
+package controlplane
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Defaults of the Config fields.
+const (
+	DefaultLeaseTTL       = 120 * time.Second
+	DefaultMinLeaseTTL    = 40 * time.Second // one renewal interval plus one request timeout (R12)
+	DefaultMaxLeaseTTL    = 15 * time.Minute
+	DefaultClaimWaitMax   = 30 * time.Second
+	DefaultReaperInterval = 5 * time.Second
+	DefaultReaperGrace    = 30 * time.Second // at least the runner's SIGTERM→SIGKILL grace (P3)
+	DefaultMaxWorkerLost  = 3
+)
+
+// Config configures a Server. Zero fields mean the default.
+type Config struct {
+	// Store is required.
+	Store store.Store
+	// Logger receives the server's records; nil means slog.Default().
+	Logger *slog.Logger
+	// Now is the clock handed to the store; nil means time.Now.
+	Now func() time.Time
+
+	// LeaseTTL is the lease of a claim or renewal that asks for none.
+	LeaseTTL time.Duration
+	// MinLeaseTTL and MaxLeaseTTL bound a lease a runner asks for; a
+	// request outside them is refused with 400 invalid.
+	MinLeaseTTL time.Duration
+	MaxLeaseTTL time.Duration
+	// ClaimWaitMax caps the long poll of a claim and of an event follow.
+	ClaimWaitMax time.Duration
+
+	// ReaperInterval is the period of RunReaper's sweep. A gap between two
+	// sweeps longer than three intervals counts as the control plane's own
+	// absence: every running lease then gets a full TTL (P4).
+	ReaperInterval time.Duration
+	// ReaperGrace is added to a lease's expiry before the reaper
+	// supersedes its attempt (P3).
+	ReaperGrace time.Duration
+	// MaxWorkerLost caps the uncounted requeues of one job (P6).
+	MaxWorkerLost int
+
+	// UserToken is the bearer token of the user API and the admin pages.
+	// Empty means the user API is open to anyone who can reach it: for
+	// tests only; `controlplane serve` always sets one.
+	UserToken string
+}
+
+// Server serves the worker API, the user API and the admin pages. It
+// starts no goroutine: Handler only routes, and RunReaper runs on the
+// caller's goroutine.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	userToken []byte // sha256 of Config.UserToken, nil when open
+}
+
+// New returns a server for cfg with its defaults filled in.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	setDefault(&cfg.LeaseTTL, DefaultLeaseTTL)
+	setDefault(&cfg.MinLeaseTTL, DefaultMinLeaseTTL)
+	setDefault(&cfg.MaxLeaseTTL, DefaultMaxLeaseTTL)
+	setDefault(&cfg.ClaimWaitMax, DefaultClaimWaitMax)
+	setDefault(&cfg.ReaperInterval, DefaultReaperInterval)
+	setDefault(&cfg.ReaperGrace, DefaultReaperGrace)
+	if cfg.MaxWorkerLost == 0 {
+		cfg.MaxWorkerLost = DefaultMaxWorkerLost
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	if cfg.UserToken != "" {
+		s.userToken = HashToken(cfg.UserToken)
+	}
+	return s
+}
+
+func setDefault(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+// Handler returns the server's routes.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+
+	// Worker API, host scope.
+	mux.HandleFunc("POST "+wire.PathClaim, s.handleClaim)
+	mux.HandleFunc("POST "+wire.PathHostHeartbeat, s.handleHostHeartbeat)
+
+	// Worker API, attempt scope.
+	job := func(op string) string { return "POST " + wire.AttemptPath("{job}", op) }
+	mux.HandleFunc(job(wire.OpRenew), s.handleRenew)
+	mux.HandleFunc(job(wire.OpEvents), s.handleEvents)
+	mux.HandleFunc(job(wire.OpContainer), s.handleContainer)
+	mux.HandleFunc(job(wire.OpAdmission), s.handleAdmission)
+	mux.HandleFunc(job(wire.OpSettlement), s.handleSettlement)
+	mux.HandleFunc(job(wire.OpNotices), s.handleNotice)
+	mux.HandleFunc(job(wire.OpAbandon), s.handleAbandon)
+	mux.HandleFunc(job(wire.OpRelease), s.handleRelease)
+	mux.HandleFunc(job(wire.OpFinish), s.handleFinish)
+
+	// User API.
+	mux.HandleFunc("POST /v1/conversations", s.user(s.handleCreateConversation))
+	mux.HandleFunc("GET /v1/conversations", s.user(s.handleListConversations))
+	mux.HandleFunc("GET /v1/conversations/{id}", s.user(s.handleGetConversation))
+	mux.HandleFunc("POST /v1/conversations/{id}/messages", s.user(s.handleSendMessage))
+	mux.HandleFunc("GET /v1/jobs/{id}", s.user(s.handleGetJob))
+	mux.HandleFunc("GET /v1/jobs/{id}/events", s.user(s.handleJobEvents))
+	mux.HandleFunc("POST /v1/jobs/{id}/cancel", s.user(s.handleCancelJob))
+	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
+	mux.HandleFunc("GET /admin/servers", s.user(s.handleServersPage))
+
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, errNoRoute)
+	})
+	return mux
+}

@@ -1,0 +1,331 @@
+package controlplane
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Long polls ask the store again after pollMin, doubling up to pollMax.
+// Polling, not a wake-up channel: the store may be shared by replicas.
+const (
+	pollMin = 20 * time.Millisecond
+	pollMax = 250 * time.Millisecond
+)
+
+// poll calls try until it reports true or an error, or until wait has
+// passed or ctx is done (which is not an error: the answer is "nothing").
+// It waits on timers only, so a synctest bubble's fake clock drives it.
+func poll(ctx context.Context, wait time.Duration, try func(context.Context) (bool, error)) (bool, error) {
+	deadline := time.Now().Add(wait)
+	delay := pollMin
+	for {
+		if ok, err := try(ctx); ok || err != nil {
+			return ok, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false, nil
+		}
+		t := time.NewTimer(min(delay, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false, nil
+		case <-t.C:
+		}
+		delay = min(2*delay, pollMax)
+	}
+}
+
+// leaseTTL turns a requested lease (0 = default) into a duration within
+// the configured bounds.
+func (s *Server) leaseTTL(ms int64) (time.Duration, *apiError) {
+	if ms == 0 {
+		return s.cfg.LeaseTTL, nil
+	}
+	d := time.Duration(ms) * time.Millisecond
+	if ms < 0 || d < s.cfg.MinLeaseTTL || d > s.cfg.MaxLeaseTTL {
+		return 0, invalid("lease_ttl_ms must be 0 (the default, %d) or between %d and %d.",
+			s.cfg.LeaseTTL.Milliseconds(), s.cfg.MinLeaseTTL.Milliseconds(), s.cfg.MaxLeaseTTL.Milliseconds())
+	}
+	return d, nil
+}
+
+// longPoll is how long to hold a request that asked for ms milliseconds.
+func (s *Server) longPoll(ms int64) time.Duration {
+	return time.Duration(min(max(ms, 0), s.cfg.ClaimWaitMax.Milliseconds())) * time.Millisecond
+}
+
+func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
+	const op = "claim"
+	h, ok := s.host(w, r, op)
+	if !ok {
+		return
+	}
+	var req wire.ClaimRequest
+	if e := decode(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	if req.WaitMS < 0 {
+		writeError(w, invalid("wait_ms must not be negative."))
+		return
+	}
+	ttl, e := s.leaseTTL(req.LeaseTTLMS)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	wait := s.longPoll(req.WaitMS)
+
+	// The token is handed out once, in this answer; the store keeps its hash.
+	token := NewToken(WorkerTokenPrefix)
+	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl, WorkerTokenHash: HashToken(token)}
+	var c wire.Claim
+	found, err := poll(r.Context(), wait, func(ctx context.Context) (bool, error) {
+		p.Now = s.cfg.Now()
+		var ok bool
+		var err error
+		c, ok, err = s.cfg.Store.Claim(ctx, p)
+		return ok, err
+	})
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	if !found {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	c.WorkerToken = token
+	if c.LeaseTTLMS == 0 {
+		c.LeaseTTLMS = ttl.Milliseconds()
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelInfo, "controlplane_attempt_claimed",
+		slog.String("job_id", c.JobID), slog.String("attempt_id", c.AttemptID),
+		slog.String("host", h.Name), slog.Int64("lease_generation", c.LeaseGeneration),
+		slog.Time("lease_expires_at", c.LeaseExpiresAt))
+	writeJSON(w, http.StatusOK, c)
+}
+
+func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
+	const op = "host_heartbeat"
+	h, ok := s.host(w, r, op)
+	if !ok {
+		return
+	}
+	var req wire.HostHeartbeat
+	if e := decode(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	switch {
+	case req.Capacity < 0 || req.Running < 0:
+		writeError(w, invalid("capacity and running must not be negative."))
+		return
+	case req.LaunchError != nil && (req.LaunchError.Class == "" || req.LaunchError.Consecutive < 1):
+		writeError(w, invalid("launch_error needs a class and a consecutive count of at least 1."))
+		return
+	}
+	now := s.cfg.Now()
+	if err := s.cfg.Store.RecordHostHeartbeat(r.Context(), h.ID, req, now); err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, wire.HostHeartbeatResponse{ServerTime: now})
+}
+
+// attemptCall is the shape of every attempt-scoped call: the worker token
+// authorizes one attempt of the path's job, the body names that same
+// attempt and its lease generation, check validates the body's other
+// fields, and do makes the one guarded store write.
+func attemptCall[Req any](s *Server, op string, ref func(*Req) wire.AttemptRef,
+	check func(*Req) *apiError, do func(ctx context.Context, req *Req, now time.Time) (any, error),
+) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		auth, ok := s.attempt(w, r, op)
+		if !ok {
+			return
+		}
+		var req Req
+		if e := decode(w, r, &req); e != nil {
+			writeError(w, e)
+			return
+		}
+		a := ref(&req)
+		switch {
+		case a.AttemptID == "":
+			writeError(w, invalid("attempt_id is required."))
+			return
+		case a.AttemptID != auth.AttemptID:
+			writeError(w, errOtherAttempt)
+			return
+		case a.LeaseGeneration < 1:
+			writeError(w, invalid("lease_generation must be at least 1."))
+			return
+		}
+		if check != nil {
+			if e := check(&req); e != nil {
+				writeError(w, e)
+				return
+			}
+		}
+		out, err := do(r.Context(), &req, s.cfg.Now())
+		if err != nil {
+			s.fail(w, r, op, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
+	var ttl time.Duration
+	attemptCall(s, wire.OpRenew,
+		func(q *wire.RenewRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.RenewRequest) (e *apiError) {
+			ttl, e = s.leaseTTL(q.LeaseTTLMS)
+			return e
+		},
+		func(ctx context.Context, q *wire.RenewRequest, now time.Time) (any, error) {
+			resp, err := s.cfg.Store.Renew(ctx, q.AttemptRef, ttl, now)
+			if resp.LeaseTTLMS == 0 {
+				resp.LeaseTTLMS = ttl.Milliseconds()
+			}
+			return resp, err
+		})(w, r)
+}
+
+func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpEvents,
+		func(q *wire.EventsRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.EventsRequest) *apiError {
+			for _, ev := range q.Events {
+				if ev.Seq < 1 || ev.Type == "" {
+					return invalid("every event needs a seq of at least 1 and a type.")
+				}
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.EventsRequest, now time.Time) (any, error) {
+			return s.cfg.Store.AppendEvents(ctx, q.AttemptRef, q.Events, now)
+		})(w, r)
+}
+
+func (s *Server) handleContainer(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpContainer,
+		func(q *wire.ContainerRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.ContainerRequest) *apiError {
+			if q.Backend != "process" && q.Backend != "docker" {
+				return invalid(`backend must be "process" or "docker".`)
+			}
+			if q.ContainerID == "" {
+				return invalid("container_id is required.")
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.ContainerRequest, now time.Time) (any, error) {
+			return wire.Empty{}, s.cfg.Store.RecordContainer(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
+
+func (s *Server) handleAdmission(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpAdmission,
+		func(q *wire.AdmissionRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.AdmissionRequest) *apiError {
+			if q.ActivationID == "" {
+				return invalid("activation_id is required.")
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.AdmissionRequest, now time.Time) (any, error) {
+			return s.cfg.Store.Admit(ctx, q.AttemptRef, q.ActivationID, now)
+		})(w, r)
+}
+
+func (s *Server) handleSettlement(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpSettlement,
+		func(q *wire.SettlementRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.SettlementRequest) *apiError {
+			switch {
+			case q.ActivationID == "":
+				return invalid("activation_id is required.")
+			case q.Supervisor.ActivationID != "" && q.Supervisor.ActivationID != q.ActivationID:
+				return invalid("supervisor_receipt.activation_id must be the settled activation_id.")
+			case q.Supervisor.ReceiptID == "":
+				return invalid("supervisor_receipt.receipt_id is required.")
+			case q.Supervisor.NativeTurn < 0:
+				return invalid("supervisor_receipt.native_turn must not be negative.")
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.SettlementRequest, now time.Time) (any, error) {
+			return s.cfg.Store.Settle(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
+
+func (s *Server) handleNotice(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpNotices,
+		func(q *wire.NoticeRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.NoticeRequest) *apiError {
+			if q.Kind != wire.NoticeSharedWorkspaceSettled {
+				return invalid("kind must be %q.", wire.NoticeSharedWorkspaceSettled)
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.NoticeRequest, now time.Time) (any, error) {
+			return wire.Empty{}, s.cfg.Store.Notice(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
+
+func (s *Server) handleAbandon(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpAbandon,
+		func(q *wire.AbandonRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.AbandonRequest) *apiError {
+			if q.Class == "" {
+				return invalid("class is required.")
+			}
+			return nil
+		},
+		func(ctx context.Context, q *wire.AbandonRequest, now time.Time) (any, error) {
+			return s.cfg.Store.Abandon(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
+
+func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpRelease,
+		func(q *wire.ReleaseRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.ReleaseRequest) *apiError {
+			switch {
+			case q.Class == "spawn_failed", q.Class == "payload_undelivered",
+				strings.HasPrefix(q.Class, "declined:") && len(q.Class) > len("declined:"):
+				return nil
+			}
+			return invalid(`class must be "spawn_failed", "payload_undelivered" or "declined:<class>".`)
+		},
+		func(ctx context.Context, q *wire.ReleaseRequest, now time.Time) (any, error) {
+			return wire.Empty{}, s.cfg.Store.Release(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
+
+func (s *Server) handleFinish(w http.ResponseWriter, r *http.Request) {
+	attemptCall(s, wire.OpFinish,
+		func(q *wire.FinishRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.FinishRequest) *apiError {
+			switch q.Outcome {
+			case wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled, wire.OutcomeWorkerLost:
+				return nil
+			}
+			return invalid(`outcome must be "succeeded", "failed", "cancelled" or "worker_lost".`)
+		},
+		func(ctx context.Context, q *wire.FinishRequest, now time.Time) (any, error) {
+			return s.cfg.Store.Finish(ctx, q.AttemptRef, *q, now)
+		})(w, r)
+}
