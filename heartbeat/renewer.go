@@ -1,0 +1,295 @@
+package heartbeat
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Config configures a Renewer. Zero fields mean the default.
+type Config struct {
+	Timings
+	// Client is the thin protocol client whose HTTP is NewHTTPClient's
+	// client; required.
+	Client *wire.Client
+	// Logger receives the records of diagnostics; nil discards them.
+	Logger *slog.Logger
+	// IdleResetAfter is how many consecutive failures close the client's
+	// idle connections. Default 2.
+	IdleResetAfter int
+}
+
+// Attempt is what the renewer needs to know of the claimed attempt.
+type Attempt struct {
+	JobID           string
+	AttemptID       string
+	LeaseGeneration int64
+	WorkerToken     string        // never logged
+	LeaseTTL        time.Duration // granted by the control plane; 0 = the configured lease
+	// ClaimSent is when the claim request was sent (R10: the claim is the
+	// first acknowledgement, and the server set the expiry no earlier). Use a
+	// time.Now() value so the monotonic clock is used. Zero means now.
+	ClaimSent time.Time
+}
+
+// AttemptFromClaim takes the attempt out of a claim answer; sent is when the
+// claim request was sent.
+func AttemptFromClaim(c wire.Claim, sent time.Time) Attempt {
+	return Attempt{
+		JobID:           c.JobID,
+		AttemptID:       c.AttemptID,
+		LeaseGeneration: c.LeaseGeneration,
+		WorkerToken:     c.WorkerToken,
+		LeaseTTL:        time.Duration(c.LeaseTTLMS) * time.Millisecond,
+		ClaimSent:       sent,
+	}
+}
+
+// Outcome is how a Renewer ended.
+type Outcome int
+
+const (
+	Stopped           Outcome = iota + 1 // the owner called Stop
+	Lost                                 // 409 or 410 on renewal (R8)
+	CredentialRefused                    // 401, 403 or 404 on renewal (R11)
+	Expired                              // the last acknowledgement is a whole lease old (R10)
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Stopped:
+		return "stopped"
+	case Lost:
+		return "lost"
+	case CredentialRefused:
+		return "credential_refused"
+	case Expired:
+		return "expired"
+	}
+	return "unknown"
+}
+
+// Sentinel errors of the verdicts that end a turn.
+var (
+	ErrLeaseLost         = errors.New("lease lost")
+	ErrCredentialRefused = errors.New("worker credential refused")
+	ErrLeaseExpired      = errors.New("lease expired locally")
+)
+
+// Verdict is the renewer's single answer to its owner.
+type Verdict struct {
+	Outcome     Outcome
+	Status      int       // the HTTP status for Lost and CredentialRefused
+	Renewals    int       // acknowledged renewals
+	LastAckSent time.Time // send time of the last acknowledged renewal, or the claim's
+}
+
+// Err is nil for Stopped and the matching sentinel otherwise: the turn
+// must stop and write nothing more about the attempt.
+func (v Verdict) Err() error {
+	switch v.Outcome {
+	case Lost:
+		return ErrLeaseLost
+	case CredentialRefused:
+		return ErrCredentialRefused
+	case Expired:
+		return ErrLeaseExpired
+	}
+	return nil
+}
+
+// Renewer renews one attempt's lease on its own goroutine until its verdict.
+type Renewer struct {
+	cfg     Config
+	a       Attempt
+	rec     diagnostics.Recorder
+	id      diagnostics.Attempt
+	ctx     context.Context // canceled by Stop
+	stop    context.CancelFunc
+	done    chan struct{}
+	cancelC chan struct{}
+
+	mu          sync.Mutex
+	lastAckSent time.Time
+	ttl         time.Duration
+	verdict     Verdict
+}
+
+// Start starts renewing a's lease. The first renewal goes one interval after
+// the claim was sent. The caller owns the renewer: it must call Stop when the
+// turn is over and wait for Done.
+func Start(cfg Config, a Attempt) *Renewer {
+	cfg.Timings = cfg.Timings.withDefaults()
+	if cfg.IdleResetAfter <= 0 {
+		cfg.IdleResetAfter = 2
+	}
+	if a.ClaimSent.IsZero() {
+		a.ClaimSent = time.Now()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	r := &Renewer{
+		cfg:         cfg,
+		a:           a,
+		rec:         diagnostics.NewRecorder(cfg.Logger),
+		id:          diagnostics.Attempt{JobID: a.JobID, AttemptID: a.AttemptID},
+		ctx:         ctx,
+		stop:        stop,
+		done:        make(chan struct{}),
+		cancelC:     make(chan struct{}),
+		lastAckSent: a.ClaimSent,
+		ttl:         capTTL(a.LeaseTTL, cfg.LeaseTTL, cfg.LeaseTTL),
+	}
+	go r.run()
+	return r
+}
+
+// capTTL is the lease to count with: the granted one capped by ours, or the
+// previous one when the control plane did not say.
+func capTTL(granted, configured, previous time.Duration) time.Duration {
+	if granted <= 0 {
+		return previous
+	}
+	return min(granted, configured)
+}
+
+// Stop ends renewal; the verdict is then Stopped unless another came first.
+// It does not wait: the owner waits on Done. Stop may be called many times.
+func (r *Renewer) Stop() { r.stop() }
+
+// Done is closed once the verdict is decided.
+func (r *Renewer) Done() <-chan struct{} { return r.done }
+
+// Verdict waits for Done and returns the verdict.
+func (r *Renewer) Verdict() Verdict {
+	<-r.done
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.verdict
+}
+
+// CancelRequested is closed once when a renewal answer carried the user's
+// cancel request (P7). Renewal goes on (R13): the owner drains the turn and
+// calls Stop.
+func (r *Renewer) CancelRequested() <-chan struct{} { return r.cancelC }
+
+// Deadline is when the lease stops being valid locally: the last
+// acknowledged renewal's send time plus the lease. Writes about the attempt
+// must not start after it.
+func (r *Renewer) Deadline() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastAckSent.Add(r.ttl)
+}
+
+// every is the interval between an acknowledgement and the next renewal. A
+// granted lease too short for the configured interval plus a request gets
+// three tries per lease instead.
+func (r *Renewer) every(ttl time.Duration) time.Duration {
+	if r.cfg.Interval+r.cfg.RequestTimeout > ttl {
+		return ttl / 3
+	}
+	return r.cfg.Interval
+}
+
+func (r *Renewer) run() {
+	defer close(r.done)
+	v := r.loop()
+	r.mu.Lock()
+	v.LastAckSent = r.lastAckSent
+	r.verdict = v
+	r.mu.Unlock()
+}
+
+func (r *Renewer) loop() Verdict {
+	var (
+		bg        = context.Background()
+		lastAck   = r.a.ClaimSent
+		ttl       = r.ttl
+		next      = lastAck.Add(r.every(ttl))
+		renewals  int
+		failures  int
+		lastErr   error
+		cancelled bool
+		timer     = time.NewTimer(time.Hour)
+	)
+	defer timer.Stop()
+	req := wire.RenewRequest{
+		AttemptRef: wire.AttemptRef{AttemptID: r.a.AttemptID, LeaseGeneration: r.a.LeaseGeneration},
+		LeaseTTLMS: r.cfg.LeaseTTL.Milliseconds(),
+	}
+	for {
+		deadline := lastAck.Add(ttl)
+		timer.Reset(time.Until(earlier(next, deadline)))
+		select {
+		case <-r.ctx.Done():
+			r.rec.HeartbeatStopped(bg, r.id, renewals)
+			return Verdict{Outcome: Stopped, Renewals: renewals}
+		case <-timer.C:
+		}
+		sent := time.Now()
+		if !sent.Before(deadline) {
+			r.rec.LeaseExpired(bg, r.id, failures, sent.Sub(lastAck), lastErr)
+			return Verdict{Outcome: Expired, Renewals: renewals}
+		}
+		// The request may not outlive the lease: an answer after the
+		// deadline would come too late to count.
+		ctx, cancel := context.WithDeadline(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline))
+		resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, req)
+		cancel()
+		if err == nil {
+			if failures > 0 {
+				r.rec.HeartbeatRecovered(bg, r.id, failures, time.Since(lastAck))
+			}
+			lastAck, ttl = sent, capTTL(time.Duration(resp.LeaseTTLMS)*time.Millisecond, r.cfg.LeaseTTL, ttl)
+			renewals, failures, lastErr = renewals+1, 0, nil
+			r.mu.Lock()
+			r.lastAckSent, r.ttl = lastAck, ttl
+			r.mu.Unlock()
+			if resp.CancelRequested && !cancelled {
+				cancelled = true
+				close(r.cancelC)
+			}
+			next = lastAck.Add(r.every(ttl))
+			continue
+		}
+		if r.ctx.Err() != nil {
+			r.rec.HeartbeatStopped(bg, r.id, renewals)
+			return Verdict{Outcome: Stopped, Renewals: renewals}
+		}
+		switch status := diagnostics.Status(err); status {
+		case http.StatusConflict, http.StatusGone:
+			r.rec.LeaseLost(bg, r.id, status)
+			return Verdict{Outcome: Lost, Status: status, Renewals: renewals}
+		case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+			r.rec.CredentialRefused(bg, r.id, status)
+			return Verdict{Outcome: CredentialRefused, Status: status, Renewals: renewals}
+		}
+		// Anything else may pass: retry while the lease can still be valid.
+		failures++
+		lastErr = err
+		if failures == 1 {
+			r.rec.ControlFailure(bg, wire.OpRenew, r.id, err)
+		}
+		if failures >= r.cfg.IdleResetAfter && r.cfg.Client.HTTP != nil {
+			r.cfg.Client.HTTP.CloseIdleConnections()
+		}
+		now := time.Now()
+		next = now.Add(r.cfg.RetryDelay)
+		if next.Before(deadline) {
+			r.rec.HeartbeatRetry(bg, r.id, failures, now.Sub(lastAck), r.cfg.RetryDelay)
+		}
+	}
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
