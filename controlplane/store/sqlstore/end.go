@@ -1,0 +1,270 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// report is the canonical form of a terminal report, stored on the attempt
+// so that the same report again gets the first answer (P2).
+type report struct {
+	Op        string `json:"op"`
+	Outcome   string `json:"outcome,omitempty"`
+	Class     string `json:"class,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	Ambiguous bool   `json:"admission_ambiguous,omitempty"`
+}
+
+func (r report) String() string {
+	b, _ := json.Marshal(r)
+	return string(b)
+}
+
+// repeated returns the stored answer if a is an attempt that already ended
+// on exactly this report.
+func repeated(a attemptRow, ref wire.AttemptRef, rep string) (wire.FinishResponse, bool) {
+	var resp wire.FinishResponse
+	if a.generation != ref.LeaseGeneration || a.state == wire.AttemptRunning || a.report != rep || a.response == "" {
+		return resp, false
+	}
+	return resp, json.Unmarshal([]byte(a.response), &resp) == nil
+}
+
+// Finish records the terminal report (see store.Store).
+func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error) {
+	switch req.Outcome {
+	case wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled, wire.OutcomeWorkerLost:
+	default:
+		return wire.FinishResponse{}, fmt.Errorf("finish: %w: unknown outcome", store.ErrInvalid)
+	}
+	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous}.String()
+	var resp wire.FinishResponse
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		var admitted, settled sql.NullInt64
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'finished', outcome = ?, ended_at = ?, report = ?
+			WHERE `+guard+` RETURNING job_id, admitted_at, settled_at`),
+			args([]any{req.Outcome, ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID, &admitted, &settled)
+		if errors.Is(err, sql.ErrNoRows) {
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			if err != nil {
+				return err
+			}
+			if r, ok := repeated(a, ref, rep); ok {
+				resp = r
+				return nil
+			}
+			return s.stale(ctx, tx, wire.OpFinish, ref, a, now)
+		}
+		if err != nil {
+			return err
+		}
+		if req.Outcome == wire.OutcomeSucceeded && !settled.Valid {
+			return fmt.Errorf("%w: succeeded needs a recorded settlement", store.ErrInvalid)
+		}
+		var conv string
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), jobID).Scan(&conv); err != nil {
+			return err
+		}
+		if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "finished", req); err != nil {
+			return err
+		}
+		switch {
+		case req.Outcome == wire.OutcomeSucceeded:
+			err = s.endJob(ctx, tx, jobID, conv, wire.JobSucceeded, wire.OutcomeSucceeded, "", now)
+		case req.Outcome == wire.OutcomeWorkerLost && !admitted.Valid:
+			// P6: the host died before admission; not an attempt.
+			if _, err := s.exec(ctx, tx, `UPDATE attempts SET state = 'worker_lost' WHERE id = ?`, ref.AttemptID); err != nil {
+				return err
+			}
+			err = s.requeueLost(ctx, tx, jobID, conv, ref.AttemptID, s.cfg.maxWorkerLost, now)
+		default:
+			state, reason := wire.JobFailed, reasonFailed
+			if req.Outcome == wire.OutcomeCancelled {
+				state, reason = wire.JobCancelled, reasonCancelled
+			}
+			if (admitted.Valid && !settled.Valid) || req.Ambiguous {
+				// R30: the prompt may have reached the agent, or an
+				// admission may have committed unseen. Never replayed.
+				if err := s.loseConversation(ctx, tx, conv, reasonLostInterrupted, now); err != nil {
+					return err
+				}
+			}
+			err = s.endJob(ctx, tx, jobID, conv, state, outcomeOf(state), reason, now)
+		}
+		if err != nil {
+			return err
+		}
+		resp, err = s.respond(ctx, tx, jobID, conv, ref.AttemptID, now)
+		return err
+	})
+	if err != nil {
+		return wire.FinishResponse{}, fmt.Errorf("finish: %w", err)
+	}
+	return resp, nil
+}
+
+func outcomeOf(jobState string) string {
+	if jobState == wire.JobCancelled {
+		return wire.OutcomeCancelled
+	}
+	return wire.OutcomeFailed
+}
+
+// respond builds the answer of a terminal report and stores it on the
+// attempt for repeats (P2).
+func (s *Store) respond(ctx context.Context, tx *sql.Tx, jobID, conv, attemptID string, now time.Time) (wire.FinishResponse, error) {
+	resp := wire.FinishResponse{RecordedAt: fromNS(ns(now))}
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT j.state, c.state FROM jobs j, conversations c WHERE j.id = ? AND c.id = ?`),
+		jobID, conv).Scan(&resp.JobState, &resp.ConversationState); err != nil {
+		return resp, err
+	}
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return resp, err
+	}
+	_, err = s.exec(ctx, tx, `UPDATE attempts SET response = ? WHERE id = ?`, string(b), attemptID)
+	return resp, err
+}
+
+// endJob moves a job to a terminal state and lets its conversation's next
+// turn run.
+func (s *Store) endJob(ctx context.Context, tx *sql.Tx, jobID, conv, state, outcome, reason string, now time.Time) error {
+	if _, err := s.exec(ctx, tx, `UPDATE jobs SET state = ?, outcome = ?, reason = ?, head = 0, live_attempt_id = NULL, ended_at = ?
+		WHERE id = ?`, state, outcome, reason, ns(now), jobID); err != nil {
+		return err
+	}
+	return s.advance(ctx, tx, conv, now)
+}
+
+// requeueLost puts a never-admitted job whose host was lost back in the
+// queue without counting the attempt (P6), unless it was cancelled or has
+// been lost more than maxLost times.
+func (s *Store) requeueLost(ctx context.Context, tx *sql.Tx, jobID, conv, attemptID string, maxLost int, now time.Time) error {
+	if _, err := s.exec(ctx, tx, `UPDATE attempts SET counts_as_attempt = 0 WHERE id = ?`, attemptID); err != nil {
+		return err
+	}
+	var lost, cancel int64
+	if err := tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET worker_lost_count = worker_lost_count + 1,
+		attempt_count = attempt_count - 1, live_attempt_id = NULL WHERE id = ? RETURNING worker_lost_count, cancel_requested`),
+		jobID).Scan(&lost, &cancel); err != nil {
+		return err
+	}
+	switch {
+	case cancel != 0:
+		return s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonCancelled, now)
+	case lost > int64(maxLost):
+		if err := s.event(ctx, tx, jobID, attemptID, now, "worker_lost_cap", map[string]any{"worker_lost_count": lost, "max": maxLost}); err != nil {
+			return err
+		}
+		return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, fmt.Sprintf(reasonWorkerLostCap, lost), now)
+	default:
+		if _, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'queued' WHERE id = ?`, jobID); err != nil {
+			return err
+		}
+		return s.event(ctx, tx, jobID, attemptID, now, "requeued", map[string]any{"cause": "worker_lost", "worker_lost_count": lost})
+	}
+}
+
+// Abandon ends a never-admitted attempt as failed; the conversation stays
+// usable (R29). The guard itself requires admitted_at IS NULL (R30).
+func (s *Store) Abandon(ctx context.Context, ref wire.AttemptRef, req wire.AbandonRequest, now time.Time) (wire.FinishResponse, error) {
+	rep := report{Op: wire.OpAbandon, Class: req.Class, Reason: req.Reason}.String()
+	var resp wire.FinishResponse
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'abandoned', outcome = 'failed', ended_at = ?, report = ?
+			WHERE `+guard+` AND admitted_at IS NULL RETURNING job_id`),
+			args([]any{ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID)
+		if errors.Is(err, sql.ErrNoRows) {
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			if err != nil {
+				return err
+			}
+			if r, ok := repeated(a, ref, rep); ok {
+				resp = r
+				return nil
+			}
+			if a.live(ref, now) {
+				return store.ErrAdmitted
+			}
+			return s.stale(ctx, tx, wire.OpAbandon, ref, a, now)
+		}
+		if err != nil {
+			return err
+		}
+		var conv string
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), jobID).Scan(&conv); err != nil {
+			return err
+		}
+		if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "abandoned", map[string]any{"class": req.Class, "reason": req.Reason}); err != nil {
+			return err
+		}
+		if err := s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonNotStarted, now); err != nil {
+			return err
+		}
+		resp, err = s.respond(ctx, tx, jobID, conv, ref.AttemptID, now)
+		return err
+	})
+	if err != nil {
+		return wire.FinishResponse{}, fmt.Errorf("abandon: %w", err)
+	}
+	return resp, nil
+}
+
+// releaseGuard is R36 in the statement itself: the live attempt, and no
+// admission of the job, neither on the attempt nor on the job.
+const releaseGuard = guard + ` AND admitted_at IS NULL
+	AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = attempts.job_id AND j.admitted_attempt_id IS NOT NULL)`
+
+// Release requeues a turn whose child provably never accepted it (R33,
+// R36). Releasing the same attempt again is a no-op.
+func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error {
+	rep := report{Op: wire.OpRelease, Class: req.Class}.String()
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'released', ended_at = ?, counts_as_attempt = 0, report = ?
+			WHERE `+releaseGuard+` RETURNING job_id`),
+			args([]any{ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID)
+		if errors.Is(err, sql.ErrNoRows) {
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			if err != nil {
+				return err
+			}
+			if a.state == wire.AttemptReleased && a.generation == ref.LeaseGeneration {
+				return nil
+			}
+			if a.live(ref, now) {
+				return store.ErrAdmitted
+			}
+			return s.stale(ctx, tx, wire.OpRelease, ref, a, now)
+		}
+		if err != nil {
+			return err
+		}
+		var conv string
+		var cancel int64
+		if err := tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET attempt_count = attempt_count - 1, live_attempt_id = NULL,
+			state = 'queued' WHERE id = ? RETURNING conversation_id, cancel_requested`), jobID).Scan(&conv, &cancel); err != nil {
+			return err
+		}
+		if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "released", map[string]any{"class": req.Class}); err != nil {
+			return err
+		}
+		if cancel != 0 {
+			return s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonCancelled, now)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("release: %w", err)
+	}
+	return nil
+}

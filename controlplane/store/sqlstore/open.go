@@ -1,0 +1,91 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	_ "modernc.org/sqlite"             // registers the "sqlite" driver
+)
+
+// OpenSQLite opens (creating if needed) the SQLite database at path and
+// migrates it. Writes go through one connection with BEGIN IMMEDIATE, so
+// they queue in Go rather than meet SQLITE_BUSY; reads use a separate pool.
+// The journal is WAL; synchronous is NORMAL unless WithSynchronous says FULL.
+func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error) {
+	cfg := newConfig(opts)
+	switch cfg.synchronous {
+	case SyncNormal, SyncFull:
+	default:
+		return nil, fmt.Errorf("open sqlite: synchronous %q is neither NORMAL nor FULL", cfg.synchronous)
+	}
+	busy := strconv.FormatInt(cfg.busyTimeout.Milliseconds(), 10)
+	common := url.Values{}
+	common.Add("_pragma", "busy_timeout("+busy+")")
+	common.Add("_pragma", "foreign_keys(1)")
+
+	wq := url.Values{"_txlock": {"immediate"}}
+	wq["_pragma"] = append([]string{"journal_mode(WAL)", "synchronous(" + string(cfg.synchronous) + ")"}, common["_pragma"]...)
+	w, err := sql.Open("sqlite", path+"?"+wq.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	if err := w.PingContext(ctx); err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+
+	rq := url.Values{}
+	rq["_pragma"] = append([]string{"query_only(1)"}, common["_pragma"]...)
+	r, err := sql.Open("sqlite", path+"?"+rq.Encode())
+	if err != nil {
+		w.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	r.SetMaxOpenConns(cfg.readConns)
+	r.SetMaxIdleConns(cfg.readConns)
+
+	s := &Store{w: w, r: r, d: sqlite, cfg: cfg}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	return s, nil
+}
+
+// OpenPostgres connects to the PostgreSQL database named by dsn (a pgx
+// connection string or URL; a search_path parameter selects the schema) and
+// migrates it. Several control-plane replicas may share one database.
+func OpenPostgres(ctx context.Context, dsn string, opts ...Option) (*Store, error) {
+	cfg := newConfig(opts)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	s := &Store{w: db, r: db, d: postgres, cfg: cfg}
+	if err := s.migrate(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	return s, nil
+}
+
+// retryable reports a PostgreSQL deadlock or serialization failure, after
+// which the whole transaction may simply run again.
+func (s *Store) retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}

@@ -1,0 +1,280 @@
+// Package sqlstore implements store.Store on SQLite (modernc.org/sqlite, no
+// cgo) and on PostgreSQL (pgx through database/sql). Both share one body of
+// SQL; the dialects differ only in schema types, placeholders and row
+// locking. Migrations are embedded.
+//
+// Every rule about jobs, attempts, leases and conversations is decided by a
+// guarded SQL statement here, never by the caller. Each attempt-scoped write
+// starts with one UPDATE of the attempt row guarded by attempt id, lease
+// generation, state running and lease expiry (P1); what follows in the same
+// transaction only applies its consequences.
+//
+// Only the controlplane packages import sqlstore. It starts no goroutines of
+// its own (database/sql keeps one per pool, ended by Close), so a store
+// opened and closed inside a testing/synctest bubble does not outlive it.
+package sqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+)
+
+//go:embed migrations
+var migrationFS embed.FS
+
+// Defaults of the options.
+const (
+	DefaultLeaseTTL      = 120 * time.Second
+	DefaultMaxWorkerLost = 3
+	DefaultBusyTimeout   = 5 * time.Second
+)
+
+// Synchronous is SQLite's PRAGMA synchronous in WAL mode.
+type Synchronous string
+
+const (
+	// SyncNormal may lose the last transactions on power loss, never
+	// consistency. The default.
+	SyncNormal Synchronous = "NORMAL"
+	// SyncFull makes every commit durable.
+	SyncFull Synchronous = "FULL"
+)
+
+// config holds the options; zero values mean the defaults.
+type config struct {
+	synchronous   Synchronous
+	busyTimeout   time.Duration
+	readConns     int
+	leaseTTL      time.Duration
+	maxWorkerLost int
+}
+
+// Option changes one setting of Open*.
+type Option func(*config)
+
+// WithSynchronous sets SQLite's synchronous level (ignored by PostgreSQL).
+func WithSynchronous(s Synchronous) Option { return func(c *config) { c.synchronous = s } }
+
+// WithBusyTimeout sets SQLite's busy_timeout (ignored by PostgreSQL). Writes
+// go through one connection, so it only matters against other processes.
+func WithBusyTimeout(d time.Duration) Option { return func(c *config) { c.busyTimeout = d } }
+
+// WithReadConns bounds the SQLite read pool (default 4).
+func WithReadConns(n int) Option { return func(c *config) { c.readConns = n } }
+
+// WithDefaultLeaseTTL is used when ClaimParams.LeaseTTL or a renewal's TTL is zero.
+func WithDefaultLeaseTTL(d time.Duration) Option { return func(c *config) { c.leaseTTL = d } }
+
+// WithMaxWorkerLost caps the uncounted requeues of one job (P6) for Finish
+// with outcome worker_lost, and for Reap when ReapParams.MaxWorkerLost is 0.
+func WithMaxWorkerLost(n int) Option { return func(c *config) { c.maxWorkerLost = n } }
+
+func newConfig(opts []Option) config {
+	c := config{}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.synchronous == "" {
+		c.synchronous = SyncNormal
+	}
+	if c.busyTimeout <= 0 {
+		c.busyTimeout = DefaultBusyTimeout
+	}
+	if c.readConns <= 0 {
+		c.readConns = 4
+	}
+	if c.leaseTTL <= 0 {
+		c.leaseTTL = DefaultLeaseTTL
+	}
+	if c.maxWorkerLost <= 0 {
+		c.maxWorkerLost = DefaultMaxWorkerLost
+	}
+	return c
+}
+
+type dialect int
+
+const (
+	sqlite dialect = iota
+	postgres
+)
+
+// Store is the SQL implementation of store.Store.
+type Store struct {
+	w   *sql.DB // writes: SQLite's single writer connection, or the PostgreSQL pool
+	r   *sql.DB // reads: a separate SQLite pool, or the same PostgreSQL pool
+	d   dialect
+	cfg config
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Close closes the pools.
+func (s *Store) Close() error {
+	err := s.w.Close()
+	if s.r != s.w {
+		err = errors.Join(err, s.r.Close())
+	}
+	return err
+}
+
+// q adapts a query written with ? placeholders to the dialect.
+func (s *Store) q(query string) string {
+	if s.d != postgres {
+		return query
+	}
+	var b strings.Builder
+	b.Grow(len(query) + 16)
+	n := 0
+	for i := 0; i < len(query); i++ {
+		if query[i] == '?' {
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(query[i])
+	}
+	return b.String()
+}
+
+// lockSkip is appended to a SELECT that picks rows to work on, so that
+// concurrent PostgreSQL transactions take different rows. SQLite has one
+// writer and needs nothing.
+func (s *Store) lockSkip() string {
+	if s.d == postgres {
+		return " FOR UPDATE SKIP LOCKED"
+	}
+	return ""
+}
+
+// keep marks an error whose transaction must still commit: a refused write
+// keeps its lease.stale_report event.
+type keep struct{ err error }
+
+func (k keep) Error() string { return k.err.Error() }
+func (k keep) Unwrap() error { return k.err }
+
+// write runs fn in a write transaction: BEGIN IMMEDIATE on SQLite's writer
+// connection, READ COMMITTED on PostgreSQL, retried there on a deadlock or
+// serialization failure.
+func (s *Store) write(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	for try := 0; ; try++ {
+		err := s.writeOnce(ctx, fn)
+		if err == nil || try >= 8 || !s.retryable(err) {
+			return err
+		}
+	}
+}
+
+func (s *Store) writeOnce(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	err = fn(tx)
+	var k keep
+	if err != nil && !errors.As(err, &k) {
+		_ = tx.Rollback()
+		return err
+	}
+	if cerr := tx.Commit(); cerr != nil {
+		return fmt.Errorf("commit: %w", cerr)
+	}
+	if err != nil {
+		return k.err
+	}
+	return nil
+}
+
+func (s *Store) exec(ctx context.Context, tx *sql.Tx, query string, args ...any) (int64, error) {
+	res, err := tx.ExecContext(ctx, s.q(query), args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// migrate applies the embedded migrations of the dialect that are not yet
+// recorded in schema_migrations, each in its own transaction.
+func (s *Store) migrate(ctx context.Context) error {
+	dir := "migrations/sqlite"
+	if s.d == postgres {
+		dir = "migrations/postgres"
+	}
+	entries, err := fs.ReadDir(migrationFS, dir)
+	if err != nil {
+		return err
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return s.write(ctx, func(tx *sql.Tx) error {
+		if s.d == postgres {
+			// Replicas starting together migrate one at a time.
+			if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock(7316201)"); err != nil {
+				return fmt.Errorf("migration lock: %w", err)
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY)`); err != nil {
+			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		for _, name := range names {
+			var n int
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM schema_migrations WHERE name = ?`), name).Scan(&n); err != nil {
+				return fmt.Errorf("read schema_migrations: %w", err)
+			}
+			if n > 0 {
+				continue
+			}
+			body, err := fs.ReadFile(migrationFS, dir+"/"+name)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+				return fmt.Errorf("migration %s: %w", name, err)
+			}
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_migrations (name) VALUES (?)`), name); err != nil {
+				return fmt.Errorf("record migration %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// newID returns a random identifier with a readable prefix, e.g. "job_…".
+func newID(prefix string) string {
+	return prefix + "_" + strings.ToLower(rand.Text())
+}
+
+func ns(t time.Time) int64 { return t.UnixNano() }
+
+func fromNS(n int64) time.Time { return time.Unix(0, n).UTC() }
+
+func nsPtr(n sql.NullInt64) *time.Time {
+	if !n.Valid {
+		return nil
+	}
+	t := fromNS(n.Int64)
+	return &t
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,325 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Plain-language reasons shown to the conversation's owner (R32). The
+// infrastructure detail stays in the job's events.
+const (
+	reasonLostInterrupted = "This conversation is no longer available: a reply was interrupted partway through and could not be safely continued."
+	reasonLostHostSilent  = "This conversation is no longer available: the computer working on a reply stopped responding partway through, and the reply could not be safely continued."
+	reasonQueuedLost      = "This message was not answered because the conversation is no longer available."
+	reasonCancelled       = "Cancelled."
+	reasonFailed          = "The reply failed."
+	reasonNotStarted      = "The reply could not be started."
+	reasonWorkerLostCap   = "This message could not be answered: the computers that tried to run it stopped responding %d times."
+)
+
+const conversationCols = `id, title, image, agent_command, state, lost_reason, container_id, epoch, native_turn, created_at`
+
+func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, error) {
+	var c wire.Conversation
+	var cmd string
+	var created int64
+	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn, &created); err != nil {
+		return c, err
+	}
+	if err := json.Unmarshal([]byte(cmd), &c.AgentCommand); err != nil {
+		return c, fmt.Errorf("decode agent command: %w", err)
+	}
+	c.CreatedAt = fromNS(created)
+	return c, nil
+}
+
+// CreateConversation stores a new, usable conversation.
+func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error) {
+	if len(req.AgentCommand) == 0 || req.AgentCommand[0] == "" {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w: agent_command is required", store.ErrInvalid)
+	}
+	cmd, err := json.Marshal(req.AgentCommand)
+	if err != nil {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
+	}
+	c := wire.Conversation{
+		ID: newID("conv"), Title: req.Title, Image: req.Image, AgentCommand: req.AgentCommand,
+		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)),
+	}
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now))
+		return err
+	})
+	if err != nil {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
+	}
+	return c, nil
+}
+
+// GetConversation reads one conversation.
+func (s *Store) GetConversation(ctx context.Context, id string) (wire.Conversation, error) {
+	c, err := scanConversation(s.r.QueryRowContext(ctx, s.q(`SELECT `+conversationCols+` FROM conversations WHERE id = ?`), id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, store.ErrNotFound
+	}
+	if err != nil {
+		return c, fmt.Errorf("get conversation: %w", err)
+	}
+	return c, nil
+}
+
+// ListConversations lists conversations, oldest first.
+func (s *Store) ListConversations(ctx context.Context) ([]wire.Conversation, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+conversationCols+` FROM conversations ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list conversations: %w", err)
+	}
+	defer rows.Close()
+	out := []wire.Conversation{}
+	for rows.Next() {
+		c, err := scanConversation(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list conversations: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// EnqueueTurn appends a turn to a usable conversation. The conversation
+// row is updated first, which serializes enqueues and job endings of one
+// conversation on PostgreSQL, so exactly one unfinished job is its head.
+func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error) {
+	if strings.TrimSpace(prompt) == "" {
+		return wire.Job{}, fmt.Errorf("enqueue turn: %w: prompt is required", store.ErrInvalid)
+	}
+	id := newID("job")
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var seq int64
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET next_seq = next_seq + 1, updated_at = ?
+			WHERE id = ? AND state = 'usable' RETURNING next_seq`), ns(now), conversationID).Scan(&seq)
+		if errors.Is(err, sql.ErrNoRows) {
+			var state string
+			err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM conversations WHERE id = ?`), conversationID).Scan(&state)
+			if errors.Is(err, sql.ErrNoRows) {
+				return store.ErrNotFound
+			}
+			if err != nil {
+				return err
+			}
+			return store.ErrConversationLost
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, created_at)
+			VALUES (?, ?, ?, ?, 'queued',
+				CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE conversation_id = ? AND state IN ('queued', 'running')) THEN 0 ELSE 1 END, ?)`,
+			id, conversationID, seq, prompt, conversationID, ns(now)); err != nil {
+			return err
+		}
+		return s.event(ctx, tx, id, "", now, "queued", map[string]any{"seq": seq})
+	})
+	if err != nil {
+		return wire.Job{}, fmt.Errorf("enqueue turn: %w", err)
+	}
+	return s.GetJob(ctx, id)
+}
+
+// GetJob returns the job with its attempts and events.
+func (s *Store) GetJob(ctx context.Context, id string) (wire.Job, error) {
+	j, err := s.getJob(ctx, s.r, id)
+	if err != nil {
+		return j, err
+	}
+	j.Events, err = s.JobEvents(ctx, id, 0, 0)
+	return j, err
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, error) {
+	var j wire.Job
+	var cancel, created int64
+	var ended sql.NullInt64
+	var admitted sql.NullString
+	err := db.QueryRowContext(ctx, s.q(`SELECT id, conversation_id, seq, state, outcome, reason, cancel_requested,
+		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at FROM jobs WHERE id = ?`), id).Scan(
+		&j.ID, &j.ConversationID, &j.Seq, &j.State, &j.Outcome, &j.Reason, &cancel,
+		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended)
+	if errors.Is(err, sql.ErrNoRows) {
+		return j, store.ErrNotFound
+	}
+	if err != nil {
+		return j, fmt.Errorf("get job: %w", err)
+	}
+	j.CancelRequested = cancel != 0
+	j.Admitted = admitted.Valid
+	j.CreatedAt = fromNS(created)
+	j.EndedAt = nsPtr(ended)
+
+	rows, err := db.QueryContext(ctx, s.q(`SELECT id, generation, state, lease_owner, lease_expires_at, claimed_at,
+		ended_at, outcome, container_id, COALESCE(activation_id, ''), counts_as_attempt
+		FROM attempts WHERE job_id = ? ORDER BY generation`), id)
+	if err != nil {
+		return j, fmt.Errorf("get job attempts: %w", err)
+	}
+	defer rows.Close()
+	j.Attempts = []wire.Attempt{}
+	for rows.Next() {
+		var a wire.Attempt
+		var exp, claimed, counts int64
+		var aEnded sql.NullInt64
+		if err := rows.Scan(&a.ID, &a.Generation, &a.State, &a.LeaseOwner, &exp, &claimed, &aEnded,
+			&a.Outcome, &a.ContainerID, &a.ActivationID, &counts); err != nil {
+			return j, fmt.Errorf("get job attempts: %w", err)
+		}
+		a.LeaseExpiresAt, a.ClaimedAt, a.EndedAt = fromNS(exp), fromNS(claimed), nsPtr(aEnded)
+		a.CountsAsAttempt = counts != 0
+		j.Attempts = append(j.Attempts, a)
+	}
+	return j, rows.Err()
+}
+
+// JobEvents returns events with ID > after, oldest first, at most limit
+// (0: all). ErrNotFound if the job does not exist.
+func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
+		return nil, fmt.Errorf("job events: %w", err)
+	}
+	if n == 0 {
+		return nil, store.ErrNotFound
+	}
+	query := `SELECT id, job_id, attempt_id, time, source, type, data FROM job_events WHERE job_id = ? AND id > ? ORDER BY id`
+	args := []any{jobID, after}
+	if limit > 0 {
+		query += ` LIMIT ?`
+		args = append(args, limit)
+	}
+	rows, err := s.r.QueryContext(ctx, s.q(query), args...)
+	if err != nil {
+		return nil, fmt.Errorf("job events: %w", err)
+	}
+	defer rows.Close()
+	out := []wire.JobEvent{}
+	for rows.Next() {
+		var e wire.JobEvent
+		var t int64
+		var data string
+		if err := rows.Scan(&e.ID, &e.JobID, &e.AttemptID, &t, &e.Source, &e.Type, &data); err != nil {
+			return nil, fmt.Errorf("job events: %w", err)
+		}
+		e.Time = fromNS(t)
+		if data != "" {
+			e.Data = json.RawMessage(data)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// CancelJob ends a queued job at once; for a running one it sets the flag
+// that the next renewal answer carries (P7). ErrGone if the job has ended.
+func (s *Store) CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error) {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var state, conv string
+		var already int64
+		err := tx.QueryRowContext(ctx, s.q(`SELECT state, conversation_id, cancel_requested FROM jobs WHERE id = ?`+s.lockRow()), id).Scan(&state, &conv, &already)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		switch state {
+		case wire.JobQueued:
+			if _, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'cancelled', outcome = 'cancelled', reason = ?,
+				cancel_requested = 1, head = 0, ended_at = ? WHERE id = ?`, reasonCancelled, ns(now), id); err != nil {
+				return err
+			}
+			if err := s.event(ctx, tx, id, "", now, "cancelled", nil); err != nil {
+				return err
+			}
+			return s.advance(ctx, tx, conv, now)
+		case wire.JobRunning:
+			if already != 0 {
+				return nil
+			}
+			if _, err := s.exec(ctx, tx, `UPDATE jobs SET cancel_requested = 1 WHERE id = ?`, id); err != nil {
+				return err
+			}
+			return s.event(ctx, tx, id, "", now, "cancel_requested", nil)
+		default:
+			return store.ErrGone
+		}
+	})
+	if err != nil {
+		return wire.Job{}, fmt.Errorf("cancel job: %w", err)
+	}
+	return s.GetJob(ctx, id)
+}
+
+// lockRow is appended to a SELECT of one row the transaction will change.
+func (s *Store) lockRow() string {
+	if s.d == postgres {
+		return " FOR UPDATE"
+	}
+	return ""
+}
+
+// event appends a control-plane event to a job.
+func (s *Store) event(ctx context.Context, tx *sql.Tx, jobID, attemptID string, now time.Time, typ string, data any) error {
+	var body string
+	if data != nil {
+		b, err := json.Marshal(data)
+		if err != nil {
+			return err
+		}
+		body = string(b)
+	}
+	_, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data) VALUES (?, ?, ?, 'control', ?, ?)`,
+		jobID, attemptID, ns(now), typ, body)
+	return err
+}
+
+// advance makes the oldest unfinished job of a conversation its head, if
+// none is running. Called by every transition that ends or requeues a job.
+// Updating the conversation row first orders it against EnqueueTurn.
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, conversationID string, now time.Time) error {
+	if _, err := s.exec(ctx, tx, `UPDATE conversations SET updated_at = ? WHERE id = ?`, ns(now), conversationID); err != nil {
+		return err
+	}
+	_, err := s.exec(ctx, tx, `UPDATE jobs SET head = 1 WHERE state = 'queued' AND pos = (
+		SELECT MIN(pos) FROM jobs WHERE conversation_id = ? AND state IN ('queued', 'running'))`, conversationID)
+	return err
+}
+
+// loseConversation marks a conversation LOST (R30, R35) with a plain reason
+// (R32) and fails its queued turns: a LOST conversation never runs again.
+func (s *Store) loseConversation(ctx context.Context, tx *sql.Tx, conversationID, reason string, now time.Time) error {
+	if _, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'lost', lost_reason = ?, updated_at = ?
+		WHERE id = ? AND state = 'usable'`, reason, ns(now), conversationID); err != nil {
+		return err
+	}
+	if _, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data)
+		SELECT id, '', ?, 'control', 'failed', '{"cause":"conversation_lost"}' FROM jobs
+		WHERE conversation_id = ? AND state = 'queued'`, ns(now), conversationID); err != nil {
+		return err
+	}
+	_, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'failed', outcome = 'failed', reason = ?, head = 0, ended_at = ?
+		WHERE conversation_id = ? AND state = 'queued'`, reasonQueuedLost, ns(now), conversationID)
+	return err
+}

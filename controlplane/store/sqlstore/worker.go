@@ -1,0 +1,416 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// guard is the fencing condition of every attempt-scoped write (P1); its
+// arguments come from guardArgs.
+const guard = `id = ? AND generation = ? AND state = 'running' AND lease_expires_at > ?`
+
+func guardArgs(ref wire.AttemptRef, now time.Time) []any {
+	return []any{ref.AttemptID, ref.LeaseGeneration, ns(now)}
+}
+
+func args(first []any, rest ...any) []any { return append(first, rest...) }
+
+// Claim takes the oldest runnable job. jobs_claim holds only queued heads
+// of their conversations, so this is the first entry of an index in the
+// order of the ORDER BY (TestClaimUsesIndex).
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, bool, error) {
+	if len(p.WorkerTokenHash) == 0 {
+		return wire.Claim{}, false, fmt.Errorf("claim: %w: worker token hash is required", store.ErrInvalid)
+	}
+	ttl := p.LeaseTTL
+	if ttl <= 0 {
+		ttl = s.cfg.leaseTTL
+	}
+	var c wire.Claim
+	var found bool
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		found = false
+		var owner string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT name FROM hosts WHERE id = ?`), p.HostID).Scan(&owner)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		var pos int64
+		err = tx.QueryRowContext(ctx, claimQuery+s.lockSkip()).Scan(&pos)
+		if errors.Is(err, sql.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
+		err = tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET state = 'running', generation = generation + 1,
+			attempt_count = attempt_count + 1, live_attempt_id = ? WHERE pos = ? AND state = 'queued'
+			RETURNING id, conversation_id, seq, prompt, generation`), c.AttemptID, pos).Scan(
+			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
+		if err != nil {
+			return err
+		}
+		exp := p.Now.Add(ttl)
+		c.LeaseExpiresAt = fromNS(ns(exp))
+		if _, err := s.exec(ctx, tx, `INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
+			lease_ttl, lease_expires_at, claimed_at, token_hash) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)`,
+			c.AttemptID, c.JobID, c.LeaseGeneration, p.HostID, owner, int64(ttl), ns(exp), ns(p.Now),
+			hex.EncodeToString(p.WorkerTokenHash)); err != nil {
+			return err
+		}
+		var cmd string
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn
+			FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
+			&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn); err != nil {
+			return err
+		}
+		if err := json.Unmarshal([]byte(cmd), &c.Turn.AgentCommand); err != nil {
+			return err
+		}
+		found = true
+		return s.event(ctx, tx, c.JobID, c.AttemptID, p.Now, "claimed", map[string]any{
+			"lease_owner": owner, "lease_generation": c.LeaseGeneration, "lease_expires_at": c.LeaseExpiresAt,
+		})
+	})
+	if err != nil {
+		return wire.Claim{}, false, fmt.Errorf("claim: %w", err)
+	}
+	return c, found, nil
+}
+
+// claimQuery picks the next job. Kept as a constant so that the query-plan
+// test checks the very text Claim runs.
+const claimQuery = `SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 ORDER BY pos LIMIT 1`
+
+// AuthorizeAttempt maps a worker token hash to its attempt.
+func (s *Store) AuthorizeAttempt(ctx context.Context, jobID string, tokenHash []byte) (store.AttemptAuth, error) {
+	var a store.AttemptAuth
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT job_id, id, host_id FROM attempts WHERE token_hash = ?`),
+		hex.EncodeToString(tokenHash)).Scan(&a.JobID, &a.AttemptID, &a.HostID)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.AttemptAuth{}, store.ErrUnauthorized
+	}
+	if err != nil {
+		return store.AttemptAuth{}, fmt.Errorf("authorize attempt: %w", err)
+	}
+	if a.JobID == jobID {
+		return a, nil
+	}
+	var n int
+	if err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
+		return store.AttemptAuth{}, fmt.Errorf("authorize attempt: %w", err)
+	}
+	if n == 0 {
+		return store.AttemptAuth{}, store.ErrNotFound
+	}
+	return store.AttemptAuth{}, store.ErrForbidden
+}
+
+// attemptRow is an attempt as a refused write sees it.
+type attemptRow struct {
+	jobID      string
+	generation int64
+	state      string
+	expires    int64
+	admitted   bool
+	activation string
+	settled    bool
+	report     string
+	response   string
+}
+
+func (a attemptRow) live(ref wire.AttemptRef, now time.Time) bool {
+	return a.generation == ref.LeaseGeneration && a.state == wire.AttemptRunning && a.expires > ns(now)
+}
+
+func (s *Store) loadAttempt(ctx context.Context, tx *sql.Tx, id string) (attemptRow, error) {
+	var a attemptRow
+	var admitted, settled sql.NullInt64
+	err := tx.QueryRowContext(ctx, s.q(`SELECT job_id, generation, state, lease_expires_at, admitted_at,
+		COALESCE(activation_id, ''), settled_at, report, response FROM attempts WHERE id = ?`), id).Scan(
+		&a.jobID, &a.generation, &a.state, &a.expires, &admitted, &a.activation, &settled, &a.report, &a.response)
+	if errors.Is(err, sql.ErrNoRows) {
+		return a, store.ErrNotFound
+	}
+	a.admitted, a.settled = admitted.Valid, settled.Valid
+	return a, err
+}
+
+// stale records a refused attempt-scoped write as a lease.stale_report
+// event and returns ErrLeaseLost, keeping the transaction (P1).
+func (s *Store) stale(ctx context.Context, tx *sql.Tx, op string, ref wire.AttemptRef, a attemptRow, now time.Time) error {
+	why := "lease_expired"
+	switch {
+	case a.generation != ref.LeaseGeneration:
+		why = "generation_mismatch"
+	case a.state != wire.AttemptRunning:
+		why = "attempt_" + a.state
+	}
+	if err := s.event(ctx, tx, a.jobID, ref.AttemptID, now, "lease.stale_report", map[string]any{
+		"op": op, "lease_generation": ref.LeaseGeneration, "why": why,
+	}); err != nil {
+		return err
+	}
+	return keep{store.ErrLeaseLost}
+}
+
+// refused explains a guarded write that changed nothing: ErrNotFound for an
+// unknown attempt, the live attempt's row (for the caller's own verdict),
+// or ErrLeaseLost with a stale report.
+func (s *Store) refused(ctx context.Context, tx *sql.Tx, op string, ref wire.AttemptRef, now time.Time) (attemptRow, error) {
+	a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+	if err != nil {
+		return a, err
+	}
+	if a.live(ref, now) {
+		return a, nil
+	}
+	return a, s.stale(ctx, tx, op, ref, a, now)
+}
+
+// Renew extends the lease by ttl from now and returns the cancel flag (P7).
+func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
+	if ttl <= 0 {
+		ttl = s.cfg.leaseTTL
+	}
+	exp := now.Add(ttl)
+	var resp wire.RenewResponse
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+` RETURNING job_id`),
+			args([]any{int64(ttl), ns(exp)}, guardArgs(ref, now)...)...).Scan(&jobID)
+		if errors.Is(err, sql.ErrNoRows) {
+			_, err := s.refused(ctx, tx, wire.OpRenew, ref, now)
+			if err == nil {
+				err = fmt.Errorf("renew refused without cause")
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		var cancel int64
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT cancel_requested FROM jobs WHERE id = ?`), jobID).Scan(&cancel); err != nil {
+			return err
+		}
+		resp = wire.RenewResponse{LeaseExpiresAt: fromNS(ns(exp)), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}
+		return nil
+	})
+	if err != nil {
+		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+	}
+	return resp, nil
+}
+
+// AppendEvents stores runner events, idempotent by (attempt, seq).
+func (s *Store) AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error) {
+	for _, e := range events {
+		if e.Seq <= 0 || e.Type == "" || (len(e.Data) > 0 && !json.Valid(e.Data)) {
+			return wire.EventsResponse{}, fmt.Errorf("append events: %w: every event needs seq > 0, a type and JSON data", store.ErrInvalid)
+		}
+	}
+	var resp wire.EventsResponse
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = lease_ttl WHERE `+guard+` RETURNING job_id`),
+			guardArgs(ref, now)...).Scan(&jobID)
+		if errors.Is(err, sql.ErrNoRows) {
+			_, err := s.refused(ctx, tx, wire.OpEvents, ref, now)
+			if err == nil {
+				err = fmt.Errorf("events refused without cause")
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range events {
+			t := e.Time
+			if t.IsZero() {
+				t = now
+			}
+			if _, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, seq, time, source, type, data)
+				VALUES (?, ?, ?, ?, 'runner', ?, ?) ON CONFLICT DO NOTHING`,
+				jobID, ref.AttemptID, e.Seq, ns(t), e.Type, string(e.Data)); err != nil {
+				return err
+			}
+		}
+		return tx.QueryRowContext(ctx, s.q(`SELECT COALESCE(MAX(seq), 0) FROM job_events WHERE attempt_id = ? AND seq IS NOT NULL`),
+			ref.AttemptID).Scan(&resp.StoredThrough)
+	})
+	if err != nil {
+		return wire.EventsResponse{}, fmt.Errorf("append events: %w", err)
+	}
+	return resp, nil
+}
+
+// RecordContainer records the retained sandbox's identity on the attempt
+// and the conversation.
+func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wire.ContainerRequest, now time.Time) error {
+	if req.ContainerID == "" || (req.Backend != "process" && req.Backend != "docker") {
+		return fmt.Errorf("record container: %w: backend process|docker and container_id are required", store.ErrInvalid)
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET container_backend = ?, container_id = ? WHERE `+guard+` RETURNING job_id`),
+			args([]any{req.Backend, req.ContainerID}, guardArgs(ref, now)...)...).Scan(&jobID)
+		if errors.Is(err, sql.ErrNoRows) {
+			_, err := s.refused(ctx, tx, wire.OpContainer, ref, now)
+			if err == nil {
+				err = fmt.Errorf("container refused without cause")
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE conversations SET container_backend = ?, container_id = ?, updated_at = ?
+			WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?)`, req.Backend, req.ContainerID, ns(now), jobID); err != nil {
+			return err
+		}
+		return s.event(ctx, tx, jobID, ref.AttemptID, now, "container_recorded",
+			map[string]any{"backend": req.Backend, "container_id": req.ContainerID})
+	})
+	if err != nil {
+		return fmt.Errorf("record container: %w", err)
+	}
+	return nil
+}
+
+// Admit records the admission of the job into its conversation. The same
+// attempt and activation again gets the same receipt; another activation
+// of an admitted attempt gets ErrAdmitted.
+func (s *Store) Admit(ctx context.Context, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error) {
+	if activationID == "" {
+		return wire.AdmissionReceipt{}, fmt.Errorf("admit: %w: activation_id is required", store.ErrInvalid)
+	}
+	newReceipt := newID("adm")
+	var r wire.AdmissionReceipt
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var at int64
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET admitted_at = COALESCE(admitted_at, ?),
+			activation_id = COALESCE(activation_id, ?), receipt_id = COALESCE(receipt_id, ?)
+			WHERE `+guard+` AND (activation_id IS NULL OR activation_id = ?)
+			RETURNING job_id, receipt_id, admitted_at`),
+			args(args([]any{ns(now), activationID, newReceipt}, guardArgs(ref, now)...), activationID)...).Scan(&r.JobID, &r.ReceiptID, &at)
+		if errors.Is(err, sql.ErrNoRows) {
+			if _, err := s.refused(ctx, tx, wire.OpAdmission, ref, now); err != nil {
+				return err
+			}
+			return store.ErrAdmitted // live, admitted under another activation
+		}
+		if err != nil {
+			return err
+		}
+		r.ActivationID, r.AdmittedAt = activationID, fromNS(at)
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), r.JobID).Scan(&r.ConversationID); err != nil {
+			return err
+		}
+		if r.ReceiptID != newReceipt {
+			return nil // a repeat: same receipt, nothing new
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE jobs SET admitted_attempt_id = ? WHERE id = ?`, ref.AttemptID, r.JobID); err != nil {
+			return err
+		}
+		return s.event(ctx, tx, r.JobID, ref.AttemptID, now, "admitted", map[string]any{"activation_id": activationID, "receipt_id": r.ReceiptID})
+	})
+	if err != nil {
+		return wire.AdmissionReceipt{}, fmt.Errorf("admit: %w", err)
+	}
+	return r, nil
+}
+
+// Settle records the settlement boundary once (R27).
+func (s *Store) Settle(ctx context.Context, ref wire.AttemptRef, req wire.SettlementRequest, now time.Time) (wire.Boundary, error) {
+	if req.ActivationID == "" || req.Supervisor.ActivationID != req.ActivationID {
+		return wire.Boundary{}, fmt.Errorf("settle: %w: the supervisor receipt must be for the same activation", store.ErrInvalid)
+	}
+	newSnap := newID("snap")
+	var b wire.Boundary
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		var settled int64
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET snapshot_id = COALESCE(snapshot_id, ?), settled_at = COALESCE(settled_at, ?)
+			WHERE `+guard+` AND admitted_at IS NOT NULL AND activation_id = ?
+			RETURNING job_id, snapshot_id, settled_at, boundary_epoch, boundary_native_turn`),
+			args(args([]any{newSnap, ns(now)}, guardArgs(ref, now)...), req.ActivationID)...).Scan(
+			&jobID, &b.SnapshotID, &settled, &b.WorkspaceEpoch, &b.NativeTurn)
+		if errors.Is(err, sql.ErrNoRows) {
+			a, err := s.refused(ctx, tx, wire.OpSettlement, ref, now)
+			if err != nil {
+				return err
+			}
+			if !a.admitted {
+				return store.ErrNotAdmitted
+			}
+			return s.stale(ctx, tx, wire.OpSettlement, ref, a, now) // another activation
+		}
+		if err != nil {
+			return err
+		}
+		b.SettledAt = fromNS(settled)
+		if b.SnapshotID != newSnap {
+			return nil // a repeat: the recorded boundary, nothing bumped
+		}
+		b.NativeTurn = req.Supervisor.NativeTurn
+		if err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET epoch = epoch + 1, native_turn = ?, snapshot_id = ?, updated_at = ?
+			WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?) RETURNING epoch`),
+			b.NativeTurn, b.SnapshotID, ns(now), jobID).Scan(&b.WorkspaceEpoch); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE attempts SET boundary_epoch = ?, boundary_native_turn = ? WHERE id = ?`,
+			b.WorkspaceEpoch, b.NativeTurn, ref.AttemptID); err != nil {
+			return err
+		}
+		return s.event(ctx, tx, jobID, ref.AttemptID, now, "settled", map[string]any{
+			"workspace_epoch": b.WorkspaceEpoch, "snapshot_id": b.SnapshotID, "native_turn": b.NativeTurn,
+			"supervisor_receipt_id": req.Supervisor.ReceiptID,
+		})
+	})
+	if err != nil {
+		return wire.Boundary{}, fmt.Errorf("settle: %w", err)
+	}
+	return b, nil
+}
+
+// Notice records the shared_workspace_settled notice once (R23).
+func (s *Store) Notice(ctx context.Context, ref wire.AttemptRef, req wire.NoticeRequest, now time.Time) error {
+	if req.Kind != wire.NoticeSharedWorkspaceSettled {
+		return fmt.Errorf("notice: %w: unknown kind", store.ErrInvalid)
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		var jobID string
+		var noticed int64
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET noticed_at = COALESCE(noticed_at, ?)
+			WHERE `+guard+` AND settled_at IS NOT NULL RETURNING job_id, noticed_at`),
+			args([]any{ns(now)}, guardArgs(ref, now)...)...).Scan(&jobID, &noticed)
+		if errors.Is(err, sql.ErrNoRows) {
+			if _, err := s.refused(ctx, tx, wire.OpNotices, ref, now); err != nil {
+				return err
+			}
+			return store.ErrNotAdmitted // live but not settled
+		}
+		if err != nil || noticed != ns(now) {
+			return err
+		}
+		return s.event(ctx, tx, jobID, ref.AttemptID, now, wire.NoticeSharedWorkspaceSettled, map[string]any{
+			"workspace_epoch": req.Boundary.WorkspaceEpoch, "snapshot_id": req.Boundary.SnapshotID,
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("notice: %w", err)
+	}
+	return nil
+}
