@@ -64,9 +64,9 @@ type ReapParams struct {
 
 // ReapResult counts what one sweep did.
 type ReapResult struct {
-	Superseded         int
-	Requeued           int
-	ConversationsLost  int
+	Superseded          int
+	Requeued            int
+	ConversationsLost   int
 	FailedWorkerLostCap int
 }
 
