@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/runnerd/runnerd/wire"
@@ -286,8 +287,8 @@ var codeErrors = map[string]error{
 	CodeStartFailed:       ErrStartFailed,
 }
 
-// CodeOf is the protocol code of a sentinel error (the supervisor's side of
-// replyError); CodeProtocol for anything else.
+// CodeOf is the protocol code of a sentinel error; CodeProtocol for
+// anything else.
 func CodeOf(err error) string {
 	for code, sentinel := range codeErrors {
 		if errors.Is(err, sentinel) {
@@ -295,6 +296,17 @@ func CodeOf(err error) string {
 		}
 	}
 	return CodeProtocol
+}
+
+// ReplyOf is the supervisor's side of replyError: the code of err's
+// sentinel and, as the message, whatever err says beyond it.
+func ReplyOf(err error) *ErrorReply {
+	code := CodeOf(err)
+	msg := err.Error()
+	if sentinel, ok := codeErrors[code]; ok {
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg, sentinel.Error()), ": ")
+	}
+	return &ErrorReply{Code: code, Message: msg}
 }
 
 func replyError(op string, e *ErrorReply) error {

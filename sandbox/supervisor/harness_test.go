@@ -1,0 +1,295 @@
+package supervisor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/internal/testbin"
+)
+
+// demoAgent is the path of the demo agent built by TestMain.
+var demoAgent string
+
+// TestMain re-enters the test binary as "supervise" (the way runnerd is
+// re-entered) for the tests that need a real supervisor process to kill and
+// restart; otherwise it builds the demo agent and runs the tests.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "supervise" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		code := Main(ctx, os.Args[2:], os.Stderr)
+		stop()
+		os.Exit(code)
+	}
+	dir, err := os.MkdirTemp("", "supervisor-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	demoAgent, err = testbin.BuildDemoAgent(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+const waitLimit = 20 * time.Second
+
+// recorder is a slog handler that lets a test wait for a record by name.
+type recorder struct {
+	mu      sync.Mutex
+	msgs    []string
+	changed chan struct{}
+}
+
+func newRecorder() *recorder { return &recorder{changed: make(chan struct{})} }
+
+func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *recorder) WithAttrs([]slog.Attr) slog.Handler      { return r }
+func (r *recorder) WithGroup(string) slog.Handler           { return r }
+func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	close(r.changed)
+	r.changed = make(chan struct{})
+	return nil
+}
+
+// waitFor waits until the record msg has been logged n times.
+func (r *recorder) waitFor(t *testing.T, msg string, n int) {
+	t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		r.mu.Lock()
+		count := 0
+		for _, m := range r.msgs {
+			if m == msg {
+				count++
+			}
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		if count >= n {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			t.Fatalf("record %s not seen %d times within %v", msg, n, waitLimit)
+		}
+	}
+}
+
+type sup struct {
+	ws, sock string
+	rec      *recorder
+	c        *sandbox.Client
+}
+
+// startServe runs a supervisor in this process (so the race detector sees
+// it) and returns once it listens.
+func startServe(t *testing.T) *sup {
+	t.Helper()
+	dir := t.TempDir()
+	s := &sup{ws: filepath.Join(dir, "workspace"), sock: filepath.Join(dir, "s.sock"), rec: newRecorder()}
+	s.c = &sandbox.Client{Socket: s.sock}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, Config{
+			Socket:    s.sock,
+			Workspace: s.ws,
+			ID:        "test-sandbox",
+			Logger:    slog.New(s.rec),
+			Ready:     func() { close(ready) },
+		})
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("serve: %v", err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return s
+}
+
+// proc is a supervisor running as its own process (the test binary
+// re-entered as "supervise").
+type proc struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+}
+
+// startProc starts a supervisor process over ws and sock and returns once
+// it listens (it says so on its ready pipe).
+func startProc(t *testing.T, ws, sock string) *proc {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{stderr: &bytes.Buffer{}}
+	p.cmd = exec.Command(os.Args[0], "supervise", "--socket", sock, "--workspace", ws, "--id", "proc-sandbox", "--ready-fd", "3")
+	p.cmd.ExtraFiles = []*os.File{pw}
+	p.cmd.Stderr = &lockedWriter{w: p.stderr}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	line, _ := bufio.NewReader(pr).ReadString('\n')
+	pr.Close()
+	if line != "ready\n" {
+		p.kill()
+		t.Fatalf("supervisor did not become ready; stderr:\n%s", p.stderr)
+	}
+	t.Cleanup(p.kill)
+	return p
+}
+
+// kill kills the supervisor process with SIGKILL and reaps it.
+func (p *proc) kill() {
+	if p.cmd.ProcessState != nil {
+		return
+	}
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// drain reads a turn to its end and returns its events.
+func drain(t *testing.T, turn *sandbox.Turn) ([]sandbox.Event, sandbox.Result) {
+	t.Helper()
+	var evs []sandbox.Event
+	for {
+		ev, err := turn.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("turn: %v", err)
+		}
+		evs = append(evs, ev)
+	}
+	res, err := turn.Result()
+	if err != nil {
+		t.Fatalf("result: %v", err)
+	}
+	return evs, res
+}
+
+// runTurn activates, runs prompt to its end and settles.
+func runTurn(t *testing.T, c *sandbox.Client, prompt string) (sandbox.Activation, []sandbox.Event, sandbox.Result) {
+	t.Helper()
+	ctx := context.Background()
+	act, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatalf("activate: %v", err)
+	}
+	turn, err := c.Run(ctx, act.ID, []string{demoAgent}, prompt)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	defer turn.Close()
+	evs, res := drain(t, turn)
+	return act, evs, res
+}
+
+// nextEvent reads one event, failing the test on an error.
+func nextEvent(t *testing.T, turn *sandbox.Turn) sandbox.Event {
+	t.Helper()
+	ev, err := turn.Next()
+	if err != nil {
+		t.Fatalf("next event: %v", err)
+	}
+	return ev
+}
+
+// streamEnd reads a turn until its stream ends and returns what ended it.
+func streamEnd(turn *sandbox.Turn) error {
+	for {
+		if _, err := turn.Next(); err != nil {
+			return err
+		}
+	}
+}
+
+// eventField decodes one field of an event's data.
+func eventField[T any](t *testing.T, ev sandbox.Event, name string) T {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(ev.Data, &m); err != nil {
+		t.Fatalf("event data %s: %v", ev.Data, err)
+	}
+	var v T
+	if err := json.Unmarshal(m[name], &v); err != nil {
+		t.Fatalf("event field %s of %s: %v", name, ev.Data, err)
+	}
+	return v
+}
+
+// transcript returns the prompts the demo agent received, in order.
+func transcript(t *testing.T, ws string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ws, ".demoagent", "transcript.jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e struct {
+			Prompt string `json:"prompt"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, e.Prompt)
+	}
+	return out
+}

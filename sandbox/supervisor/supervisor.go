@@ -1,0 +1,394 @@
+// Package supervisor is the sandbox manager, "runnerd supervise": one
+// long-lived process per conversation, inside its sandbox (PID 1 of the
+// docker container, or a local process for the process backend). It keeps
+// the native session's turn ordinal, serves the protocol of package sandbox
+// on a unix socket, and runs one agent turn at a time: the agent command
+// with the workspace as working directory, the prompt on stdin, its
+// JSON-lines stdout as the event stream.
+//
+// Ownership is by activation token. Each activation fences every older
+// token (their calls are refused) and stops the turn an older token still
+// runs. The settlement receipt of the newest token is kept, in memory only,
+// until the next activation (R26); a restarted supervisor knows no token,
+// so a completion it cannot confirm fails closed (R28).
+//
+// Only the runnerd main (the "supervise" subcommand) and tests import this
+// package; turn code talks to it through sandbox.Client.
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Config configures a supervisor. Zero fields mean the default.
+type Config struct {
+	// Socket is the path of the unix socket to serve. Required. Its
+	// directory should be private to the runnerd user.
+	Socket string
+	// Workspace is the agent's working directory. Required; created if
+	// missing.
+	Workspace string
+	// StateDir holds the supervisor's durable state (the native turn
+	// ordinal). Default: Workspace/.runnerd, so it lives and dies with the
+	// workspace (a docker volume survives its container).
+	StateDir string
+	// ID is the sandbox identity reported by status. Default "".
+	ID string
+	// AgentEnv is the agent's whole environment. Default: PATH, LANG and
+	// HOME=Workspace only, so no secret of the host's environment reaches
+	// the agent.
+	AgentEnv []string
+	// AgentStderr receives the agent's stderr. Default: /dev/null.
+	AgentStderr io.Writer
+	// Logger receives the supervisor's records. Default: discarded.
+	Logger *slog.Logger
+	// RequestTimeout bounds reading a request after a connection opens.
+	// Default 10 s.
+	RequestTimeout time.Duration
+	// DrainTimeout bounds reading what is left of the agent's stdout after
+	// the agent exited and its process group was killed. Default 2 s.
+	DrainTimeout time.Duration
+	// MaxConns bounds concurrent connections; more are refused. Default 32.
+	MaxConns int
+	// Ready, if set, is called once the socket is listening.
+	Ready func()
+}
+
+func (c Config) withDefaults() (Config, error) {
+	if c.Socket == "" || c.Workspace == "" {
+		return c, errors.New("supervisor: socket and workspace are required")
+	}
+	if c.StateDir == "" {
+		c.StateDir = filepath.Join(c.Workspace, ".runnerd")
+	}
+	if c.AgentEnv == nil {
+		c.AgentEnv = []string{
+			"PATH=/usr/local/bin:/usr/bin:/bin",
+			"LANG=C.UTF-8",
+			"HOME=" + c.Workspace,
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 10 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 2 * time.Second
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 32
+	}
+	return c, nil
+}
+
+// Activation states.
+type actState int
+
+const (
+	actIdle        actState = iota // activated, no prompt yet
+	actRunning                     // the prompt was handed; the agent runs
+	actCompleted                   // the agent exited on its own
+	actInterrupted                 // stopped: connection dropped, fenced, shutdown
+	actStartFailed                 // the agent could not be started; no prompt reached it
+)
+
+type activation struct {
+	id      string
+	gen     uint64
+	state   actState
+	turn    *agentTurn
+	result  sandbox.Result
+	receipt *wire.SupervisorReceipt
+}
+
+// Server is one supervisor. Use Serve.
+type server struct {
+	cfg       Config
+	instance  string // random, per process: tokens of another process are unknown
+	startedAt time.Time
+	log       *slog.Logger
+
+	mu         sync.Mutex
+	gen        uint64
+	current    *activation
+	nativeTurn int64
+	running    *agentTurn // the one agent turn that may be alive
+}
+
+// Serve runs the supervisor until ctx ends, then stops any running agent
+// and returns once every connection handler has returned.
+func Serve(ctx context.Context, cfg Config) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.Workspace, 0o755); err != nil {
+		return fmt.Errorf("supervisor: create workspace: %w", err)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("supervisor: create state dir: %w", err)
+	}
+	s := &server{cfg: cfg, instance: randomHex(6), startedAt: time.Now(), log: cfg.Logger}
+	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
+		return err
+	}
+	l, err := sandbox.ListenUnix(cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	recordStarted(s.log, s.nativeTurn)
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+
+	var (
+		wg    sync.WaitGroup
+		cmu   sync.Mutex
+		conns = map[net.Conn]struct{}{}
+		slots = make(chan struct{}, cfg.MaxConns)
+	)
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		s.stopRunning(stopShutdown)
+		cmu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		cmu.Unlock()
+	})
+	defer stop()
+
+	var acceptErr error
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if ctx.Err() == nil {
+				acceptErr = fmt.Errorf("supervisor: accept: %w", err)
+				l.Close()
+				s.stopRunning(stopShutdown)
+			}
+			break
+		}
+		select {
+		case slots <- struct{}{}:
+		default:
+			_ = writeMsg(conn, sandbox.Response{Error: &sandbox.ErrorReply{Code: sandbox.CodeBusy, Message: "too many connections"}})
+			conn.Close()
+			continue
+		}
+		cmu.Lock()
+		conns[conn] = struct{}{}
+		cmu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			s.handle(ctx, conn)
+			conn.Close()
+			cmu.Lock()
+			delete(conns, conn)
+			cmu.Unlock()
+		}()
+	}
+	// Close what is still open (an accept error ends the loop without ctx).
+	cmu.Lock()
+	for c := range conns {
+		c.Close()
+	}
+	cmu.Unlock()
+	wg.Wait()
+	recordStopped(s.log)
+	return acceptErr
+}
+
+func (s *server) handle(ctx context.Context, conn net.Conn) {
+	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.RequestTimeout))
+	req, err := readRequest(conn)
+	if err != nil {
+		recordRefused(s.log, "", sandbox.CodeProtocol)
+		_ = writeMsg(conn, errReply(fmt.Errorf("%w: %v", sandbox.ErrProtocol, err)))
+		return
+	}
+	_ = conn.SetReadDeadline(time.Time{})
+	var resp sandbox.Response
+	switch req.Op {
+	case sandbox.OpStatus:
+		st := s.status()
+		resp.Status = &st
+	case sandbox.OpActivate:
+		a := s.activate()
+		resp.Activation = &a
+	case sandbox.OpSettle:
+		r, err := s.settle(req.Activation)
+		if err != nil {
+			resp = errReply(err)
+		} else {
+			resp.Receipt = &r
+		}
+	case sandbox.OpRun:
+		s.run(ctx, conn, req)
+		return
+	default:
+		resp = errReply(fmt.Errorf("%w: unknown operation", sandbox.ErrProtocol))
+	}
+	if resp.Error != nil {
+		recordRefused(s.log, req.Op, resp.Error.Code)
+	}
+	_ = writeMsg(conn, resp)
+}
+
+func (s *server) status() sandbox.Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sandbox.Status{
+		ID:         s.cfg.ID,
+		PID:        os.Getpid(),
+		Busy:       s.running != nil,
+		NativeTurn: s.nativeTurn,
+		StartedAt:  s.startedAt,
+	}
+}
+
+// activate issues a new token, fences every older one and stops a turn one
+// of them still runs; it returns once that agent is dead.
+func (s *server) activate() sandbox.Activation {
+	s.mu.Lock()
+	s.gen++
+	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8))}
+	s.current = a
+	old := s.running
+	s.mu.Unlock()
+	if old != nil {
+		old.stop(stopFenced)
+		<-old.done
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	recordActivated(s.log, a.gen, old != nil)
+	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn}
+}
+
+// lookup returns the current activation for id, or why there is none.
+// Called with s.mu held.
+func (s *server) lookup(id string) (*activation, error) {
+	if s.current != nil && id == s.current.id {
+		return s.current, nil
+	}
+	parts := strings.Split(id, ".")
+	if len(parts) == 3 && parts[0] == s.instance {
+		if gen, err := strconv.ParseUint(parts[1], 10, 64); err == nil && s.current != nil && gen < s.current.gen {
+			return nil, sandbox.ErrFenced
+		}
+	}
+	return nil, sandbox.ErrUnknownActivation
+}
+
+func (s *server) settle(id string) (wire.SupervisorReceipt, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.lookup(id)
+	if err != nil {
+		return wire.SupervisorReceipt{}, err
+	}
+	switch a.state {
+	case actIdle, actStartFailed:
+		return wire.SupervisorReceipt{}, sandbox.ErrNotRun
+	case actRunning:
+		return wire.SupervisorReceipt{}, sandbox.ErrBusy
+	case actInterrupted:
+		return wire.SupervisorReceipt{}, sandbox.ErrInterrupted
+	}
+	if a.receipt == nil {
+		a.receipt = &wire.SupervisorReceipt{
+			ActivationID: a.id,
+			ReceiptID:    "sr-" + randomHex(16),
+			NativeTurn:   a.result.NativeTurn,
+			ExitCode:     a.result.ExitCode,
+		}
+		recordSettled(s.log, a.gen, a.result.NativeTurn, a.result.ExitCode)
+	}
+	return *a.receipt, nil
+}
+
+// stopRunning stops the running agent turn, if any, and waits for it.
+func (s *server) stopRunning(why stopReason) {
+	s.mu.Lock()
+	t := s.running
+	s.mu.Unlock()
+	if t != nil {
+		t.stop(why)
+		<-t.done
+	}
+}
+
+// setNativeTurn records a new native turn ordinal durably. Called with s.mu held.
+func (s *server) setNativeTurn(n int64) {
+	if n == s.nativeTurn {
+		return
+	}
+	s.nativeTurn = n
+	if err := storeNativeTurn(s.cfg.StateDir, n); err != nil {
+		recordStateFailure(s.log, "native_turn_store")
+	}
+}
+
+const nativeTurnFile = "native_turn"
+
+func loadNativeTurn(dir string) (int64, error) {
+	b, err := os.ReadFile(filepath.Join(dir, nativeTurnFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("supervisor: read native turn: %w", err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("supervisor: native turn file is corrupt: %w", err)
+	}
+	return n, nil
+}
+
+func storeNativeTurn(dir string, n int64) error {
+	tmp, err := os.CreateTemp(dir, nativeTurnFile+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := fmt.Fprintf(tmp, "%d\n", n); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, nativeTurnFile))
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,470 @@
+package supervisor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/internal/testbin"
+)
+
+func TestTurnStreamsEventsAndSettles(t *testing.T) {
+	s := startServe(t)
+	act, evs, res := runTurn(t, s.c, "hello\n!events 5")
+	// turn.started, 5 deltas, the echo, turn.completed
+	if len(evs) != 8 {
+		t.Fatalf("got %d events, want 8: %+v", len(evs), evs)
+	}
+	for i, ev := range evs {
+		if ev.Seq != int64(i+1) {
+			t.Errorf("event %d has seq %d", i, ev.Seq)
+		}
+	}
+	if evs[0].Type != "turn.started" || evs[1].Type != "message.delta" || evs[7].Type != "turn.completed" {
+		t.Errorf("event types: %s %s … %s", evs[0].Type, evs[1].Type, evs[7].Type)
+	}
+	if res.ExitCode != 0 || res.NativeTurn != 1 {
+		t.Fatalf("result %+v, want exit 0 at native turn 1", res)
+	}
+	rc, err := s.c.Settle(context.Background(), act.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.ActivationID != act.ID || rc.NativeTurn != 1 || rc.ExitCode != 0 || rc.ReceiptID == "" {
+		t.Fatalf("receipt %+v", rc)
+	}
+}
+
+// Every older token is refused once a newer activation exists.
+func TestActivationFencesOlderToken(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	a1, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a1.ID == a2.ID {
+		t.Fatal("two activations got the same token")
+	}
+	if _, err := s.c.Run(ctx, a1.ID, []string{demoAgent}, "from the fenced owner"); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("run with the older token: %v, want ErrFenced", err)
+	}
+	if _, err := s.c.Settle(ctx, a1.ID); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("settle with the older token: %v, want ErrFenced", err)
+	}
+	if got := transcript(t, s.ws); len(got) != 0 {
+		t.Fatalf("the fenced run reached the agent: %q", got)
+	}
+	turn, err := s.c.Run(ctx, a2.ID, []string{demoAgent}, "from the owner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	drain(t, turn)
+	if got := transcript(t, s.ws); !slices.Equal(got, []string{"from the owner"}) {
+		t.Fatalf("transcript %q", got)
+	}
+}
+
+// A newer activation stops the turn an older token still runs, before it
+// answers, and the older driver learns it was fenced.
+func TestNewerActivationStopsRunningTurn(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	a1, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := s.c.Run(ctx, a1.ID, []string{demoAgent}, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	pid := eventField[int](t, nextEvent(t, turn), "pid")
+	if !testbin.Alive(pid) {
+		t.Fatal("agent not running")
+	}
+	a2, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if testbin.Alive(pid) {
+		t.Fatal("the fenced turn's agent is still alive after the newer activation returned")
+	}
+	if err := streamEnd(turn); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("fenced stream ended with %v, want ErrFenced", err)
+	}
+	if _, err := s.c.Settle(ctx, a1.ID); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("settle fenced: %v", err)
+	}
+	if _, err := s.c.Settle(ctx, a2.ID); !errors.Is(err, sandbox.ErrNotRun) {
+		t.Fatalf("settle of an activation that ran nothing: %v, want ErrNotRun", err)
+	}
+}
+
+// R26: the receipt of the last token's settlement is kept until another
+// activation takes ownership.
+func TestReceiptRetainedUntilNextActivation(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	act, _, _ := runTurn(t, s.c, "!events 2")
+	r1, err := s.c.Settle(ctx, act.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Again, from a fresh client (a retried settlement after a lost answer).
+	r2, err := (&sandbox.Client{Socket: s.sock}).Settle(ctx, act.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1 != r2 {
+		t.Fatalf("second settlement returned %+v, first %+v", r2, r1)
+	}
+	if _, err := s.c.Activate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrFenced) {
+		t.Fatalf("settle after another activation: %v, want ErrFenced", err)
+	}
+}
+
+// R25 (supervisor part): one activation hands one prompt to the agent, at
+// most once; a repeated run is refused without reaching the agent.
+func TestRunRefusedTwicePerActivation(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	act, _, _ := runTurn(t, s.c, "only once")
+	if _, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "only once"); !errors.Is(err, sandbox.ErrAlreadyRun) {
+		t.Fatalf("second run: %v, want ErrAlreadyRun", err)
+	}
+	if got := transcript(t, s.ws); !slices.Equal(got, []string{"only once"}) {
+		t.Fatalf("the agent received %q", got)
+	}
+}
+
+func TestStartFailureSpendsActivationWithoutPrompt(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	act, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "no-such-agent")
+	if _, err := s.c.Run(ctx, act.ID, []string{missing}, "p"); !errors.Is(err, sandbox.ErrStartFailed) {
+		t.Fatalf("run of a missing agent: %v, want ErrStartFailed", err)
+	}
+	if _, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "p"); !errors.Is(err, sandbox.ErrAlreadyRun) {
+		t.Fatalf("run after a failed start: %v, want ErrAlreadyRun", err)
+	}
+	if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrNotRun) {
+		t.Fatalf("settle after a failed start: %v, want ErrNotRun", err)
+	}
+	if got := transcript(t, s.ws); len(got) != 0 {
+		t.Fatalf("a prompt reached the agent: %q", got)
+	}
+}
+
+// The driving connection dropping stops the agent (its process group is
+// killed), and the turn has no receipt.
+func TestDrivingConnectionDropStopsAgent(t *testing.T) {
+	for _, prompt := range []string{"!hang", "!silent 400s", "!sleep 400s"} {
+		t.Run(strings.Fields(prompt)[0], func(t *testing.T) {
+			s := startServe(t)
+			ctx := context.Background()
+			act, err := s.c.Activate(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, prompt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := eventField[int](t, nextEvent(t, turn), "pid")
+			if st, err := s.c.Status(ctx); err != nil || !st.Busy {
+				t.Fatalf("status while the agent runs: %+v, %v", st, err)
+			}
+			turn.Close()
+			s.rec.waitFor(t, "supervisor_turn_stopped", 1)
+			if err := testbin.WaitGone(pid, waitLimit); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrInterrupted) {
+				t.Fatalf("settle of a dropped turn: %v, want ErrInterrupted", err)
+			}
+			if st, err := s.c.Status(ctx); err != nil || st.Busy {
+				t.Fatalf("status after the stop: %+v, %v", st, err)
+			}
+		})
+	}
+}
+
+// Cancelling the context of Run is a drop too.
+func TestRunContextCancelStopsAgent(t *testing.T) {
+	s := startServe(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	act, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	pid := eventField[int](t, nextEvent(t, turn), "pid")
+	cancel()
+	s.rec.waitFor(t, "supervisor_turn_stopped", 1)
+	if err := testbin.WaitGone(pid, waitLimit); err != nil {
+		t.Fatal(err)
+	}
+	if err := streamEnd(turn); !errors.Is(err, sandbox.ErrInterrupted) {
+		t.Fatalf("stream ended with %v, want ErrInterrupted", err)
+	}
+}
+
+// R31 (busy): busy covers the agent-turn transport only — while a turn's
+// agent runs — and says nothing about other work in the workspace.
+func TestStatusBusyReportsOnlyTheAgentTurn(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	st, err := s.c.Status(ctx)
+	if err != nil || st.Busy || st.ID != "test-sandbox" {
+		t.Fatalf("idle status %+v, %v", st, err)
+	}
+	// A workspace-setup command run beside the supervisor, not through it:
+	// it writes into the workspace while busy stays false.
+	setup := exec.Command("sh", "-c", "echo setup > setup.txt; cat >/dev/null")
+	setup.Dir = s.ws
+	stdin, err := setup.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := s.c.Status(ctx); err != nil || st.Busy {
+		t.Fatalf("status beside a setup command: %+v, %v — busy must not cover it", st, err)
+	}
+	stdin.Close()
+	if err := setup.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	act, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.c.Status(ctx); st.Busy {
+		t.Fatal("busy after activate, before run")
+	}
+	turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!events 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	nextEvent(t, turn)
+	if st, _ := s.c.Status(ctx); !st.Busy {
+		t.Fatal("not busy while the agent runs")
+	}
+	if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrBusy) {
+		t.Fatalf("settle during the turn: %v, want ErrBusy", err)
+	}
+	drain(t, turn)
+	if st, _ := s.c.Status(ctx); st.Busy {
+		t.Fatal("busy after the turn ended")
+	}
+}
+
+// R28: a restarted supervisor knows no earlier token; settlement of a turn
+// that completed before the restart fails closed.
+func TestRestartForgetsReceiptsAndFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock)
+	act, _, res := runTurn(t, c, "!events 1")
+	if _, err := c.Settle(ctx, act.ID); err != nil {
+		t.Fatal(err)
+	}
+	p.kill()
+	if _, err := c.Status(ctx); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("status of a dead supervisor: %v, want ErrUnavailable", err)
+	}
+	startProc(t, ws, sock)
+	if _, err := c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("settle after restart: %v, want ErrUnknownActivation", err)
+	}
+	if _, err := c.Run(ctx, act.ID, []string{demoAgent}, "replay"); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("run with a pre-restart token: %v, want ErrUnknownActivation", err)
+	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.NativeTurn != res.NativeTurn {
+		t.Fatalf("native turn after restart %d, want %d", st.NativeTurn, res.NativeTurn)
+	}
+	if got := transcript(t, ws); len(got) != 1 {
+		t.Fatalf("transcript %q", got)
+	}
+}
+
+// R28: the supervisor dying mid-turn interrupts the turn and kills its
+// agent; the restarted supervisor has no receipt for it.
+func TestSupervisorDeathMidTurnFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock)
+	act, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	pid := eventField[int](t, nextEvent(t, turn), "pid")
+	p.kill()
+	if err := streamEnd(turn); !errors.Is(err, sandbox.ErrInterrupted) {
+		t.Fatalf("stream ended with %v, want ErrInterrupted", err)
+	}
+	if err := testbin.WaitGone(pid, waitLimit); err != nil {
+		t.Fatalf("agent outlived its supervisor: %v", err)
+	}
+	startProc(t, ws, sock)
+	if _, err := c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("settle after restart: %v, want ErrUnknownActivation", err)
+	}
+}
+
+// A resumed conversation continues its native turn ordinal across turns and
+// across a supervisor restart; no prompt reaches the agent twice.
+func TestResumedConversationContinuesNativeTurn(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock)
+	for want := int64(1); want <= 2; want++ {
+		act, evs, res := runTurn(t, c, "turn "+string(rune('0'+want)))
+		if res.NativeTurn != want || eventField[int64](t, evs[0], "native_turn") != want {
+			t.Fatalf("turn %d: result %+v, first event %s", want, res, evs[0].Data)
+		}
+		rc, err := c.Settle(ctx, act.ID)
+		if err != nil || rc.NativeTurn != want {
+			t.Fatalf("receipt %+v, %v", rc, err)
+		}
+	}
+	p.kill()
+	startProc(t, ws, sock)
+	act, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if act.NativeTurn != 2 {
+		t.Fatalf("activation after restart starts at native turn %d, want 2", act.NativeTurn)
+	}
+	turn, err := c.Run(ctx, act.ID, []string{demoAgent}, "turn 3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	_, res := drain(t, turn)
+	rc, err := c.Settle(ctx, act.ID)
+	if err != nil || res.NativeTurn != 3 || rc.NativeTurn != 3 {
+		t.Fatalf("third turn: result %+v receipt %+v %v", res, rc, err)
+	}
+	if got := transcript(t, ws); !slices.Equal(got, []string{"turn 1", "turn 2", "turn 3"}) {
+		t.Fatalf("transcript %q", got)
+	}
+}
+
+func TestAgentExitCodeAndCrash(t *testing.T) {
+	for _, tc := range []struct {
+		name, prompt string
+		code         int
+		signal       string
+	}{
+		{name: "exit", prompt: "!exit 3", code: 3},
+		{name: "crash", prompt: "!crash", code: -1, signal: "SIGKILL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServe(t)
+			act, _, res := runTurn(t, s.c, tc.prompt)
+			if res.ExitCode != tc.code || res.Signal != tc.signal {
+				t.Fatalf("result %+v, want exit %d signal %q", res, tc.code, tc.signal)
+			}
+			rc, err := s.c.Settle(context.Background(), act.ID)
+			if err != nil || rc.ExitCode != tc.code {
+				t.Fatalf("receipt %+v, %v", rc, err)
+			}
+		})
+	}
+}
+
+// A socket path longer than a sockaddr holds still works.
+func TestLongSocketPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "supervisor.sock")
+	p := startProc(t, filepath.Join(dir, "ws"), sock)
+	st, err := (&sandbox.Client{Socket: sock}).Status(context.Background())
+	if err != nil || st.PID != p.cmd.Process.Pid {
+		t.Fatalf("status over a %d-byte path: %+v, %v", len(sock), st, err)
+	}
+}
+
+func TestProtocolRefusesMalformedRequests(t *testing.T) {
+	s := startServe(t)
+	for _, tc := range []struct{ name, line string }{
+		{"not json", "hello\n"},
+		{"unknown field", `{"v":1,"op":"status","extra":1}` + "\n"},
+		{"wrong version", `{"v":2,"op":"status"}` + "\n"},
+		{"unknown op", `{"v":1,"op":"explode"}` + "\n"},
+		{"trailing data", `{"v":1,"op":"status"} {}` + "\n"},
+		{"empty command", `{"v":1,"op":"run","activation":"x"}` + "\n"},
+		{"oversize", strings.Repeat("x", sandbox.MaxMessageBytes+10) + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("unix", s.sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wrote := make(chan struct{})
+			go func() {
+				defer close(wrote)
+				_, _ = conn.Write([]byte(tc.line)) // an oversize line is cut short by the close
+			}()
+			line, err := sandbox.ReadLine(bufio.NewReader(conn), sandbox.MaxMessageBytes)
+			conn.Close()
+			<-wrote
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(line), `"code":"protocol"`) {
+				t.Fatalf("answer %s, want a protocol error", line)
+			}
+		})
+	}
+}

@@ -1,0 +1,345 @@
+package supervisor
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/sandbox"
+)
+
+// Why a turn was stopped before the agent ended on its own.
+type stopReason int
+
+const (
+	stopNone     stopReason = iota
+	stopDropped             // the driving connection closed
+	stopFenced              // a newer activation took ownership
+	stopShutdown            // the supervisor is stopping
+)
+
+func (r stopReason) String() string {
+	switch r {
+	case stopDropped:
+		return "connection_dropped"
+	case stopFenced:
+		return "fenced"
+	case stopShutdown:
+		return "shutdown"
+	}
+	return "none"
+}
+
+// agentTurn is the one agent process of a running turn.
+type agentTurn struct {
+	cancel context.CancelFunc // kills the agent's process group
+	done   chan struct{}      // closed once the agent is reaped and the turn recorded
+
+	mu     sync.Mutex
+	reason stopReason
+}
+
+func (t *agentTurn) stop(why stopReason) {
+	t.mu.Lock()
+	if t.reason == stopNone {
+		t.reason = why
+	}
+	t.mu.Unlock()
+	t.cancel()
+}
+
+func (t *agentTurn) stopReason() stopReason {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reason
+}
+
+// run serves one "run" request on its driving connection: it starts the
+// agent with the prompt on stdin, streams its stdout lines as events and
+// ends with the result. The connection closing stops the agent.
+func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
+	if len(req.Command) == 0 || req.Command[0] == "" {
+		_ = writeMsg(conn, errReply(fmt.Errorf("%w: empty agent command", sandbox.ErrProtocol)))
+		return
+	}
+	a, t, cmd, stdout, stdin, err := s.start(ctx, req)
+	if err != nil {
+		recordRefused(s.log, sandbox.OpRun, sandbox.CodeOf(err))
+		_ = writeMsg(conn, errReply(err))
+		return
+	}
+	recordTurnStarted(s.log, a.gen, cmd.Process.Pid)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	// The prompt, once. A hanging agent that never reads it holds this
+	// writer until the agent is killed, which breaks the pipe.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = io.WriteString(stdin, req.Prompt)
+		stdin.Close()
+	}()
+	// The driving connection: the client sends nothing after its request,
+	// so a read returns only when the connection closes.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = io.Copy(io.Discard, conn)
+		t.stop(stopDropped)
+	}()
+	defer conn.Close() // ends the watcher above once the turn is over
+	// Reap: see the exit without reaping (WNOWAIT) so the leader's pid, and
+	// with it the process group id, cannot be reused while the group is
+	// killed; then reap. The kill takes any descendant still holding stdout.
+	var waitErr error
+	waited := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(waited)
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+		waitErr = cmd.Wait()
+		_ = stdout.SetReadDeadline(time.Now().Add(s.cfg.DrainTimeout))
+	}()
+
+	connOK := writeMsg(conn, sandbox.Response{Started: &sandbox.Started{PID: cmd.Process.Pid}}) == nil
+	if !connOK {
+		t.stop(stopDropped)
+	}
+	br := bufio.NewReaderSize(stdout, 64<<10)
+	var seq, reported int64
+	for {
+		line, truncated, err := readAgentLine(br, sandbox.MaxEventBytes)
+		if len(line) > 0 || truncated {
+			seq++
+			ev, nt := makeEvent(seq, line, truncated)
+			if nt > 0 {
+				reported = nt
+			}
+			if connOK && writeMsg(conn, sandbox.Response{Event: &ev}) != nil {
+				connOK = false
+				t.stop(stopDropped)
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	<-waited
+	t.cancel()
+	stdout.Close()
+
+	res := resultOf(cmd, waitErr)
+	why := t.stopReason()
+	s.mu.Lock()
+	if why == stopNone {
+		if reported == 0 {
+			reported = s.nativeTurn + 1
+		}
+		s.setNativeTurn(reported)
+		res.NativeTurn = reported
+		a.state = actCompleted
+		a.result = res
+	} else {
+		if reported > 0 {
+			// The agent said how far its session got; keep that, uncertain
+			// as the turn is: it has no receipt either way.
+			s.setNativeTurn(reported)
+		}
+		a.state = actInterrupted
+	}
+	s.running = nil
+	s.mu.Unlock()
+	close(t.done)
+
+	if why == stopNone {
+		recordTurnEnded(s.log, a.gen, res)
+		if connOK {
+			_ = writeMsg(conn, sandbox.Response{End: &res})
+		}
+		return
+	}
+	recordTurnStopped(s.log, a.gen, why.String())
+	if connOK {
+		err := fmt.Errorf("%w: %s", sandbox.ErrInterrupted, why)
+		if why == stopFenced {
+			err = sandbox.ErrFenced
+		}
+		_ = writeMsg(conn, errReply(err))
+	}
+}
+
+// start checks the token, spends the activation and starts the agent, all
+// under the lock so that an activation cannot slip between the check and
+// the start unnoticed.
+func (s *server) start(ctx context.Context, req sandbox.Request) (*activation, *agentTurn, *exec.Cmd, *os.File, *os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.lookup(req.Activation)
+	if err != nil {
+		return nil, nil, nil, nil, nil, err
+	}
+	if a.state != actIdle {
+		return nil, nil, nil, nil, nil, sandbox.ErrAlreadyRun
+	}
+	if s.running != nil {
+		// Cannot happen: activate returns only after the older turn ended.
+		return nil, nil, nil, nil, nil, sandbox.ErrBusy
+	}
+	// Spent from here on, whatever happens next: one prompt per activation.
+	a.state = actStartFailed
+
+	tctx, cancel := context.WithCancel(ctx)
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		cancel()
+		return nil, nil, nil, nil, nil, fmt.Errorf("%w: pipe: %v", sandbox.ErrStartFailed, err)
+	}
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		cancel()
+		stdinR.Close()
+		stdinW.Close()
+		return nil, nil, nil, nil, nil, fmt.Errorf("%w: pipe: %v", sandbox.ErrStartFailed, err)
+	}
+	cmd := exec.CommandContext(tctx, req.Command[0], req.Command[1:]...)
+	cmd.Dir = s.cfg.Workspace
+	cmd.Env = s.cfg.AgentEnv
+	cmd.Stdin = stdinR
+	cmd.Stdout = stdoutW
+	cmd.Stderr = s.cfg.AgentStderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return unix.Kill(-cmd.Process.Pid, unix.SIGKILL) }
+	cmd.WaitDelay = s.cfg.DrainTimeout
+	err = cmd.Start()
+	stdinR.Close()
+	stdoutW.Close()
+	if err != nil {
+		cancel()
+		stdinW.Close()
+		stdoutR.Close()
+		return nil, nil, nil, nil, nil, fmt.Errorf("%w: %v", sandbox.ErrStartFailed, err)
+	}
+	t := &agentTurn{cancel: cancel, done: make(chan struct{})}
+	a.state = actRunning
+	a.turn = t
+	s.running = t
+	return a, t, cmd, stdoutR, stdinW, nil
+}
+
+func resultOf(cmd *exec.Cmd, waitErr error) sandbox.Result {
+	ps := cmd.ProcessState
+	if ps == nil {
+		return sandbox.Result{ExitCode: -1, Signal: "unknown"}
+	}
+	res := sandbox.Result{ExitCode: ps.ExitCode()}
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		res.Signal = unix.SignalName(ws.Signal())
+	}
+	return res
+}
+
+// readAgentLine reads one line of at most max bytes. A longer line is cut
+// at max (truncated is true) and the rest of it discarded.
+func readAgentLine(r *bufio.Reader, max int) (line []byte, truncated bool, err error) {
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if !truncated {
+			room := max - len(line)
+			if len(chunk) > room {
+				line = append(line, chunk[:room]...)
+				truncated = true
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimRight(line, "\r\n"), truncated, err
+	}
+}
+
+// makeEvent turns one agent stdout line into an event, and returns the
+// native turn ordinal the line reports, if it reports one.
+func makeEvent(seq int64, line []byte, truncated bool) (sandbox.Event, int64) {
+	ev := sandbox.Event{Seq: seq, Time: time.Now().UTC(), Type: "agent.output"}
+	if truncated {
+		ev.Type = "agent.output_truncated"
+		ev.Data, _ = json.Marshal(string(line))
+		return ev, 0
+	}
+	trimmed := bytes.TrimSpace(line)
+	if len(trimmed) > 0 && trimmed[0] == '{' && json.Valid(trimmed) {
+		var head struct {
+			Type       json.RawMessage `json:"type"`
+			NativeTurn json.RawMessage `json:"native_turn"`
+		}
+		_ = json.Unmarshal(trimmed, &head)
+		var typ string
+		if json.Unmarshal(head.Type, &typ) == nil && typ != "" {
+			ev.Type = typ
+		}
+		var nt int64
+		if json.Unmarshal(head.NativeTurn, &nt) != nil {
+			nt = 0
+		}
+		ev.Data = append(json.RawMessage(nil), trimmed...)
+		return ev, nt
+	}
+	ev.Data, _ = json.Marshal(string(line))
+	return ev, 0
+}
+
+func readRequest(conn net.Conn) (sandbox.Request, error) {
+	line, err := sandbox.ReadLine(bufio.NewReaderSize(conn, 64<<10), sandbox.MaxMessageBytes)
+	if err != nil {
+		return sandbox.Request{}, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	var req sandbox.Request
+	if err := dec.Decode(&req); err != nil {
+		return sandbox.Request{}, err
+	}
+	if dec.More() {
+		return sandbox.Request{}, errors.New("trailing data after request")
+	}
+	if req.V != sandbox.ProtocolVersion {
+		return sandbox.Request{}, fmt.Errorf("protocol version %d not supported", req.V)
+	}
+	return req, nil
+}
+
+func writeMsg(w io.Writer, resp sandbox.Response) error {
+	b, err := json.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func errReply(err error) sandbox.Response {
+	return sandbox.Response{Error: sandbox.ReplyOf(err)}
+}
