@@ -116,7 +116,6 @@ func TestR3SeparateLimits(t *testing.T) {
 	}
 }
 
-
 // R3: the wait for a pooled connection is bounded. With the pool full (one
 // connection, held by a request without limits), a renewal sent at 1 s
 // gives up at exactly 11 s, its own overall limit, without reaching the server.
