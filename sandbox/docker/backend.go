@@ -190,8 +190,12 @@ func (b *Backend) waitSupervisor(ctx context.Context, id, instance string) error
 		}
 		// A container that stopped will not answer: say so now.
 		info, ierr := b.cfg.Engine.ContainerInspect(ctx, id)
-		if cerrdefs.IsNotFound(ierr) || ierr == nil && info.State != nil && !info.State.Running {
-			return fmt.Errorf("container %.12s stopped before its supervisor answered: %w", id, ErrSandboxGone)
+		if cerrdefs.IsNotFound(ierr) {
+			return fmt.Errorf("container %.12s vanished before its supervisor answered: %w", id, ErrSandboxGone)
+		}
+		if ierr == nil && info.State != nil && !info.State.Running {
+			return fmt.Errorf("container %.12s exited with status %d before its supervisor answered (see its engine log): %w",
+				id, info.State.ExitCode, ErrSandboxGone)
 		}
 		t := time.NewTimer(delay)
 		select {

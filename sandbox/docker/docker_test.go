@@ -449,9 +449,9 @@ func TestDockerSecurityOverrides(t *testing.T) {
 		c.MemoryBytes = 256 << 20
 		c.NanoCPUs = 500_000_000
 		c.AllowNewPrivileges = true
-		c.CapAdd = []string{"CHOWN"}
+		c.CapAdd = []string{"CAP_CHOWN"}
 		c.WritableRootFS = true
-		c.User = "1234:1234"
+		c.User = "65534:0" // not the image's 65534:65534
 	})
 	ctx := testCtx(t)
 	sb, err := b.Ensure(ctx, newSpec(imgTestAgent))
@@ -464,8 +464,8 @@ func TestDockerSecurityOverrides(t *testing.T) {
 	}
 	hc := info.HostConfig
 	if hc.NetworkMode != "bridge" || *hc.PidsLimit != 64 || hc.Memory != 256<<20 || hc.NanoCPUs != 500_000_000 ||
-		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Equal([]string(hc.CapAdd), []string{"CHOWN"}) ||
-		hc.ReadonlyRootfs || info.Config.User != "1234:1234" {
+		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Equal([]string(hc.CapAdd), []string{"CAP_CHOWN"}) ||
+		hc.ReadonlyRootfs || info.Config.User != "65534:0" {
 		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v user %q",
 			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, info.Config.User)
 	}

@@ -261,7 +261,15 @@ func newBackend(tb testing.TB, modify func(*docker.Config)) (*docker.Backend, do
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if _, err := b.Sweep(ctx, func(string) bool { return true }); err != nil {
+		// Sweep with the real engine even when the test's own backend
+		// was given an unreachable one.
+		c := cfg
+		c.Engine = env.engine
+		sweeper, err := docker.New(c)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := sweeper.Sweep(ctx, func(string) bool { return true }); err != nil {
 			tb.Errorf("teardown sweep: %v", err)
 		}
 	})
