@@ -44,7 +44,7 @@ type turnOut struct {
 
 // runTurn drives one whole turn through the supervisor in sb: activate,
 // run the prompt, read the stream to its end, settle.
-func runTurn(t *testing.T, ctx context.Context, sb sandbox.Sandbox, command []string, prompt string) turnOut {
+func runTurn(t testing.TB, ctx context.Context, sb sandbox.Sandbox, command []string, prompt string) turnOut {
 	t.Helper()
 	c := sb.Client()
 	var out turnOut
