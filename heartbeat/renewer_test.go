@@ -11,6 +11,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/wire"
 )
 
 func assertSends(t *testing.T, e *env, job string, want []time.Duration) {
@@ -427,4 +428,13 @@ func TestR16R17RecordsOfAFailingRun(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestAttemptFromClaim(t *testing.T) {
+	sent := time.Now()
+	a := heartbeat.AttemptFromClaim(wire.Claim{JobID: "j", AttemptID: "a", LeaseGeneration: 3, LeaseTTLMS: 60_000, WorkerToken: token}, sent)
+	want := heartbeat.Attempt{JobID: "j", AttemptID: "a", LeaseGeneration: 3, LeaseTTL: time.Minute, WorkerToken: token, ClaimSent: sent}
+	if a != want {
+		t.Fatalf("%+v, want %+v", a, want)
+	}
 }
