@@ -225,7 +225,7 @@ const releaseGuard = guard + ` AND admitted_at IS NULL
 	AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = attempts.job_id AND j.admitted_attempt_id IS NOT NULL)`
 
 // Release requeues a turn whose child provably never accepted it (R33,
-// R36). Releasing the same attempt again is a no-op.
+// R36). The same release again is a no-op.
 func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error {
 	rep := report{Op: wire.OpRelease, Class: req.Class}.String()
 	err := s.write(ctx, func(tx *sql.Tx) error {
@@ -238,8 +238,8 @@ func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.Relea
 			if err != nil {
 				return err
 			}
-			if a.state == wire.AttemptReleased && a.generation == ref.LeaseGeneration {
-				return nil
+			if a.state == wire.AttemptReleased && a.generation == ref.LeaseGeneration && a.report == rep {
+				return nil // the same release again
 			}
 			if a.live(ref, now) {
 				return store.ErrAdmitted

@@ -36,6 +36,26 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 
 var tests = []test{
 	{"BasicFlow", testBasicFlow},
+	{"Hosts", testHosts},
+	{"AuthorizeAttempt", testAuthorizeAttempt},
+	{"InvalidInput", testInvalidInput},
+	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},
+	{"EventsIdempotentBySeq", testEventsIdempotent},
+	{"AdmissionIdempotent", testAdmissionIdempotent},
+	{"P1_StaleGenerationWritesRefused", testP1StaleWritesRefused},
+	{"P1_ExpiredLeaseWritesRefused", testP1ExpiredLeaseRefused},
+	{"P2_SameFinishTwiceGetsFirstAnswer", testP2SameFinishTwice},
+	{"P3_ReaperWaitsForGrace", testP3ReaperWaitsForGrace},
+	{"P4_ResumeAfterAbsenceGivesFullLease", testP4ResumeAfterAbsence},
+	{"P6_WorkerLostNotCountedAndCapped", testP6WorkerLostNotCounted},
+	{"P7_Cancel", testP7Cancel},
+	{"R19_LeaseOwnerExpiryAndTimestampedEvents", testR19LeaseOwnerAndEvents},
+	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
+	{"R29_AbandonBeforeAdmissionKeepsConversation", testR29AbandonKeepsConversation},
+	{"R30_AdmittedTurnLosesConversation", testR30AdmittedTurnLosesConversation},
+	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
+	{"R35_ReaperLosesAdmittedConversation", testR35ReaperLosesAdmittedConversation},
+	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
 }
 
 type test struct {
