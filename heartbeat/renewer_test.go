@@ -119,6 +119,11 @@ func TestR14SilentSixMinuteTurn(t *testing.T) {
 					t.Fatalf("deadline %v after claim, want %v", got.Sub(e.t0), want.Sub(e.t0))
 				}
 				if tt.records != nil {
+					// The request sent at 90 s timed out at 100 s; the one at 105 s was answered.
+					retries := e.logs.named(diagnostics.MsgHeartbeatRetry)
+					if a := retries[len(retries)-1].Attrs; a[diagnostics.KeySinceAck] != int64(100_000) || a[diagnostics.KeyConsecutive] != int64(5) {
+						t.Fatalf("last retry record %v", a)
+					}
 					rec := e.logs.named(diagnostics.MsgHeartbeatRecovered)[0].Attrs
 					if rec[diagnostics.KeyConsecutive] != int64(5) || rec[diagnostics.KeySinceAck] != int64(105_000) {
 						t.Fatalf("recovered record %v", rec)
