@@ -1,0 +1,23 @@
+// Package handover is the protocol between the host daemon and the child
+// process that runs one turn (`runnerd turn`): the parent's Launch, which
+// starts the child with one end of a SOCK_SEQPACKET socket pair as fd 3 and
+// proves what became of it, and the child's Child, which reads the payload and
+// answers ACCEPT or DECLINE, then PROGRESS and RESULT.
+//
+// The point of the protocol is R33–R35: a claim may be given back only when
+// the parent can prove the child never accepted it. Launch therefore answers
+// exactly one of spawn failed, payload undelivered, declined (a DECLINE, or
+// the descriptor closed without ACCEPT), unconfirmed (a live child that gave
+// no valid answer until the parent ended it) or accepted; only the first
+// three yield a Releasable, and nothing else can make one. An accepted turn
+// ends with a result, an exit without result, or a kill; what follows is the
+// lease protocol's business.
+//
+// The child is hardened: its own process group, a parent-death signal (and
+// EOF on the descriptor as the same news), no inherited descriptor beyond
+// 0–3, a filtered environment, the payload — which carries the worker token —
+// only on the descriptor, never in argv or the environment.
+//
+// The runner imports the parent side; the child's main imports the child
+// side. handover imports nothing of this module.
+package handover

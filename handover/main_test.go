@@ -1,0 +1,229 @@
+package handover
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+)
+
+// childArg re-enters the test binary as a handover child (style item 8):
+// argv is [test binary, childArg, mode].
+const childArg = "handover-test-child"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == childArg {
+		os.Exit(childMain(os.Args[2]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// die is the child killed at its current stage.
+func die() {
+	syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	hang()
+}
+
+// hang keeps a process alive and silent until something kills it.
+func hang() {
+	for {
+		time.Sleep(time.Hour)
+	}
+}
+
+type fdInfo struct {
+	FD          int    `json:"fd"`
+	Target      string `json:"target"`
+	CloseOnExec bool   `json:"cloexec"`
+}
+
+// listFDs reports the process's open descriptors, without the one it uses
+// to read the listing.
+func listFDs() ([]fdInfo, error) {
+	d, err := os.Open("/proc/self/fd")
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	self := int(d.Fd())
+	var out []fdInfo
+	for _, name := range names {
+		n, err := strconv.Atoi(name)
+		if err != nil || n == self {
+			continue
+		}
+		flags, err := unix.FcntlInt(uintptr(n), unix.F_GETFD, 0)
+		if err != nil {
+			continue
+		}
+		target, _ := os.Readlink("/proc/self/fd/" + name)
+		out = append(out, fdInfo{FD: n, Target: target, CloseOnExec: flags&unix.FD_CLOEXEC != 0})
+	}
+	return out, nil
+}
+
+func childMain(mode string) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "handover test child %s: %v\n", mode, err)
+		return 2
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fail(err)
+	}
+	var fds []fdInfo
+	switch mode {
+	case "die-before-payload":
+		die()
+	case "grandchild":
+		signal.Ignore(syscall.SIGTERM)
+		hang()
+	case "middle", "middle-pdeath":
+		return middleMain(exe, mode)
+	case "fds":
+		// Before OpenFD, which replaces fd 3 by a close-on-exec duplicate.
+		if fds, err = listFDs(); err != nil {
+			return fail(err)
+		}
+	}
+
+	ch, err := OpenFromEnv()
+	if err != nil {
+		return fail(err)
+	}
+	defer ch.Close()
+	must := func(err error) {
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "handover test child %s: %v\n", mode, err)
+			os.Exit(2)
+		}
+	}
+	switch mode {
+	case "die-after-payload":
+		die()
+	case "die-after-accept":
+		must(ch.Accept())
+		die()
+	case "die-mid-stream":
+		must(ch.Accept())
+		must(ch.Progress([]byte("event 1")))
+		die()
+	case "die-before-result":
+		must(ch.Accept())
+		must(ch.Progress([]byte("event 1")))
+		must(ch.Progress([]byte("settled")))
+		die()
+	case "result":
+		must(ch.Accept())
+		for i := 1; i <= 3; i++ {
+			must(ch.Progress(fmt.Appendf(nil, "event %d", i)))
+		}
+		must(ch.Result([]byte("done")))
+		return 0
+	case "exit-no-result":
+		must(ch.Accept())
+		return 3
+	case "decline":
+		must(ch.Decline("preflight_failed"))
+		return 0
+	case "close-no-accept":
+		return 0
+	case "silent":
+		hang()
+	case "bad-echo":
+		e := ch.Payload().Echo
+		e.LeaseGeneration++
+		body, _ := appendEcho(nil, e)
+		must(writeFrame(ch.conn, FrameAccept, body))
+		hang()
+	case "progress-before-accept":
+		must(writeFrame(ch.conn, FrameProgress, []byte("too early")))
+		hang()
+	case "hang-accepted":
+		signal.Ignore(syscall.SIGTERM)
+		must(ch.Accept())
+		hang()
+	case "fds":
+		must(ch.Accept())
+		b, _ := json.Marshal(fds)
+		must(ch.Result(b))
+		return 0
+	case "proc":
+		// Accepts, says where it stands, then waits for STOP and answers it.
+		must(ch.Accept())
+		must(ch.Progress(fmt.Appendf(nil, "ready env_fd_set=%t", os.Getenv(EnvFD) != "")))
+		<-ch.Context().Done()
+		cause := context.Cause(ch.Context())
+		var se *StopError
+		if !errors.As(cause, &se) {
+			return fail(fmt.Errorf("stop cause %v, want a STOP", cause))
+		}
+		must(ch.Result([]byte("stopped: " + se.Class)))
+		return 0
+	case "group":
+		// A grandchild in the same process group; both ignore SIGTERM and
+		// the child ignores STOP: only SIGKILL to the group ends them.
+		gc := exec.Command(exe, childArg, "grandchild")
+		gc.Stdout = os.Stdout
+		must(gc.Start())
+		signal.Ignore(syscall.SIGTERM)
+		must(ch.Accept())
+		must(ch.Progress([]byte(strconv.Itoa(gc.Process.Pid))))
+		hang()
+	case "orphan":
+		// Reports on stdout why its context ended; the test kills its parent.
+		must(ch.Accept())
+		<-ch.Context().Done()
+		if errors.Is(context.Cause(ch.Context()), ErrParentGone) {
+			fmt.Println("parent_gone")
+		} else {
+			fmt.Println("other:", context.Cause(ch.Context()))
+		}
+		return 0
+	}
+	return fail(fmt.Errorf("unknown mode"))
+}
+
+// middleMain is a daemon stand-in between the test and a turn child: it
+// launches the child, prints "ready <pid>" on stdout (which the child shares)
+// and waits for the test to kill it.
+func middleMain(exe, mode string) int {
+	cfg := Config{Path: exe, Args: []string{childArg, "orphan"}, Stdout: os.Stdout, Stderr: os.Stderr}
+	if mode == "middle" {
+		cfg.NoParentDeathSignal = true // only EOF can tell the child
+	} else {
+		cfg.Args[1] = "hang-accepted" // only the parent-death signal can end it
+	}
+	t, err := Launch(context.Background(), cfg, testPayload())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "middle:", err)
+		return 2
+	}
+	fmt.Printf("ready %d\n", t.PID())
+	hang()
+	return 0
+}
+
+// secret stands for the worker token inside the payload.
+const secret = "wt-SECRET-9c1f4e"
+
+func testPayload() Payload {
+	return Payload{
+		Echo: Echo{AttemptID: "att-42", LeaseGeneration: 7},
+		Data: []byte(`{"job_id":"job-1","worker_token":"` + secret + `"}`),
+	}
+}

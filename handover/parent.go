@@ -1,0 +1,638 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnvFD is the one environment variable the child gets from this package:
+// the number of its handover descriptor (always 3). The child unsets it.
+const EnvFD = "RUNNERD_HANDOVER_FD"
+
+// childFD is where ExtraFiles[0] lands in the child.
+const childFD = 3
+
+// Defaults of Config.
+const (
+	DefaultExecutionTimeout = 3600 * time.Second // R5
+	DefaultStopGrace        = 10 * time.Second
+	DefaultKillGrace        = 10 * time.Second
+)
+
+// droppedEnv are variables that belong to the daemon alone: a child that saw
+// them could notify systemd or take over its sockets.
+var droppedEnv = [...]string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", EnvFD}
+
+// Config describes how to start one child. Zero fields mean the default.
+// It is a value: the runner copies a shared one and sets OnProgress per turn.
+type Config struct {
+	// Path is the child's executable, typically the daemon's own
+	// os.Executable(); Args follow it (for example ["turn"]). Required.
+	Path string
+	Args []string
+	// Env is the child's environment before filtering; nil means the
+	// daemon's own. Daemon-only variables (NOTIFY_SOCKET, WATCHDOG_*,
+	// LISTEN_*) are dropped and EnvFD is set.
+	Env []string
+	Dir string
+	// Stdout and Stderr receive the child's output; nil discards it. An
+	// *os.File is passed as is; any other writer goes through a pipe that
+	// KillGrace bounds after the child exits.
+	Stdout, Stderr io.Writer
+
+	// ExecutionTimeout bounds the child's whole life from its start (R5),
+	// default 3,600 s. When it passes the child is stopped; before ACCEPT
+	// that is a failure, never a release (R34).
+	ExecutionTimeout time.Duration
+	// StopGrace is the time between STOP and SIGTERM to the child's
+	// process group; KillGrace the time between SIGTERM and SIGKILL.
+	StopGrace time.Duration
+	KillGrace time.Duration
+	// ParentDeathSignal is sent to the child when the daemon dies; default
+	// SIGKILL. NoParentDeathSignal turns it off (the child still sees EOF).
+	ParentDeathSignal   syscall.Signal
+	NoParentDeathSignal bool
+
+	// OnProgress receives each PROGRESS body in order, on the turn's
+	// supervising goroutine: it must not block for long.
+	OnProgress func(body []byte)
+}
+
+func (c Config) withDefaults() Config {
+	if c.ExecutionTimeout <= 0 {
+		c.ExecutionTimeout = DefaultExecutionTimeout
+	}
+	if c.StopGrace <= 0 {
+		c.StopGrace = DefaultStopGrace
+	}
+	if c.KillGrace <= 0 {
+		c.KillGrace = DefaultKillGrace
+	}
+	if c.ParentDeathSignal == 0 {
+		c.ParentDeathSignal = syscall.SIGKILL
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	return c
+}
+
+func childEnv(env []string) []string {
+	out := make([]string, 0, len(env)+1)
+next:
+	for _, kv := range env {
+		for _, d := range droppedEnv {
+			if strings.HasPrefix(kv, d+"=") {
+				continue next
+			}
+		}
+		out = append(out, kv)
+	}
+	return append(out, EnvFD+"="+strconv.Itoa(childFD))
+}
+
+// Outcome is what became of a child, as the parent can prove it.
+type Outcome int
+
+const (
+	// Launch answers. The first three are proof that the child never
+	// accepted the turn, and only they carry a Releasable (R33).
+	OutcomeSpawnFailed        Outcome = iota + 1 // the process was not created
+	OutcomePayloadUndelivered                    // the payload could not be written
+	OutcomeDeclined                              // DECLINE, or the descriptor closed without ACCEPT
+	// OutcomeUnconfirmed: no valid answer came while the child lived, and the
+	// parent ended it (execution timeout, Stop, a protocol error such as a
+	// wrong echo). That is no proof: a failure, never a release (R34).
+	OutcomeUnconfirmed
+	OutcomeAccepted // ACCEPT with the right echo: the turn is the child's
+
+	// Ends of an accepted turn. They belong to the lease protocol (R35).
+	OutcomeResult              // RESULT arrived
+	OutcomeExitedWithoutResult // the child exited without RESULT
+	OutcomeKilled              // a signal ended the child before RESULT
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeSpawnFailed:
+		return "spawn_failed"
+	case OutcomePayloadUndelivered:
+		return "payload_undelivered"
+	case OutcomeDeclined:
+		return "declined"
+	case OutcomeUnconfirmed:
+		return "unconfirmed"
+	case OutcomeAccepted:
+		return "accepted"
+	case OutcomeResult:
+		return "result"
+	case OutcomeExitedWithoutResult:
+		return "exited_without_result"
+	case OutcomeKilled:
+		return "killed"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Classes the parent gives to pre-accept outcomes (a DECLINE brings its own).
+const (
+	ClassClosed           = "closed"            // descriptor closed without ACCEPT
+	ClassExecutionTimeout = "execution_timeout" // R5
+	ClassStopped          = "stopped"           // Stop or the launch context
+	ClassBadEcho          = "bad_echo"          // ACCEPT for another payload
+	ClassProtocol         = "protocol"          // any other protocol error
+	ClassPayloadInvalid   = "payload_invalid"   // the payload could not be encoded
+	ClassDescriptor       = "descriptor_error"  // reading the descriptor failed
+)
+
+// Releasable is the permission to give a claim back to the queue (R33,
+// R36). Only NotAccepted.Release hands one out, and only for spawn failed,
+// payload undelivered and declined. Other packages can build nothing but
+// the zero value, which Valid reports as no permission.
+type Releasable struct {
+	outcome Outcome
+	class   string
+}
+
+// Valid reports whether r came from a pre-accept outcome.
+func (r Releasable) Valid() bool { return r.outcome != 0 }
+
+// Outcome is the pre-accept outcome that allows the release.
+func (r Releasable) Outcome() Outcome { return r.outcome }
+
+// Class is the release call's class (wire.ReleaseRequest.Class):
+// spawn_failed, payload_undelivered or declined:<class>. Empty if !Valid.
+func (r Releasable) Class() string {
+	switch r.outcome {
+	case OutcomeSpawnFailed, OutcomePayloadUndelivered:
+		return r.outcome.String()
+	case OutcomeDeclined:
+		return "declined:" + r.class
+	}
+	return ""
+}
+
+// NotAccepted is Launch's error when the child did not take the turn. The
+// child is gone when Launch returns it.
+type NotAccepted struct {
+	Outcome Outcome // spawn failed, payload undelivered, declined or unconfirmed
+	Class   string  // decline class, or the parent's reason class
+	// State is the child's exit; nil when it never started.
+	State *os.ProcessState
+	// Err is the cause, if any. It may hold OS error text: records take
+	// Outcome and Class, not Err.
+	Err error
+}
+
+func (e *NotAccepted) Error() string {
+	s := "handover: child did not accept: " + e.Outcome.String() + " (" + e.Class + ")"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *NotAccepted) Unwrap() error { return e.Err }
+
+// Release returns the permission to release the claim, and false when the
+// outcome is no proof that the child never accepted.
+func (e *NotAccepted) Release() (Releasable, bool) {
+	switch e.Outcome {
+	case OutcomeSpawnFailed, OutcomePayloadUndelivered, OutcomeDeclined:
+		return Releasable{outcome: e.Outcome, class: e.Class}, true
+	}
+	return Releasable{}, false
+}
+
+// Ended is how an accepted turn ended. It offers no release: after ACCEPT
+// the lease protocol decides (R35).
+type Ended struct {
+	Outcome Outcome // result, exited without result, or killed
+	Result  []byte  // the RESULT body when Outcome is OutcomeResult
+	// ExitCode is the child's exit status, -1 when a signal ended it.
+	ExitCode int
+	Signal   syscall.Signal
+	Stopped  bool  // Stop or the launch context asked it to stop
+	TimedOut bool  // the execution timeout stopped it (R5)
+	Err      error // a protocol error from the child, if any
+}
+
+// Turn is a child that accepted its turn.
+type Turn struct {
+	cfg  Config
+	echo Echo
+	pid  int
+
+	wmu  sync.Mutex // one frame at a time on the descriptor
+	conn *net.UnixConn
+
+	stopOnce sync.Once
+	stopReq  chan struct{}
+
+	exited chan struct{} // closed after Wait and the group kill
+	state  *os.ProcessState
+
+	answered    chan struct{} // closed on ACCEPT, or with notAccepted set
+	notAccepted *NotAccepted
+
+	done  chan struct{} // closed when the child is gone and ended is set
+	ended Ended
+}
+
+// PID is the child's process id, which is also its process group id.
+func (t *Turn) PID() int { return t.pid }
+
+// Stop asks the child to stop: a STOP frame, StopGrace later SIGTERM to its
+// process group, KillGrace later SIGKILL. It returns at once; Wait or Done
+// tell when the child is gone.
+func (t *Turn) Stop() { t.stopOnce.Do(func() { close(t.stopReq) }) }
+
+// Done is closed when the child has exited and its descriptor is drained.
+func (t *Turn) Done() <-chan struct{} { return t.done }
+
+// Wait waits for the child to end and says how.
+func (t *Turn) Wait() Ended {
+	<-t.done
+	return t.ended
+}
+
+// Launch starts the child, hands it the payload over its descriptor and
+// waits for its answer. It returns a *Turn when the child accepted with the
+// right echo; otherwise a *NotAccepted error, after the child is gone, whose
+// Release says whether the claim may be given back. A live child that does
+// not answer keeps Launch waiting until the execution timeout or ctx ends it
+// (R34). Cancelling ctx stops the child like Turn.Stop, also after ACCEPT.
+func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
+	cfg = cfg.withDefaults()
+	body, err := encodePayload(p)
+	if err != nil {
+		return nil, &NotAccepted{Outcome: OutcomePayloadUndelivered, Class: ClassPayloadInvalid, Err: err}
+	}
+	spawnFailed := func(class string, err error) error {
+		return &NotAccepted{Outcome: OutcomeSpawnFailed, Class: class, Err: err}
+	}
+	if cfg.Path == "" {
+		return nil, spawnFailed("config", errors.New("handover: no executable path"))
+	}
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, spawnFailed("socketpair", fmt.Errorf("handover: socketpair: %w", err))
+	}
+	parentEnd := os.NewFile(uintptr(fds[0]), "handover-parent")
+	childEnd := os.NewFile(uintptr(fds[1]), "handover-child")
+	c, err := net.FileConn(parentEnd)
+	parentEnd.Close()
+	if err != nil {
+		childEnd.Close()
+		return nil, spawnFailed("socketpair", fmt.Errorf("handover: wrap descriptor: %w", err))
+	}
+	conn := c.(*net.UnixConn)
+	// Descriptors the daemon inherited without close-on-exec (from systemd,
+	// say) would reach the child; Go opens everything else close-on-exec.
+	if err := closeExecFrom(childFD); err != nil {
+		conn.Close()
+		childEnd.Close()
+		return nil, spawnFailed("fd_hygiene", err)
+	}
+
+	kctx, kill := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(kctx, cfg.Path, cfg.Args...)
+	cmd.Env = childEnv(cfg.Env)
+	cmd.Dir = cfg.Dir
+	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
+	cmd.ExtraFiles = []*os.File{childEnd}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if !cfg.NoParentDeathSignal {
+		cmd.SysProcAttr.Pdeathsig = cfg.ParentDeathSignal
+	}
+	// kill() starts the end: SIGTERM to the group now, SIGKILL to the child
+	// KillGrace later (WaitDelay), SIGKILL to the group once it is reaped.
+	cmd.Cancel = func() error {
+		if err := unix.Kill(-cmd.Process.Pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+			return err
+		}
+		return nil
+	}
+	cmd.WaitDelay = cfg.KillGrace
+
+	t := &Turn{
+		cfg:      cfg,
+		echo:     p.Echo,
+		conn:     conn,
+		stopReq:  make(chan struct{}),
+		exited:   make(chan struct{}),
+		answered: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	started := make(chan error, 1)
+	go t.run(cmd, started)
+	err = <-started
+	childEnd.Close() // from now on EOF means the child's end is closed
+	if err != nil {
+		conn.Close()
+		kill()
+		<-t.exited
+		return nil, spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
+	}
+	go t.supervise(ctx, body, kill)
+	<-t.answered
+	if t.notAccepted != nil {
+		return nil, t.notAccepted
+	}
+	return t, nil
+}
+
+// run starts and reaps the child on a goroutine locked to its OS thread for
+// the child's whole life: the parent-death signal fires when the thread that
+// forked the child exits, not the process (Go issue 27505). The goroutine
+// returns still locked, so the runtime retires that thread.
+func (t *Turn) run(cmd *exec.Cmd, started chan<- error) {
+	runtime.LockOSThread()
+	defer close(t.exited)
+	if err := cmd.Start(); err != nil {
+		started <- err
+		return
+	}
+	t.pid = cmd.Process.Pid
+	started <- nil
+	_ = cmd.Wait() // the outcome comes from ProcessState and the frames
+	t.state = cmd.ProcessState
+	// Whatever the child left in its group is an orphan now. The group id
+	// cannot be reused while a member lives, so this reaches only ours.
+	_ = unix.Kill(-t.pid, unix.SIGKILL)
+}
+
+type readResult struct {
+	f   Frame
+	err error
+}
+
+func (t *Turn) readLoop(frames chan<- readResult) {
+	buf := newReadBuffer()
+	for {
+		f, err := readFrame(t.conn, buf)
+		frames <- readResult{f, err}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (t *Turn) write(ft FrameType, body []byte, deadline time.Time) error {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	if !deadline.IsZero() {
+		t.conn.SetWriteDeadline(deadline)
+	}
+	return writeFrame(t.conn, ft, body)
+}
+
+// why a stop began
+const (
+	stopCleanup = iota // the outcome is decided; make sure nothing lingers
+	stopRequested
+	stopTimeout
+	stopProtocol
+)
+
+// supervise owns the child from its start to its end: it writes the
+// payload, reads every frame, enforces the protocol and the execution
+// timeout, runs the stop sequence and decides the outcome.
+func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.CancelFunc) {
+	defer close(t.done)
+	var (
+		writers   sync.WaitGroup
+		frames    = make(chan readResult)
+		delivered = make(chan error, 1)
+		exited    = t.exited
+		ctxDone   = ctx.Done()
+		stopReq   = (<-chan struct{})(t.stopReq)
+		timeout   = time.NewTimer(t.cfg.ExecutionTimeout)
+		grace     *time.Timer
+		graceC    <-chan time.Time
+
+		accepted, readerDone, isExited, isDelivered bool
+		eofBeforeStop, undelivered              bool
+		stopping, forced, requested, timedOut   bool
+		declineClass                            string
+		protoErr                                error
+		protoClass                              string
+		result                                  []byte
+		haveResult                              bool
+		cause                                   error
+	)
+	defer timeout.Stop()
+	go t.readLoop(frames)
+	writers.Go(func() { delivered <- t.write(FramePayload, payload, time.Time{}) })
+
+	// beginStop starts the stop sequence once. A forced stop (requested,
+	// timeout, protocol error) comes before the outcome is known and makes
+	// any later EOF or write failure no proof; a cleanup stop comes after it
+	// is decided and only makes sure nothing lingers.
+	beginStop := func(why int) {
+		switch why {
+		case stopRequested:
+			requested = true
+		case stopTimeout:
+			timedOut = true
+		}
+		if why != stopCleanup && !forced {
+			forced = true
+			if !isDelivered {
+				t.conn.SetWriteDeadline(time.Now()) // abandon the payload write
+			}
+		}
+		if stopping {
+			return
+		}
+		stopping = true
+		if isDelivered && !readerDone {
+			class := ClassStopped
+			if why == stopTimeout {
+				class = ClassExecutionTimeout
+			}
+			writers.Go(func() { _ = t.write(FrameStop, []byte(class), time.Now().Add(t.cfg.StopGrace)) })
+		}
+		grace = time.NewTimer(t.cfg.StopGrace)
+		graceC = grace.C
+	}
+	protocol := func(class string, err error) {
+		if protoErr == nil {
+			protoErr, protoClass = err, class
+		}
+		beginStop(stopProtocol)
+	}
+
+	for !readerDone || !isExited {
+		select {
+		case r := <-frames:
+			if r.err != nil {
+				readerDone = true
+				switch {
+				// A peer that closes with our frames unread resets the
+				// connection (Linux unix sockets): that is a close too.
+				case r.err == io.EOF, errors.Is(r.err, syscall.ECONNRESET),
+					isExited && errors.Is(r.err, os.ErrDeadlineExceeded):
+					if !forced {
+						eofBeforeStop = true
+					}
+				case errors.Is(r.err, ErrMalformed):
+					protocol(ClassProtocol, fmt.Errorf("handover: read from child: %w", r.err))
+				default:
+					cause = r.err
+				}
+				if !isExited {
+					beginStop(stopCleanup)
+				}
+				continue
+			}
+			switch {
+			case !accepted && declineClass == "" && r.f.Type == FrameAccept:
+				e, err := parseAccept(r.f.Body)
+				if err != nil {
+					protocol(ClassProtocol, err)
+				} else if e != t.echo {
+					protocol(ClassBadEcho, fmt.Errorf("handover: ACCEPT echoes generation %d of another attempt, want generation %d",
+						e.LeaseGeneration, t.echo.LeaseGeneration))
+				} else if protoErr == nil {
+					accepted = true
+					close(t.answered)
+				}
+			case !accepted && declineClass == "" && r.f.Type == FrameDecline:
+				c, err := parseClass(FrameDecline, r.f.Body)
+				if err != nil {
+					protocol(ClassProtocol, err)
+				} else {
+					declineClass = c
+					beginStop(stopCleanup)
+				}
+			case accepted && !haveResult && r.f.Type == FrameProgress:
+				if t.cfg.OnProgress != nil {
+					t.cfg.OnProgress(r.f.Body)
+				}
+			case accepted && !haveResult && r.f.Type == FrameResult:
+				result, haveResult = r.f.Body, true
+			default:
+				protocol(ClassProtocol, fmt.Errorf("handover: unexpected %s frame from child (accepted=%t, declined=%t, result=%t)",
+					r.f.Type, accepted, declineClass != "", haveResult))
+			}
+		case err := <-delivered:
+			delivered = nil
+			if err == nil {
+				isDelivered = true
+			} else if !forced {
+				// The child's end is closed (EPIPE): it never had the
+				// whole payload, so it cannot have accepted it.
+				undelivered, cause = true, err
+				beginStop(stopCleanup)
+			}
+		case <-exited:
+			exited, isExited = nil, true
+			// Frames the child wrote before it died are queued; read them,
+			// but do not wait for EOF forever should a stray hold the end.
+			t.conn.SetReadDeadline(time.Now().Add(t.cfg.KillGrace))
+		case <-timeout.C:
+			beginStop(stopTimeout)
+		case <-ctxDone:
+			ctxDone = nil
+			beginStop(stopRequested)
+		case <-stopReq:
+			stopReq = nil
+			beginStop(stopRequested)
+		case <-graceC:
+			graceC = nil
+			kill()
+		}
+	}
+	kill() // the child is reaped: this only ends exec's watch of kctx
+	if grace != nil {
+		grace.Stop()
+	}
+	t.conn.SetWriteDeadline(time.Now())
+	writers.Wait()
+	t.conn.Close()
+
+	if accepted {
+		e := Ended{Stopped: requested, TimedOut: timedOut, Err: protoErr, ExitCode: -1}
+		ws, _ := waitStatus(t.state)
+		switch {
+		case haveResult:
+			e.Outcome, e.Result = OutcomeResult, result
+		case ws.Signaled():
+			e.Outcome = OutcomeKilled
+		default:
+			e.Outcome = OutcomeExitedWithoutResult
+		}
+		if ws.Signaled() {
+			e.Signal = ws.Signal()
+		} else if ws.Exited() {
+			e.ExitCode = ws.ExitStatus()
+		}
+		t.ended = e
+		return
+	}
+	na := &NotAccepted{State: t.state, Err: cause}
+	switch {
+	case protoErr != nil:
+		na.Outcome, na.Class, na.Err = OutcomeUnconfirmed, protoClass, protoErr
+	case declineClass != "":
+		na.Outcome, na.Class = OutcomeDeclined, declineClass
+	case undelivered:
+		na.Outcome, na.Class = OutcomePayloadUndelivered, OutcomePayloadUndelivered.String()
+	case eofBeforeStop:
+		na.Outcome, na.Class = OutcomeDeclined, ClassClosed
+	case timedOut:
+		na.Outcome, na.Class = OutcomeUnconfirmed, ClassExecutionTimeout
+	case requested:
+		na.Outcome, na.Class = OutcomeUnconfirmed, ClassStopped
+	default: // the descriptor failed in a way that proves nothing
+		na.Outcome, na.Class = OutcomeUnconfirmed, ClassDescriptor
+	}
+	t.notAccepted = na
+	close(t.answered)
+}
+
+func waitStatus(ps *os.ProcessState) (syscall.WaitStatus, bool) {
+	if ps == nil {
+		return 0, false
+	}
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	return ws, ok
+}
+
+// closeExecFrom marks every descriptor from fd on close-on-exec.
+func closeExecFrom(fd int) error {
+	err := unix.CloseRange(uint(fd), ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("handover: close_range: %w", err)
+	}
+	// Kernels before 5.11: walk /proc/self/fd.
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("handover: list descriptors: %w", err)
+	}
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil || n < fd {
+			continue
+		}
+		unix.CloseOnExec(n) // the directory's own descriptor is gone by now: EBADF is fine
+	}
+	return nil
+}
