@@ -425,14 +425,14 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		graceC    <-chan time.Time
 
 		accepted, readerDone, isExited, isDelivered bool
-		eofBeforeStop, undelivered              bool
-		stopping, forced, requested, timedOut   bool
-		declineClass                            string
-		protoErr                                error
-		protoClass                              string
-		result                                  []byte
-		haveResult                              bool
-		cause                                   error
+		eofBeforeStop, undelivered                  bool
+		stopping, forced, requested, timedOut       bool
+		declineClass                                string
+		protoErr                                    error
+		protoClass                                  string
+		result                                      []byte
+		haveResult                                  bool
+		cause                                       error
 	)
 	defer timeout.Stop()
 	go t.readLoop(frames)
