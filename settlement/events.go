@@ -170,7 +170,7 @@ func (u *uploader) run(ctx context.Context) {
 			}
 			continue
 		}
-		c := &call{s: s, op: wire.OpEvents, stage: "events", once: true, quiet: failing}
+		c := &call{s: s, op: wire.OpEvents, once: true, quiet: failing}
 		var resp wire.EventsResponse
 		err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 			var err error

@@ -48,14 +48,10 @@ func (p Policy) withDefaults() Policy {
 type call struct {
 	s      *Session
 	op     string
-	stage  string
 	quiet  bool // record no failed try (the event uploader records outages itself)
 	once   bool // one try only (the event uploader retries on its own cadence)
 	tries  int
 	unsure bool
-	// lastClass and lastStatus describe the last failed try.
-	lastClass  string
-	lastStatus int
 }
 
 // check is retryablehttp's CheckRetry, driven by wire.ClassifyStatus.
@@ -68,7 +64,7 @@ func (c *call) check(ctx context.Context, resp *http.Response, err error) (bool,
 		if !isDial(err) {
 			c.unsure = true
 		}
-		c.failed(transportClass(ctx, err), 0)
+		c.failed(err)
 		if ctx.Err() != nil {
 			return false, err // the caller gave up or the lease was rejected
 		}
@@ -81,14 +77,13 @@ func (c *call) check(ctx context.Context, resp *http.Response, err error) (bool,
 		c.unsure = true // a 500 or a gateway answer may follow a commit
 	}
 	cls := wire.ClassifyStatus(resp.StatusCode)
-	c.failed(cls.String(), resp.StatusCode)
+	c.failed(&wire.StatusError{Op: c.op, Status: resp.StatusCode})
 	return cls == wire.Transient && ctx.Err() == nil, nil
 }
 
-func (c *call) failed(class string, status int) {
-	c.lastClass, c.lastStatus = class, status
+func (c *call) failed(err error) {
 	if !c.quiet {
-		c.s.recordControlFailure(c.op, c.stage, c.tries, class, status)
+		c.s.recordControlFailure(c.op, err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -42,7 +43,7 @@ const (
 	ClassAdmissionAmbiguous = "admission_ambiguous"
 	ClassUnsettled          = "unsettled"
 	ClassPanic              = "panic"
-	ClassPreparation        = "preparation_failed"
+	ClassLeaseRejected      = "lease_rejected"
 )
 
 // Config configures a Session. Zero fields mean the default.
@@ -64,8 +65,8 @@ type Config struct {
 	Policy Policy
 	// Events bounds the event buffer and upload.
 	Events EventsConfig
-	// Classify names an error's class for records and terminal reports;
-	// nil means a class from the wire client's error, else "preparation_failed".
+	// Classify names a preparation error's class for its record and the
+	// terminal report; nil (or "") means diagnostics.Class.
 	Classify func(error) string
 }
 
@@ -85,6 +86,7 @@ type Facts struct {
 type Session struct {
 	cfg   Config
 	log   *slog.Logger
+	rec   diagnostics.Recorder
 	fence fence
 
 	fenced context.Context // done once the lease is rejected
@@ -120,7 +122,7 @@ func New(cfg Config) (*Session, error) {
 	}
 	cfg.Policy = cfg.Policy.withDefaults()
 	cfg.Events = cfg.Events.withDefaults()
-	s := &Session{cfg: cfg, log: cfg.Logger}
+	s := &Session{cfg: cfg, log: cfg.Logger, rec: diagnostics.NewRecorder(cfg.Logger)}
 	s.fence = fence{s: s, base: cfg.Transport}
 	s.fenced, s.reject = context.WithCancelCause(context.Background())
 	s.ev = startUploader(s)
@@ -197,7 +199,7 @@ func rejects(err error) bool {
 // plane. Only a recorded identity lets a failure before admission abandon
 // the activation and keep the conversation usable (R29).
 func (s *Session) RecordContainer(ctx context.Context, backend, containerID string) error {
-	c := &call{s: s, op: wire.OpContainer, stage: "container"}
+	c := &call{s: s, op: wire.OpContainer}
 	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 		return wc.Container(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ContainerRequest{
 			AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID,
@@ -239,7 +241,7 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 	}
 	s.mu.Unlock()
 
-	c := &call{s: s, op: wire.OpAdmission, stage: "admission"}
+	c := &call{s: s, op: wire.OpAdmission}
 	var rcpt wire.AdmissionReceipt
 	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 		var err error
@@ -331,7 +333,7 @@ func (s *Session) Settle(ctx context.Context, a *Admission, supervisor func(cont
 		return wire.Boundary{}, fmt.Errorf("settle activation %s: receipt for another activation: %w", act, ErrUnconfirmed)
 	}
 
-	c := &call{s: s, op: wire.OpSettlement, stage: "settlement"}
+	c := &call{s: s, op: wire.OpSettlement}
 	var got wire.Boundary
 	err = s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 		var err error
@@ -364,7 +366,7 @@ func (s *Session) Notify(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	c := &call{s: s, op: wire.OpNotices, stage: "notice"}
+	c := &call{s: s, op: wire.OpNotices}
 	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 		return wc.Notice(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.NoticeRequest{
 			AttemptRef: s.cfg.Attempt, Kind: wire.NoticeSharedWorkspaceSettled, Boundary: *b,
@@ -461,7 +463,7 @@ func (r Report) class() string {
 func (s *Session) Send(ctx context.Context, rep Report) (wire.FinishResponse, error) {
 	var resp wire.FinishResponse
 	if rep.Abandon != nil {
-		c := &call{s: s, op: wire.OpAbandon, stage: "abandon"}
+		c := &call{s: s, op: wire.OpAbandon}
 		err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 			var err error
 			resp, err = wc.Abandon(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Abandon)
@@ -476,7 +478,7 @@ func (s *Session) Send(ctx context.Context, rep Report) (wire.FinishResponse, er
 			Class: rep.Abandon.Class, Reason: rep.Abandon.Reason, Ambiguous: true,
 		}}
 	}
-	c := &call{s: s, op: wire.OpFinish, stage: "finish"}
+	c := &call{s: s, op: wire.OpFinish}
 	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
 		var err error
 		resp, err = wc.Finish(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Finish)
@@ -531,19 +533,13 @@ func (s *Session) classify(err error) string {
 		}
 	}
 	var pe *PanicError
-	var se *wire.StatusError
-	var te *wire.TransportError
 	switch {
 	case errors.As(err, &pe):
 		return ClassPanic
 	case errors.Is(err, ErrLeaseRejected):
 		return ClassLeaseRejected
-	case errors.As(err, &se):
-		return se.Op + "_" + wire.ClassifyStatus(se.Status).String()
-	case errors.As(err, &te):
-		return te.Op + "_" + transportClass(context.Background(), err)
 	}
-	return ClassPreparation
+	return diagnostics.Class(err)
 }
 
 // isDial reports a transport failure before the connection existed: the
