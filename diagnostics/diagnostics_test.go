@@ -60,7 +60,7 @@ func realRefused(t *testing.T) error {
 	return err
 }
 
-func TestClassifier(t *testing.T) {
+func TestR16Classifier(t *testing.T) {
 	ctxTimeout, cancel := context.WithTimeout(context.Background(), 0)
 	defer cancel()
 	<-ctxTimeout.Done()
@@ -159,7 +159,7 @@ func keys(m map[string]any) []string {
 // Every helper writes its own message name with exactly its fields; the
 // endings of R18 are distinct names; failure records carry a class and a
 // status, never the error's text.
-func TestRecordsHaveFixedNamesAndFields(t *testing.T) {
+func TestR15R18RecordsHaveFixedNamesAndFields(t *testing.T) {
 	var buf bytes.Buffer
 	rec := NewRecorder(slog.New(slog.NewJSONHandler(&buf, nil)))
 	ctx := context.Background()
