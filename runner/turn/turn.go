@@ -1,0 +1,279 @@
+package turn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/settlement"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Defaults of the Payload's zero fields.
+const (
+	DefaultExecTimeout    = 3600 * time.Second // R5
+	DefaultRequestTimeout = 10 * time.Second   // R24
+	DefaultRetryDelay     = 5 * time.Second    // R24
+)
+
+// Classes of the turn's own failures, for the terminal report and DECLINE.
+const (
+	ClassBadPayload         = "bad_payload"
+	ClassSandboxConfig      = "sandbox_config"
+	ClassDemoDecline        = "demo_decline"
+	ClassSandboxUnavailable = "sandbox_unavailable"
+	ClassActivation         = "activation_failed"
+	ClassBoundaryMismatch   = "native_boundary_mismatch"
+	ClassContainerRecord    = "container_record_failed"
+	ClassAgentStart         = "agent_start_failed"
+	ClassAgentInterrupted   = "agent_interrupted"
+	ClassExecTimeout        = "execution_timeout"
+	ClassAgentExit          = "agent_exit"
+	ClassSettlement         = "settlement_failed"
+	ClassCancelled          = "cancelled"
+)
+
+// DirectiveDeclineFirst in a prompt makes the turn child decline the first
+// attempt of that turn (lease generation 1) as a failed preflight would.
+// It exists for the demo and the tests: it shows a claim released and run
+// again (R33) without breaking a real engine.
+const DirectiveDeclineFirst = "!decline-first"
+
+// Main is `runnerd turn`: it takes the handover descriptor, runs the turn
+// and returns the process's exit code. Records go to stderr.
+func Main(ctx context.Context, stderr io.Writer) int {
+	ch, err := handover.OpenFromEnv()
+	if err != nil {
+		fmt.Fprintf(stderr, "runnerd turn: %v\n", err)
+		return 2
+	}
+	defer ch.Close()
+
+	var p Payload
+	if err := json.Unmarshal(ch.Payload().Data, &p); err != nil || p.Claim.AttemptID != ch.Payload().AttemptID {
+		fmt.Fprintln(stderr, "runnerd turn: the payload is not a turn for this attempt")
+		_ = ch.Decline(ClassBadPayload)
+		return 2
+	}
+	log := newLogger(p.LogFormat, stderr).With("job_id", p.Claim.JobID, "attempt_id", p.Claim.AttemptID)
+
+	backend, err := OpenBackend(p.Sandbox)
+	if err != nil {
+		log.Error("agent_turn_declined", "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
+		_ = ch.Decline(ClassSandboxConfig)
+		return 1
+	}
+	spec := sandbox.SpecFromTurn(p.Claim.Turn)
+	if class := preflight(ctx, backend, spec, p.Claim); class != "" {
+		log.Warn("agent_turn_declined", "class", class)
+		_ = ch.Decline(class)
+		return 0
+	}
+	if err := ch.Accept(); err != nil {
+		// The parent is gone or refused the echo: it never saw an ACCEPT,
+		// so it may release the claim; nothing was done.
+		log.Error("agent_turn_accept_failed", "error_class", diagnostics.Class(err))
+		return 1
+	}
+
+	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec}
+	res := t.run(ch.Context())
+	body, err := json.Marshal(res)
+	if err == nil {
+		err = ch.Result(body)
+	}
+	if err != nil {
+		log.Error("agent_turn_result_undelivered", "error_class", diagnostics.Class(err))
+		return 1
+	}
+	return 0
+}
+
+// preflight is the read-only check before ACCEPT; "" means go ahead.
+func preflight(ctx context.Context, b sandbox.Backend, spec sandbox.Spec, c wire.Claim) string {
+	if c.LeaseGeneration == 1 && strings.Contains(c.Turn.Prompt, DirectiveDeclineFirst) {
+		return ClassDemoDecline
+	}
+	if err := b.Preflight(ctx, spec); err != nil {
+		var pe *sandbox.PreflightError
+		if errors.As(err, &pe) && pe.Class != "" {
+			return pe.Class
+		}
+		return "preflight_failed"
+	}
+	return ""
+}
+
+// turn is one accepted turn in the child.
+type turn struct {
+	p       Payload
+	ch      *handover.Child
+	log     *slog.Logger
+	backend sandbox.Backend
+	spec    sandbox.Spec
+	sess    *settlement.Session
+}
+
+// run drives the turn after ACCEPT (architecture steps 4–7) and returns the
+// RESULT. ctx ends when the parent sends STOP or dies.
+func (t *turn) run(ctx context.Context) Result {
+	c := t.p.Claim
+	ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
+	sess, err := settlement.New(settlement.Config{
+		BaseURL:     t.p.ControlPlaneURL,
+		Transport:   &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+		WorkerToken: c.WorkerToken,
+		JobID:       c.JobID,
+		Attempt:     ref,
+		Prompt:      c.Turn.Prompt,
+		Logger:      t.log,
+		Policy: settlement.Policy{
+			TryTimeout: ms(t.p.RequestTimeoutMS, DefaultRequestTimeout),
+			Wait:       ms(t.p.RetryDelayMS, DefaultRetryDelay),
+		},
+	})
+	if err != nil {
+		// Only a malformed payload gets here; without a session nothing can
+		// be reported but by the daemon.
+		return result(settlement.Facts{}, ref, wire.OutcomeFailed, ClassBadPayload)
+	}
+	t.sess = sess
+	defer sess.Close()
+	outcome, class := t.drive(ctx)
+	if cause := context.Cause(ctx); class != "" && errors.Is(cause, handover.ErrStopRequested) {
+		var se *handover.StopError
+		if errors.As(cause, &se) && se.Class == ClassCancelled {
+			outcome, class = wire.OutcomeCancelled, ClassCancelled
+		}
+	}
+	sess.FlushEvents(context.WithoutCancel(ctx))
+	return result(sess.Facts(), ref, outcome, class)
+}
+
+func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
+	rep := f.Report(ref, settlement.Result{Outcome: outcome, Class: class})
+	out, cls := outcome, class
+	if rep.Finish != nil {
+		out, cls = rep.Finish.Outcome, rep.Finish.Class
+	} else if rep.Abandon != nil {
+		cls = rep.Abandon.Class
+	}
+	return Result{Report: rep, Outcome: out, Class: cls}
+}
+
+// drive runs the turn's steps and returns its outcome and, for a failure,
+// its class.
+func (t *turn) drive(ctx context.Context) (outcome, class string) {
+	fail := func(class string) (string, string) { return wire.OutcomeFailed, class }
+	t.progress("accepted")
+
+	sb, err := t.backend.Ensure(ctx, t.spec)
+	if err != nil {
+		t.log.Error("agent_sandbox_unavailable", "error_class", diagnostics.Class(err))
+		return fail(ClassSandboxUnavailable)
+	}
+	cl := sb.Client()
+	act, err := cl.Activate(ctx)
+	if err != nil {
+		t.log.Error("agent_activation_failed", "error_class", sandbox.CodeOf(err))
+		return fail(ClassActivation)
+	}
+	// R31: resume only the exact native session the control plane settled.
+	if act.NativeTurn != t.p.Claim.Turn.NativeTurn {
+		t.log.Error("agent_native_boundary_mismatch",
+			"supervisor_native_turn", act.NativeTurn, "settled_native_turn", t.p.Claim.Turn.NativeTurn)
+		return fail(ClassBoundaryMismatch)
+	}
+	if err := t.sess.RecordContainer(ctx, sb.Backend, sb.ID); err != nil {
+		return fail(ClassContainerRecord)
+	}
+	t.progress("container_recorded")
+
+	adm, err := t.sess.Admit(ctx, act.ID)
+	if err != nil {
+		// Ambiguous or refused: the prompt is never sent (R25, R30); the
+		// Facts say which, and the report follows from them.
+		t.progress("admission_failed")
+		return fail(settlement.ClassAdmissionAmbiguous)
+	}
+	t.progress("admitted")
+
+	execCtx, cancel := context.WithTimeoutCause(ctx, ms(t.p.ExecTimeoutMS, DefaultExecTimeout), errExecTimeout)
+	defer cancel()
+	stream, err := settlement.SendPrompt(execCtx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
+		return cl.Run(ctx, act.ID, t.spec.AgentCommand, prompt)
+	})
+	if err != nil {
+		t.progress("prompt_failed")
+		if errors.Is(err, sandbox.ErrStartFailed) {
+			return fail(ClassAgentStart)
+		}
+		return fail(ClassAgentInterrupted)
+	}
+	t.progress("prompt_sent")
+	defer stream.Close()
+	for {
+		ev, err := stream.Next()
+		if err != nil {
+			break
+		}
+		t.sess.Event(ev.Type, ev.Data)
+	}
+	res, err := stream.Result()
+	if err != nil {
+		if errors.Is(context.Cause(execCtx), errExecTimeout) {
+			t.log.Warn("agent_execution_timeout")
+			return fail(ClassExecTimeout)
+		}
+		t.log.Warn("agent_turn_interrupted", "error_class", sandbox.CodeOf(err))
+		return fail(ClassAgentInterrupted)
+	}
+	t.log.Info("agent_exited", "exit_code", res.ExitCode, "signal", res.Signal, "native_turn", res.NativeTurn)
+
+	if _, err := t.sess.Settle(ctx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
+		return cl.Settle(ctx, act.ID)
+	}); err != nil {
+		return fail(ClassSettlement)
+	}
+	t.progress("settled")
+	// R23: a failed notice is recorded by the session and does not fail the turn.
+	_ = t.sess.Notify(ctx)
+	if res.ExitCode != 0 {
+		return fail(fmt.Sprintf("%s_%d", ClassAgentExit, max(res.ExitCode, 0)))
+	}
+	return wire.OutcomeSucceeded, ""
+}
+
+var errExecTimeout = errors.New("execution timeout")
+
+// progress sends the Facts so far; a lost PROGRESS only makes the daemon's
+// fallback report less precise, never wrong (the store guards every write).
+func (t *turn) progress(stage string) {
+	b, err := json.Marshal(Progress{Stage: stage, Facts: t.sess.Facts(), At: time.Now().UTC()})
+	if err == nil {
+		_ = t.ch.Progress(b)
+	}
+}
+
+func ms(v int64, def time.Duration) time.Duration {
+	if v <= 0 {
+		return def
+	}
+	return time.Duration(v) * time.Millisecond
+}
+
+func newLogger(format string, w io.Writer) *slog.Logger {
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, nil))
+	}
+	return slog.New(slog.NewJSONHandler(w, nil))
+}
