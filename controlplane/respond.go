@@ -70,8 +70,13 @@ func fromStore(err error) (*apiError, bool) {
 	case errors.Is(err, store.ErrGone):
 		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
 	case errors.Is(err, store.ErrInvalid):
-		// The store words its own detail; it never holds a token.
-		return refuse(http.StatusBadRequest, wire.CodeInvalid, err.Error()), true
+		// The store words its own detail after the sentinel; it never
+		// holds a token.
+		msg := err.Error()
+		if _, detail, ok := strings.Cut(msg, store.ErrInvalid.Error()+": "); ok {
+			msg = detail
+		}
+		return refuse(http.StatusBadRequest, wire.CodeInvalid, msg), true
 	case errors.Is(err, store.ErrExists):
 		return refuse(http.StatusConflict, wire.CodeInvalid, "That already exists."), true
 	}

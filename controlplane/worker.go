@@ -257,7 +257,7 @@ func (s *Server) handleSettlement(w http.ResponseWriter, r *http.Request) {
 			switch {
 			case q.ActivationID == "":
 				return invalid("activation_id is required.")
-			case q.Supervisor.ActivationID != "" && q.Supervisor.ActivationID != q.ActivationID:
+			case q.Supervisor.ActivationID != q.ActivationID:
 				return invalid("supervisor_receipt.activation_id must be the settled activation_id.")
 			case q.Supervisor.ReceiptID == "":
 				return invalid("supervisor_receipt.receipt_id is required.")
