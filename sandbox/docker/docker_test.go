@@ -585,3 +585,72 @@ func TestDockerSweepRemovesOnlyChosenAndOnlyOurs(t *testing.T) {
 		t.Errorf("remove took the foreign container: %v", err)
 	}
 }
+
+// R33: preflight starts nothing either: a stopped retained container stays
+// stopped, untouched, and preflight still passes (Ensure restarts it later).
+func TestDockerPreflightLeavesStoppedContainerStopped(t *testing.T) {
+	b, cfg := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec()
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	timeout := 5
+	if err := env.engine.ContainerStop(ctx, sb.ID, container.StopOptions{Timeout: &timeout}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.RecordedID = sb.ID
+	if err := b.Preflight(ctx, spec); err != nil {
+		t.Fatalf("preflight with a stopped retained container: %v", err)
+	}
+	after, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.State.Running || after.State.StartedAt != before.State.StartedAt || after.RestartCount != before.RestartCount {
+		t.Fatalf("preflight changed the container: state %+v, was %+v", after.State, before.State)
+	}
+	if n := len(containersOf(t, cfg.Host, "")); n != 1 {
+		t.Fatalf("%d containers after preflight, want the 1 retained", n)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil || sb2.ID != sb.ID || !sb2.Created {
+		t.Fatalf("ensure of the stopped container = %+v, %v; want %.12s started again", sb2, err, sb.ID)
+	}
+}
+
+// Two turn children racing to make one conversation's sandbox (two
+// Backend values, as two processes would have) end up with one container.
+func TestDockerConcurrentEnsureMakesOneContainer(t *testing.T) {
+	b1, cfg := newBackend(t, nil)
+	b2, err := docker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testCtx(t)
+	spec := newSpec()
+	var wg sync.WaitGroup
+	ids := make([]string, 2)
+	errs := make([]error, 2)
+	for i, b := range []*docker.Backend{b1, b2} {
+		wg.Go(func() {
+			sb, err := b.Ensure(ctx, spec)
+			ids[i], errs[i] = sb.ID, err
+		})
+	}
+	wg.Wait()
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("ensure errors: %v, %v", errs[0], errs[1])
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("two ensures made two sandboxes %.12s and %.12s", ids[0], ids[1])
+	}
+	if cs, vs := containersOf(t, cfg.Host, ""), volumesOf(t, cfg.Host, ""); len(cs) != 1 || len(vs) != 1 {
+		t.Fatalf("%d containers and %d volumes, want 1 and 1", len(cs), len(vs))
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
+	"go.uber.org/goleak"
 
 	"github.com/runnerd/runnerd/sandbox/docker"
 )
@@ -66,7 +67,6 @@ func testMain(m *testing.M) int {
 		return m.Run()
 	}
 	env.engine = eng
-	defer eng.Close()
 
 	dir, err := os.MkdirTemp("", "runnerd-docker-test-")
 	if err != nil {
@@ -78,12 +78,20 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "docker test setup: %v\n", err)
 		return 1
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, _ = eng.ImageRemove(ctx, env.image, image.RemoveOptions{Force: true, PruneChildren: true})
-	}()
-	return m.Run()
+	code := m.Run()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	_, _ = eng.ImageRemove(ctx, env.image, image.RemoveOptions{Force: true, PruneChildren: true})
+	cancel()
+	// Closing the client closes its idle connections; after that no
+	// goroutine of the tests or of the backend may be left.
+	eng.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines left behind: %v\n", err)
+			return 1
+		}
+	}
+	return code
 }
 
 // setup builds the static binaries and the FROM-scratch test image.
@@ -149,7 +157,10 @@ func setup(dir string) error {
 }
 
 func goBuild(root, out, pkg string) error {
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
 	cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
