@@ -56,6 +56,10 @@ var tests = []test{
 	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
 	{"R35_ReaperLosesAdmittedConversation", testR35ReaperLosesAdmittedConversation},
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
+	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
+	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
+	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
+	{"Race_ReaperVsLateFinish", testRaceReaperVsLateFinish},
 }
 
 type test struct {
