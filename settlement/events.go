@@ -56,6 +56,14 @@ func (s *Session) Event(typ string, data json.RawMessage) bool {
 	return s.ev.add(typ, data, s.Rejected())
 }
 
+// FlushEvents closes the event buffer (later events are dropped and
+// counted), gives the pending ones until EventsConfig.Flush or the end of
+// ctx to reach the control plane, and stops the uploader. Finish does the
+// same; a turn child whose daemon sends the terminal report calls it
+// before handing over its result. It never fails: what is not uploaded by
+// then is counted in an agent_events_dropped record.
+func (s *Session) FlushEvents(ctx context.Context) { s.ev.flush(ctx) }
+
 // uploader owns the event buffer and the one goroutine that uploads it.
 type uploader struct {
 	s      *Session
@@ -215,7 +223,8 @@ func (u *uploader) flush(ctx context.Context) {
 	u.stop()
 }
 
-// stop cancels the uploader, waits for it, and records the drops not yet recorded.
+// stop cancels the uploader, waits for it, and records the drops not yet
+// recorded, counting the events it never uploaded.
 func (u *uploader) stop() {
 	u.stopOnce.Do(func() {
 		u.mu.Lock()
@@ -224,6 +233,8 @@ func (u *uploader) stop() {
 		u.cancel()
 		<-u.done
 		u.mu.Lock()
+		u.dropped += int64(len(u.buf)) // never uploaded: lost with the process
+		u.buf = nil
 		n, rec := u.dropped, u.recorded
 		u.recorded = n
 		u.mu.Unlock()

@@ -356,8 +356,8 @@ func TestFinishWhileEventUploadDown(t *testing.T) {
 			}
 		}
 		drops := w.records(settlement.MsgEventsDropped)
-		if len(drops) == 0 || drops[len(drops)-1]["dropped"] != float64(12) {
-			t.Errorf("drop records %v, want a total of 12", drops)
+		if len(drops) != 2 || drops[0]["dropped"] != float64(1) || drops[1]["dropped"] != float64(20) {
+			t.Errorf("drop records %v, want the first drop and a total of 20 (12 refused, 8 never uploaded)", drops)
 		}
 		if recs := w.records("agent_control_failure"); len(recs) != 1 || recs[0]["op"] != wire.OpEvents {
 			t.Errorf("records %v, want one events failure for the whole outage", recs)
