@@ -75,7 +75,7 @@ const EnvLeaseTTL = "AGENT_LEASE_TTL"
 // error (the daemon exits non-zero); an AGENT_LEASE_TTL shorter than that, or
 // unreadable, is ignored for the default with a Warning. The flag wins over
 // the environment. AGENT_LEASE_TTL is a Go duration ("90s") or whole seconds
-// ("90"). Negative or zero-length interval, timeout and retry values are
+// ("90"), at most a day. Negative interval, timeout and retry values are
 // errors, and so is a retry delay longer than the interval.
 func ResolveTimings(in TimingInputs) (Timings, []Warning, error) {
 	for _, f := range []struct {
@@ -122,19 +122,21 @@ func ResolveTimings(in TimingInputs) (Timings, []Warning, error) {
 	return t, warnings, nil
 }
 
+// maxLeaseTTL bounds AGENT_LEASE_TTL: a day is already far past any sane lease.
+const maxLeaseTTL = 24 * time.Hour
+
 func parseTTL(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
+	var d time.Duration
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if n <= 0 || n > int64(24*time.Hour/time.Second) {
+		if n <= 0 || n > int64(maxLeaseTTL/time.Second) {
 			return 0, errors.New("out of range")
 		}
-		return time.Duration(n) * time.Second, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
+		d = time.Duration(n) * time.Second
+	} else if d, err = time.ParseDuration(s); err != nil {
 		return 0, err
 	}
-	if d <= 0 {
+	if d <= 0 || d > maxLeaseTTL {
 		return 0, errors.New("out of range")
 	}
 	return d, nil

@@ -36,6 +36,7 @@ func TestR12LeaseTTLMatrix(t *testing.T) {
 		{"env longer than 40s", heartbeat.TimingInputs{LeaseTTLEnv: "3m"}, 180 * s, -1, ""},
 		{"env unreadable", heartbeat.TimingInputs{LeaseTTLEnv: "soon"}, 120 * s, 0, ""},
 		{"env negative", heartbeat.TimingInputs{LeaseTTLEnv: "-90"}, 120 * s, 0, ""},
+		{"env over a day", heartbeat.TimingInputs{LeaseTTLEnv: "25h"}, 120 * s, 0, ""},
 		{"flag wins over short env", heartbeat.TimingInputs{LeaseTTLFlag: 60 * s, LeaseTTLFlagSet: true, LeaseTTLEnv: "10"}, 60 * s, -1, ""},
 		{"short flag refused despite good env", heartbeat.TimingInputs{LeaseTTLFlag: 30 * s, LeaseTTLFlagSet: true, LeaseTTLEnv: "90"}, 0, -1, "--lease-ttl 30s is shorter"},
 		{"longer interval raises the minimum", heartbeat.TimingInputs{Interval: 50 * s, LeaseTTLFlag: 55 * s, LeaseTTLFlagSet: true}, 0, -1, "50s + 10s = 1m0s"},
@@ -106,4 +107,25 @@ func TestDefaults(t *testing.T) {
 	if got.MinLeaseTTL() != 40*time.Second {
 		t.Fatalf("minimum lease %v, want 40s", got.MinLeaseTTL())
 	}
+}
+
+// AGENT_LEASE_TTL is outside input: whatever it says, start-up never fails
+// because of it, the lease honours R12, and a rejected value leaves one
+// warning and the default.
+func FuzzResolveTimingsEnv(f *testing.F) {
+	for _, s := range []string{"", "40", "39", "120s", "2m", "-5", "0", "1e9", "9223372036854775807", "100000h", " 90 ", "90ms", "soon", "1h1m1s"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, env string) {
+		got, warnings, err := heartbeat.ResolveTimings(heartbeat.TimingInputs{LeaseTTLEnv: env})
+		if err != nil {
+			t.Fatalf("env %q made start-up fail: %v", env, err)
+		}
+		if got.LeaseTTL < got.MinLeaseTTL() {
+			t.Fatalf("env %q gave lease %v", env, got.LeaseTTL)
+		}
+		if len(warnings) > 1 || len(warnings) == 1 && got.LeaseTTL != heartbeat.DefaultLeaseTTL {
+			t.Fatalf("env %q: lease %v, warnings %+v", env, got.LeaseTTL, warnings)
+		}
+	})
 }
