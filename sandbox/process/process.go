@@ -1,0 +1,515 @@
+// Package process is the process sandbox backend, the embedded default: a
+// conversation's sandbox is a directory under the state directory and a
+// local, long-lived supervisor process ("runnerd supervise") serving it.
+//
+// It offers NO ISOLATION. The agent runs as the daemon's user, on the host's
+// filesystem, network and process table; its workspace is an ordinary
+// directory. Use it for the demo, for tests and for agents you would run on
+// the host anyway; use the docker backend for anything else.
+//
+// Layout, per conversation (directory mode 0700):
+//
+//	STATE/sandboxes/<conversation>/
+//	    id               the sandbox identity, recorded with the control plane
+//	    workspace/       the agent's working directory and native session
+//	    supervisor.sock  the supervisor's socket
+//	    supervisor.pid   the supervisor's pid (checked against its command line)
+//	    supervisor.log   its records and the agent's stderr (one .1 kept)
+//	    lock             flock(2): one Ensure or Remove at a time, across processes
+//
+// Everything that matters is on disk, so a fresh Backend (after a daemon
+// restart) finds the same supervisors. Supervisors run in their own session
+// and are not killed when the daemon or a turn child exits.
+//
+// Only the runner (and cmd) import this package.
+package process
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/sandbox"
+)
+
+// Config configures the backend. Zero fields mean the default.
+type Config struct {
+	// StateDir is the daemon's state directory. Required; it must exist.
+	StateDir string
+	// Command is the argv prefix that starts a supervisor, e.g.
+	// ["/usr/bin/runnerd", "supervise"]. Required. The backend appends
+	// --socket, --workspace, --id and --ready-fd.
+	Command []string
+	// Env is the supervisor's whole environment, which its agents inherit
+	// in part (PATH is searched for the agent command). Default: PATH and
+	// LANG only, so no secret in the daemon's environment reaches an agent.
+	Env []string
+	// StartTimeout bounds waiting for a new supervisor to listen. Default 10 s.
+	StartTimeout time.Duration
+	// StopTimeout bounds waiting for a supervisor to exit after SIGTERM in
+	// Remove before it is killed. Default 5 s.
+	StopTimeout time.Duration
+	// ProbeTimeout bounds the status probe of an existing supervisor; one
+	// that does not answer in time is taken for hung and replaced (its
+	// receipts are lost, R28). Default 5 s.
+	ProbeTimeout time.Duration
+	// Logger receives the backend's records. Default: discarded.
+	Logger *slog.Logger
+}
+
+// Backend is the process backend. Its zero value is not usable; use New.
+type Backend struct {
+	cfg Config
+	log *slog.Logger
+
+	mu       sync.Mutex
+	children map[int]*exec.Cmd // supervisors this process started, to reap
+}
+
+var _ sandbox.Backend = (*Backend)(nil)
+
+// New checks cfg and returns a backend.
+func New(cfg Config) (*Backend, error) {
+	if cfg.StateDir == "" || len(cfg.Command) == 0 || cfg.Command[0] == "" {
+		return nil, errors.New("process backend: state directory and supervisor command are required")
+	}
+	if cfg.Env == nil {
+		cfg.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"}
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 5 * time.Second
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Backend{cfg: cfg, log: cfg.Logger, children: map[int]*exec.Cmd{}}, nil
+}
+
+// Name is sandbox.BackendProcess.
+func (b *Backend) Name() string { return sandbox.BackendProcess }
+
+// Dir is the directory of a conversation's sandbox.
+func (b *Backend) Dir(conversationID string) string {
+	return filepath.Join(b.cfg.StateDir, "sandboxes", conversationID)
+}
+
+// Workspace is the conversation's workspace directory.
+func (b *Backend) Workspace(conversationID string) string {
+	return filepath.Join(b.Dir(conversationID), "workspace")
+}
+
+// SocketPath is the conversation's supervisor socket.
+func (b *Backend) SocketPath(conversationID string) string {
+	return filepath.Join(b.Dir(conversationID), "supervisor.sock")
+}
+
+var validID = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$`)
+
+func checkConversation(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("conversation id %q cannot name a directory", id)
+	}
+	return nil
+}
+
+// Preflight checks, without starting, creating or changing anything, that
+// the supervisor command and the agent command can be found, that the state
+// directory can hold sandboxes, and that the conversation's sandbox, if it
+// exists, is readable.
+func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
+	if err := checkConversation(spec.ConversationID); err != nil {
+		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
+	}
+	if err := executable(b.cfg.Command[0]); err != nil {
+		return &sandbox.PreflightError{Class: sandbox.ClassSupervisorMissing, Err: err}
+	}
+	if st, err := os.Stat(b.cfg.StateDir); err != nil || !st.IsDir() {
+		return &sandbox.PreflightError{Class: sandbox.ClassStateDir, Err: errors.New("state directory missing")}
+	}
+	if err := unix.Access(b.cfg.StateDir, unix.W_OK|unix.X_OK); err != nil {
+		return &sandbox.PreflightError{Class: sandbox.ClassStateDir, Err: fmt.Errorf("state directory not writable: %w", err)}
+	}
+	dir := b.Dir(spec.ConversationID)
+	_, statErr := os.Stat(dir)
+	exists := statErr == nil
+	if statErr != nil && !errors.Is(statErr, fs.ErrNotExist) {
+		return &sandbox.PreflightError{Class: sandbox.ClassSandboxBroken, Err: statErr}
+	}
+	if exists {
+		if _, err := readID(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return &sandbox.PreflightError{Class: sandbox.ClassSandboxBroken, Err: err}
+		}
+		if st, err := os.Stat(b.Workspace(spec.ConversationID)); err == nil && !st.IsDir() {
+			return &sandbox.PreflightError{Class: sandbox.ClassSandboxBroken, Err: errors.New("workspace is not a directory")}
+		}
+	}
+	if len(spec.AgentCommand) == 0 || spec.AgentCommand[0] == "" {
+		return &sandbox.PreflightError{Class: sandbox.ClassAgentMissing, Err: errors.New("empty agent command")}
+	}
+	agent := spec.AgentCommand[0]
+	switch {
+	case filepath.IsAbs(agent):
+		if err := executable(agent); err != nil {
+			return &sandbox.PreflightError{Class: sandbox.ClassAgentMissing, Err: err}
+		}
+	case strings.Contains(agent, "/"):
+		// Relative to the workspace, which may not exist yet: the supervisor
+		// will say so when it starts the turn.
+		if exists {
+			if err := executable(filepath.Join(b.Workspace(spec.ConversationID), agent)); err != nil {
+				return &sandbox.PreflightError{Class: sandbox.ClassAgentMissing, Err: err}
+			}
+		}
+	default:
+		if !inPath(agent, envPath(b.cfg.Env)) {
+			return &sandbox.PreflightError{Class: sandbox.ClassAgentMissing, Err: fmt.Errorf("%q not found in the supervisor's PATH", agent)}
+		}
+	}
+	return ctx.Err()
+}
+
+// Ensure finds the conversation's supervisor or starts one over the
+// conversation's workspace, creating the sandbox directory the first time.
+func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	conv := spec.ConversationID
+	if err := checkConversation(conv); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	dir := b.Dir(conv)
+	if err := os.MkdirAll(b.Workspace(conv), 0o700); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	defer unlock()
+
+	id, err := readID(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		id, err = newID(dir)
+	}
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	sb := sandbox.Sandbox{Backend: sandbox.BackendProcess, ID: id, Socket: b.SocketPath(conv)}
+
+	pctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
+	st, err := sb.Client().Status(pctx)
+	cancel()
+	if err == nil {
+		if st.ID != id {
+			return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: the supervisor on the socket serves %q, not %q", st.ID, id)
+		}
+		return sb, nil
+	}
+	if ctx.Err() != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", ctx.Err())
+	}
+	// No answer: whatever supervisor the pid file names is dead or hung.
+	b.stopRecorded(dir, sb.Socket, 0)
+	if err := b.start(ctx, conv, id); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	}
+	sb.Created = true
+	return sb, nil
+}
+
+// Remove stops the conversation's supervisor (SIGTERM, which stops its
+// agent; SIGKILL after StopTimeout) and deletes its directory.
+func (b *Backend) Remove(ctx context.Context, conversationID string) error {
+	if err := checkConversation(conversationID); err != nil {
+		return fmt.Errorf("remove process sandbox: %w", err)
+	}
+	dir := b.Dir(conversationID)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return fmt.Errorf("remove process sandbox: %w", err)
+	}
+	defer unlock()
+	b.stopRecorded(dir, b.SocketPath(conversationID), b.cfg.StopTimeout)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove process sandbox: %w", err)
+	}
+	recordRemoved(b.log)
+	return ctx.Err()
+}
+
+// start starts a supervisor and waits until it says it listens.
+func (b *Backend) start(ctx context.Context, conv, id string) error {
+	dir := b.Dir(conv)
+	logPath := filepath.Join(dir, "supervisor.log")
+	_ = os.Rename(logPath, logPath+".1")
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer readyR.Close()
+
+	args := append(append([]string(nil), b.cfg.Command[1:]...),
+		"--socket", b.SocketPath(conv), "--workspace", b.Workspace(conv), "--id", id, "--ready-fd", "3")
+	cmd := exec.Command(b.cfg.Command[0], args...)
+	cmd.Dir = dir
+	cmd.Env = b.cfg.Env
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.ExtraFiles = []*os.File{readyW}
+	// Its own session: no signal to the daemon's or a turn child's process
+	// group reaches it, and it has no controlling terminal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
+		recordStartFailed(b.log, "spawn")
+		return fmt.Errorf("start supervisor: %w", err)
+	}
+	pid := cmd.Process.Pid
+	b.mu.Lock()
+	b.children[pid] = cmd
+	b.mu.Unlock()
+	if err := writeFileAtomic(filepath.Join(dir, "supervisor.pid"), []byte(strconv.Itoa(pid)+"\n")); err != nil {
+		b.kill(pid, 0)
+		return fmt.Errorf("record supervisor pid: %w", err)
+	}
+
+	deadline := time.Now().Add(b.cfg.StartTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = readyR.SetReadDeadline(deadline)
+	buf := make([]byte, len("ready\n"))
+	n, _ := readFull(readyR, buf)
+	if string(buf[:n]) != "ready\n" {
+		b.kill(pid, 0)
+		recordStartFailed(b.log, "not_ready")
+		return fmt.Errorf("supervisor did not become ready (see %s)", logPath)
+	}
+	recordStarted(b.log, pid)
+	return nil
+}
+
+// stopRecorded stops the supervisor the pid file names, if that process
+// is still a supervisor of this socket: SIGTERM and up to grace for it to
+// exit, then SIGKILL.
+func (b *Backend) stopRecorded(dir, socket string, grace time.Duration) {
+	raw, err := os.ReadFile(filepath.Join(dir, "supervisor.pid"))
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || pid <= 0 || !servesSocket(pid, socket) {
+		b.reap(pid)
+		return
+	}
+	b.kill(pid, grace)
+}
+
+// kill ends pid (SIGTERM first when grace > 0) and waits until it is gone.
+func (b *Backend) kill(pid int, grace time.Duration) {
+	if grace > 0 {
+		_ = unix.Kill(pid, unix.SIGTERM)
+		if waitGone(pid, grace) == nil {
+			b.reap(pid)
+			return
+		}
+	}
+	_ = unix.Kill(pid, unix.SIGKILL)
+	_ = waitGone(pid, b.cfg.StopTimeout)
+	b.reap(pid)
+}
+
+// reap waits for a supervisor this process started, so it leaves no zombie.
+func (b *Backend) reap(pid int) {
+	b.mu.Lock()
+	cmd := b.children[pid]
+	delete(b.children, pid)
+	b.mu.Unlock()
+	if cmd != nil {
+		_ = cmd.Wait()
+	}
+}
+
+// servesSocket reports whether pid is alive and was started with
+// "--socket socket": a recycled pid is never signalled.
+func servesSocket(pid int, socket string) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--socket" && args[i+1] == socket {
+			return true
+		}
+	}
+	return false
+}
+
+// waitGone waits on a pidfd until pid has exited.
+func waitGone(pid int, timeout time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	deadline := time.Now().Add(timeout)
+	for {
+		ms := int(time.Until(deadline).Milliseconds())
+		if ms <= 0 {
+			return errors.New("still running")
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
+	}
+}
+
+func lockDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	// Held only while a supervisor is found or started (StartTimeout at most).
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock sandbox: %w", err)
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	}, nil
+}
+
+func readID(dir string) (string, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "id"))
+	if err != nil {
+		return "", err
+	}
+	id := strings.TrimSpace(string(raw))
+	if id == "" {
+		return "", errors.New("sandbox id file is empty")
+	}
+	return id, nil
+}
+
+func newID(dir string) (string, error) {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	id := "proc-" + hex.EncodeToString(b)
+	return id, writeFileAtomic(filepath.Join(dir, "id"), []byte(id+"\n"))
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readFull(f *os.File, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := f.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func executable(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return fmt.Errorf("%s is not executable", path)
+	}
+	return nil
+}
+
+func envPath(env []string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func inPath(name, path string) bool {
+	for _, dir := range filepath.SplitList(path) {
+		if dir != "" && executable(filepath.Join(dir, name)) == nil {
+			return true
+		}
+	}
+	return false
+}
+
+func recordStarted(l *slog.Logger, pid int) {
+	l.Info("sandbox_supervisor_started", slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid))
+}
+
+func recordStartFailed(l *slog.Logger, class string) {
+	l.Error("sandbox_supervisor_start_failed", slog.String("backend", sandbox.BackendProcess), slog.String("class", class))
+}
+
+func recordRemoved(l *slog.Logger) {
+	l.Info("sandbox_removed", slog.String("backend", sandbox.BackendProcess))
+}
