@@ -17,6 +17,10 @@
 //	s.Notify(ctx)                          // failure does not fail the turn (R23)
 //	s.Finish(ctx, settlement.Result{…})    // finish or abandon, whatever events did (R21, R29)
 //
+// When the daemon sends the terminal report on the child's behalf, the
+// child calls FlushEvents and hands over Facts().Report(…); the daemon,
+// with its own Session for the attempt, persists that Report and passes it
+// to Send (idempotent, P2), calling LeaseLost when renewal is rejected.
 // Preparation outside the turn's handler runs under Session.Prepare (R22).
 // After a lease rejection — an answer 409 lease_lost, 401, 403, 404 or 410,
 // or the owner's LeaseLost for a local expiry — the Session writes nothing

@@ -637,3 +637,21 @@ func TestFinishTwiceSameAnswer(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmitCancelledBeforeSendingIsNotAmbiguous: an admission that was
+// never sent cannot have committed; it is a plain failure, not ambiguous.
+func TestAdmitCancelledBeforeSendingIsNotAmbiguous(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		c := w.turn("", "hello")
+		sess := w.session(c)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := sess.Admit(ctx, "act-1"); err == nil || errors.Is(err, settlement.ErrAmbiguousAdmission) {
+			t.Errorf("admit: %v, want a plain failure", err)
+		}
+		if sess.Facts().Ambiguous || len(w.in.Hits(wire.OpAdmission)) != 0 {
+			t.Errorf("facts %+v, %d admission requests", sess.Facts(), len(w.in.Hits(wire.OpAdmission)))
+		}
+	})
+}

@@ -240,6 +240,9 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 		return s.adm, s.admErr
 	}
 	s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("admit job %s: %w", s.cfg.JobID, err) // nothing was sent: not ambiguous
+	}
 
 	c := &call{s: s, op: wire.OpAdmission}
 	var rcpt wire.AdmissionReceipt
@@ -262,7 +265,7 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 	case err == nil:
 		s.facts.Admitted = true
 		s.adm = &Admission{s: s, receipt: rcpt}
-	case c.unsure || ctx.Err() != nil:
+	case c.unsure:
 		s.facts.Ambiguous = true
 		s.admErr = fmt.Errorf("admit job %s after %d tries: %w", s.cfg.JobID, c.tries, ErrAmbiguousAdmission)
 	default:
@@ -425,8 +428,8 @@ func (f Facts) Report(ref wire.AttemptRef, r Result) Report {
 // cancelled (a terminal report is owed), but not after a lease rejection.
 // Finishing twice returns the first answer.
 func (s *Session) Finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
-	if r.Outcome != wire.OutcomeSucceeded {
-		s.recordTurnFailed("turn", s.Facts().Report(s.cfg.Attempt, r).class())
+	if rep := s.Facts().Report(s.cfg.Attempt, r); rep.failed() {
+		s.recordTurnFailed("turn", rep.class())
 	}
 	return s.finish(ctx, r)
 }
@@ -449,6 +452,8 @@ func (s *Session) finish(ctx context.Context, r Result) (wire.FinishResponse, er
 	s.finished = &resp
 	return resp, nil
 }
+
+func (r Report) failed() bool { return r.Abandon != nil || r.Finish.Outcome == wire.OutcomeFailed }
 
 func (r Report) class() string {
 	if r.Abandon != nil {
