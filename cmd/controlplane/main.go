@@ -1,0 +1,157 @@
+// Command controlplane is runnerd's reference control plane:
+//
+//	controlplane serve      run the HTTP server and the reaper (SQLite by default)
+//	controlplane host add   register a sandbox host and print its token once
+//	controlplane submit     send a message to a conversation and follow the turn
+//
+// docs/protocol.md describes the API it serves. Every flag has an
+// environment variable; a flag beats the variable, which beats the default.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// version is set by the Makefile (-X main.version=…).
+var version = "dev"
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the work failed: a failed turn, an unreachable server
+	exitUsage = 2 // bad flags or arguments
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// usageError is a mistake in the command line: one line, exit 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+const topUsage = `usage: controlplane <command> [flags]
+
+commands:
+  serve      run the control plane (HTTP API, admin page, reaper)
+  host add   register a sandbox host; prints its token once
+  submit     send a message to a conversation and follow the turn
+  version    print the version
+
+Run "controlplane <command> -h" for a command's flags.
+`
+
+// run is main without the process: it returns the exit code.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, topUsage)
+		return exitUsage
+	}
+	var err error
+	name := args[0]
+	switch name {
+	case "serve":
+		err = serve(ctx, args[1:], getenv, stderr)
+	case "host":
+		if len(args) < 2 || args[1] != "add" {
+			err = usagef(`"host" takes the subcommand "add"`)
+			break
+		}
+		name = "host add"
+		err = hostAdd(ctx, args[2:], getenv, stdout, stderr)
+	case "submit":
+		err = submit(ctx, args[1:], getenv, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, version)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, topUsage)
+	default:
+		err = usagef("unknown command %q (try serve, host add, submit)", name)
+	}
+	var ue *usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "controlplane %s: %s\n", name, ue.msg)
+		return exitUsage
+	case errors.Is(err, errTurnFailed):
+		return exitFail // submit already said how the turn ended
+	default:
+		fmt.Fprintf(stderr, "controlplane %s: %v\n", name, err)
+		return exitFail
+	}
+}
+
+// flags is a flag set whose flags may also come from the environment.
+type flags struct {
+	fs     *flag.FlagSet
+	envOf  map[string]string // flag name → variable
+	argv   map[string]bool   // flags set on the command line
+	getenv func(string) string
+	out    io.Writer
+	usage  func()
+}
+
+func newFlags(cmd string, getenv func(string) string, out io.Writer) *flags {
+	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported in one line by run
+	f := &flags{fs: fs, envOf: map[string]string{}, argv: map[string]bool{}, getenv: getenv, out: out}
+	fs.Usage = func() {} // parse prints it for -h only
+	f.usage = func() {
+		fmt.Fprintf(out, "usage: controlplane %s [flags]\n\n", cmd)
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return f
+}
+
+// env names the variable of a flag, and says so in its usage.
+func (f *flags) env(name, variable string) {
+	f.envOf[name] = variable
+	fl := f.fs.Lookup(name)
+	fl.Usage += " (env " + variable + ")"
+}
+
+// onCommandLine reports whether the command line set the flag.
+func (f *flags) onCommandLine(name string) bool { return f.argv[name] }
+
+// parse applies the command line, then the environment to every flag the
+// command line left alone.
+func (f *flags) parse(args []string) error {
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			f.usage()
+			return err
+		}
+		return usagef("%v", err)
+	}
+	f.fs.Visit(func(fl *flag.Flag) { f.argv[fl.Name] = true })
+	for name, variable := range f.envOf {
+		v := strings.TrimSpace(f.getenv(variable))
+		if f.argv[name] || v == "" {
+			continue
+		}
+		if err := f.fs.Set(name, v); err != nil {
+			return usagef("%s=%q is not a valid --%s: %v", variable, v, name, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+)
+
+// shutdownGrace bounds the wait for requests in flight after a signal.
+const shutdownGrace = 10 * time.Second
+
+// dbFlags are the flags that say where the database is, shared by serve
+// and host add.
+type dbFlags struct {
+	db, dataDir, sync string
+}
+
+func addDBFlags(f *flags) *dbFlags {
+	d := &dbFlags{}
+	f.fs.StringVar(&d.dataDir, "data-dir", "data", "directory for the SQLite database and the user token")
+	f.env("data-dir", "RUNNERD_DATA_DIR")
+	f.fs.StringVar(&d.db, "db", "", "database: sqlite:PATH or postgres://… (default sqlite:DATA-DIR/controlplane.db)")
+	f.env("db", "RUNNERD_DB")
+	f.fs.StringVar(&d.sync, "sqlite-synchronous", "normal", "SQLite synchronous level: normal or full")
+	f.env("sqlite-synchronous", "RUNNERD_SQLITE_SYNCHRONOUS")
+	return d
+}
+
+// check validates the flags before anything is opened.
+func (d *dbFlags) check() error {
+	if d.dataDir == "" {
+		return usagef("--data-dir must not be empty")
+	}
+	switch strings.ToLower(d.sync) {
+	case "normal", "full":
+	default:
+		return usagef("--sqlite-synchronous must be normal or full, not %q", d.sync)
+	}
+	switch {
+	case d.db == "":
+		d.db = "sqlite:" + filepath.Join(d.dataDir, "controlplane.db")
+	case strings.HasPrefix(d.db, "sqlite:"):
+		if strings.TrimPrefix(d.db, "sqlite:") == "" {
+			return usagef("--db sqlite: needs a path, as in sqlite:data/controlplane.db")
+		}
+	case strings.HasPrefix(d.db, "postgres://"), strings.HasPrefix(d.db, "postgresql://"):
+	default:
+		return usagef("--db must be sqlite:PATH or postgres://…")
+	}
+	return nil
+}
+
+// open opens the store; where names it for people without a password.
+func (d *dbFlags) open(ctx context.Context) (st *sqlstore.Store, where string, err error) {
+	if path, ok := strings.CutPrefix(d.db, "sqlite:"); ok {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, "", fmt.Errorf("create the database directory: %w", err)
+		}
+		sync := sqlstore.SyncNormal
+		if strings.EqualFold(d.sync, "full") {
+			sync = sqlstore.SyncFull
+		}
+		st, err = sqlstore.OpenSQLite(ctx, path, sqlstore.WithSynchronous(sync))
+		return st, "sqlite:" + path, err
+	}
+	st, err = sqlstore.OpenPostgres(ctx, d.db)
+	return st, "postgres", err
+}
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	f := newFlags("serve", getenv, stderr)
+	d := addDBFlags(f)
+	listen := f.fs.String("listen", "127.0.0.1:8080", "address to serve HTTP on")
+	f.env("listen", "RUNNERD_LISTEN")
+	tokenFile := f.fs.String("user-token-file", "", "file of the user API's bearer token, created 0600 on first start (default DATA-DIR/user-token)")
+	f.env("user-token-file", "RUNNERD_USER_TOKEN_FILE")
+	leaseTTL := f.fs.Duration("lease-ttl", controlplane.DefaultLeaseTTL, "lease of a claim or renewal that asks for none")
+	f.env("lease-ttl", "RUNNERD_LEASE_TTL")
+	maxLeaseTTL := f.fs.Duration("max-lease-ttl", controlplane.DefaultMaxLeaseTTL, "longest lease a runner may ask for")
+	f.env("max-lease-ttl", "RUNNERD_MAX_LEASE_TTL")
+	claimWait := f.fs.Duration("claim-wait-max", controlplane.DefaultClaimWaitMax, "longest hold of a claim or event long poll")
+	f.env("claim-wait-max", "RUNNERD_CLAIM_WAIT_MAX")
+	reaperInterval := f.fs.Duration("reaper-interval", controlplane.DefaultReaperInterval, "period of the reaper's sweep")
+	f.env("reaper-interval", "RUNNERD_REAPER_INTERVAL")
+	reaperGrace := f.fs.Duration("reaper-grace", controlplane.DefaultReaperGrace, "time past a lease's expiry before its attempt is superseded; at least the runner's stop grace")
+	f.env("reaper-grace", "RUNNERD_REAPER_GRACE")
+	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
+	f.env("max-worker-lost", "RUNNERD_MAX_WORKER_LOST")
+	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
+	f.env("log-level", "RUNNERD_LOG_LEVEL")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	if f.fs.NArg() > 0 {
+		return usagef("unexpected argument %q", f.fs.Arg(0))
+	}
+	if err := d.check(); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usagef("--log-level must be debug, info, warn or error, not %q", *logLevel)
+	}
+	switch {
+	case *listen == "":
+		return usagef("--listen must not be empty")
+	case *maxLeaseTTL < controlplane.DefaultMinLeaseTTL:
+		return usagef("--max-lease-ttl %v is shorter than the shortest lease, %v", *maxLeaseTTL, controlplane.DefaultMinLeaseTTL)
+	case *leaseTTL < controlplane.DefaultMinLeaseTTL || *leaseTTL > *maxLeaseTTL:
+		return usagef("--lease-ttl %v must be between %v (one renewal interval plus one request timeout) and --max-lease-ttl %v",
+			*leaseTTL, controlplane.DefaultMinLeaseTTL, *maxLeaseTTL)
+	case *claimWait <= 0 || *reaperInterval <= 0 || *reaperGrace <= 0:
+		return usagef("--claim-wait-max, --reaper-interval and --reaper-grace must be positive")
+	case *maxWorkerLost < 1:
+		return usagef("--max-worker-lost must be at least 1")
+	}
+	if *tokenFile == "" {
+		*tokenFile = filepath.Join(d.dataDir, "user-token")
+	}
+
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := os.MkdirAll(d.dataDir, 0o700); err != nil {
+		return fmt.Errorf("create the data directory: %w", err)
+	}
+	userToken, created, err := loadOrCreateToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	st, where, err := d.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", *listen, err)
+	}
+
+	srv := controlplane.New(controlplane.Config{
+		Store: st, Logger: log, LeaseTTL: *leaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
+		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost,
+		UserToken: userToken,
+	})
+	hs := &http.Server{
+		Handler:           srv.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       time.Minute,
+		WriteTimeout:      *claimWait + time.Minute, // long polls hold their answer up to claimWait
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		// A signal ends every long poll at once (they answer "nothing yet").
+		BaseContext: func(net.Listener) context.Context { return ctx },
+	}
+
+	what := "in"
+	if created {
+		what = "created in"
+	}
+	fmt.Fprintf(stderr, "controlplane %s: serving http://%s on %s\n", version, ln.Addr(), where)
+	fmt.Fprintf(stderr, "controlplane: user API token %s %s (send it as Authorization: Bearer …)\n", what, *tokenFile)
+	fmt.Fprintf(stderr, "controlplane: admin page http://%s/admin/servers (any user name, the token as password)\n", ln.Addr())
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	served := make(chan error, 1)
+	reapCtx, stopReaper := context.WithCancel(ctx)
+	defer stopReaper()
+	go func() {
+		defer wg.Done()
+		srv.RunReaper(reapCtx)
+	}()
+	go func() {
+		defer wg.Done()
+		served <- hs.Serve(ln)
+	}()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	log.Info("controlplane_stopping")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	stopReaper()
+	wg.Wait()
+	if ctx.Err() == nil || !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	fmt.Fprintln(stderr, "controlplane: stopped")
+	return nil
+}
+
+// loadOrCreateToken reads the user token from path, or creates a new one
+// there (0600, never overwriting) on first start. A token file others may
+// read is refused.
+func loadOrCreateToken(path string) (token string, created bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		token = controlplane.NewToken(controlplane.UserTokenPrefix)
+		if err := writeSecret(path, token+"\n"); err != nil {
+			return "", false, fmt.Errorf("create the user token: %w", err)
+		}
+		return token, true, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("read the user token: %w", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", false, fmt.Errorf("read the user token: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return "", false, fmt.Errorf("the user token file %s has mode %04o; others may read it: chmod 600 it", path, fi.Mode().Perm())
+	}
+	token = strings.TrimSpace(string(b))
+	if token == "" {
+		return "", false, fmt.Errorf("the user token file %s is empty", path)
+	}
+	return token, false, nil
+}
+
+// writeSecret creates path 0600 with content; it never replaces a file.
+func writeSecret(path, content string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(content); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
+	return f.Close()
+}

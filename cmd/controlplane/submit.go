@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// errTurnFailed is a turn that ended other than succeeded; submit has
+// printed how.
+var errTurnFailed = errors.New("the turn did not succeed")
+
+// Following a turn: each request holds up to followWait; transport
+// trouble is retried up to followGiveUp in a row.
+const (
+	followWait   = 25 * time.Second
+	followGiveUp = 2 * time.Minute
+)
+
+func submit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	f := newFlags("submit", getenv, stderr)
+	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
+	f.env("server", "RUNNERD_SERVER")
+	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
+	f.env("data-dir", "RUNNERD_DATA_DIR")
+	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env RUNNERD_USER_TOKEN holds the token itself)")
+	f.env("user-token-file", "RUNNERD_USER_TOKEN_FILE")
+	convID := f.fs.String("conversation", "", "conversation to send the message to")
+	newConv := f.fs.Bool("new", false, "start a new conversation (with --image and --agent)")
+	title := f.fs.String("title", "", "title of a new conversation")
+	image := f.fs.String("image", "", "sandbox image of a new conversation")
+	agent := f.fs.String("agent", "", `agent command of a new conversation, split at spaces (or give its argv after "--")`)
+	prompt := f.fs.String("prompt", "", `the message; "-" reads it from standard input`)
+	follow := f.fs.Bool("follow", true, "follow the turn's events until it ends")
+	asJSON := f.fs.Bool("json", false, "print events as JSON lines")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	argv := strings.Fields(*agent)
+	argv = append(argv, f.fs.Args()...)
+	switch {
+	case *newConv == (*convID != ""):
+		return usagef("give either --conversation ID or --new")
+	case *newConv && len(argv) == 0:
+		return usagef("--new needs --agent CMD (or the agent's argv after --)")
+	case !*newConv && (len(argv) > 0 || *image != "" || *title != ""):
+		return usagef("--agent, --image and --title are for --new conversations only")
+	case *prompt == "":
+		return usagef("--prompt is required")
+	}
+	u, err := url.Parse(*server)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--server must be an http:// or https:// URL")
+	}
+	if *prompt == "-" {
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, wire.MaxBodyBytes))
+		if err != nil {
+			return fmt.Errorf("read the prompt: %w", err)
+		}
+		*prompt = string(b)
+	}
+	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	if err != nil {
+		return err
+	}
+
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: followWait + 30*time.Second}}
+	call := func(method, path string, body, out any) error {
+		_, err := c.Do(ctx, method, path, token, body, out)
+		return err
+	}
+	if *newConv {
+		var conv wire.Conversation
+		if err := call(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{
+			Title: *title, Image: *image, AgentCommand: argv,
+		}, &conv); err != nil {
+			return fmt.Errorf("create the conversation: %w", err)
+		}
+		*convID = conv.ID
+	}
+	fmt.Fprintf(stdout, "conversation %s\n", *convID)
+	var job wire.Job
+	if err := call(http.MethodPost, "/v1/conversations/"+url.PathEscape(*convID)+"/messages",
+		wire.SendMessageRequest{Prompt: *prompt}, &job); err != nil {
+		var se *wire.StatusError
+		if errors.As(err, &se) && se.Code == wire.CodeConversationLost {
+			fmt.Fprintln(stderr, "This conversation is no longer available; start a new one with --new.")
+			return errTurnFailed
+		}
+		return fmt.Errorf("send the message: %w", err)
+	}
+	fmt.Fprintf(stdout, "job %s (turn %d)\n", job.ID, job.Seq)
+	if !*follow {
+		return nil
+	}
+
+	var after int64
+	var failingSince time.Time
+	for {
+		var page wire.JobEventList
+		path := fmt.Sprintf("/v1/jobs/%s/events?after=%d&wait_ms=%d", url.PathEscape(job.ID), after, followWait.Milliseconds())
+		err := call(http.MethodGet, path, nil, &page)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("stopped following; job %s goes on", job.ID)
+			}
+			if wire.Classify(err) != wire.Transient {
+				return fmt.Errorf("follow job %s: %w", job.ID, err)
+			}
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			} else if time.Since(failingSince) > followGiveUp {
+				return fmt.Errorf("follow job %s: the control plane stays unreachable: %w", job.ID, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * time.Second):
+			}
+			continue
+		}
+		failingSince = time.Time{}
+		for _, e := range page.Events {
+			printEvent(stdout, e, *asJSON)
+			after = e.ID
+		}
+		if page.Ended {
+			break
+		}
+	}
+
+	if err := call(http.MethodGet, "/v1/jobs/"+url.PathEscape(job.ID), nil, &job); err != nil {
+		return fmt.Errorf("read job %s: %w", job.ID, err)
+	}
+	line := fmt.Sprintf("turn %d: %s", job.Seq, job.State)
+	if job.Reason != "" {
+		line += ": " + job.Reason
+	}
+	fmt.Fprintln(stdout, line)
+	if job.State == wire.JobSucceeded {
+		return nil
+	}
+	var conv wire.Conversation
+	if err := call(http.MethodGet, "/v1/conversations/"+url.PathEscape(*convID), nil, &conv); err == nil && conv.State == wire.ConversationLost {
+		fmt.Fprintf(stdout, "conversation %s is no longer available: %s\n", conv.ID, conv.LostReason)
+	}
+	return errTurnFailed
+}
+
+// userToken finds the user token: --user-token-file if given, else
+// $RUNNERD_USER_TOKEN, else the file named by $RUNNERD_USER_TOKEN_FILE or
+// DATA-DIR/user-token. A token never travels in argv.
+func userToken(f *flags, file string, getenv func(string) string, dataDir string) (string, error) {
+	if !f.onCommandLine("user-token-file") {
+		if tok := strings.TrimSpace(getenv("RUNNERD_USER_TOKEN")); tok != "" {
+			return tok, nil
+		}
+	}
+	if file == "" {
+		file = filepath.Join(dataDir, "user-token")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read the user token (set --user-token-file or RUNNERD_USER_TOKEN): %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("the user token file %s is empty", file)
+	}
+	return tok, nil
+}
+
+func printEvent(w io.Writer, e wire.JobEvent, asJSON bool) {
+	if asJSON {
+		b, _ := json.Marshal(e)
+		fmt.Fprintf(w, "%s\n", b)
+		return
+	}
+	line := fmt.Sprintf("%s %-7s %s", e.Time.UTC().Format("15:04:05.000"), e.Source, e.Type)
+	if len(e.Data) > 0 {
+		line += " " + string(e.Data)
+	}
+	fmt.Fprintln(w, line)
+}
