@@ -121,6 +121,11 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return sandbox.Sandbox{}, err
 	}
 	recordCreated(b.cfg.Logger, conv, id)
+	if err := b.handWorkspace(ctx, id, vol); err != nil {
+		// Never started, so nothing of the session is in it: remove it,
+		// so that the next Ensure does not start it unprepared.
+		return sandbox.Sandbox{}, errors.Join(err, b.removeContainer(ctx, id))
+	}
 	if err := b.start(ctx, conv, id, instance); err != nil {
 		return sandbox.Sandbox{}, err
 	}

@@ -430,8 +430,8 @@ func TestDockerSecurityDefaults(t *testing.T) {
 	if probe.NoNewPrivs != "1" {
 		t.Errorf("agent NoNewPrivs = %q, want 1", probe.NoNewPrivs)
 	}
-	if probe.UID != 65534 {
-		t.Errorf("agent uid %d, want the image's non-root user 65534", probe.UID)
+	if probe.UID != 4242 {
+		t.Errorf("agent uid %d, want the image's non-root user agent (4242)", probe.UID)
 	}
 	if probe.RootWritable {
 		t.Error("agent could write to /")
@@ -451,7 +451,7 @@ func TestDockerSecurityOverrides(t *testing.T) {
 		c.AllowNewPrivileges = true
 		c.CapAdd = []string{"CAP_CHOWN"}
 		c.WritableRootFS = true
-		c.User = "65534:0" // not the image's 65534:65534
+		c.User = "1234:1234" // not the image's agent
 	})
 	ctx := testCtx(t)
 	sb, err := b.Ensure(ctx, newSpec(imgTestAgent))
@@ -465,7 +465,7 @@ func TestDockerSecurityOverrides(t *testing.T) {
 	hc := info.HostConfig
 	if hc.NetworkMode != "bridge" || *hc.PidsLimit != 64 || hc.Memory != 256<<20 || hc.NanoCPUs != 500_000_000 ||
 		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Equal([]string(hc.CapAdd), []string{"CAP_CHOWN"}) ||
-		hc.ReadonlyRootfs || info.Config.User != "65534:0" {
+		hc.ReadonlyRootfs || info.Config.User != "1234:1234" {
 		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v user %q",
 			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, info.Config.User)
 	}

@@ -46,7 +46,7 @@ var env struct {
 const (
 	imgDemoAgent = "/bin/demoagent"
 	imgTestAgent = "/bin/testagent"
-	imgUser      = "65534:65534"
+	imgUID       = "4242" // the image's user "agent"
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -127,12 +127,23 @@ func setup(dir string) error {
 	}
 
 	tag := "runnerd-test/agent:" + randHex(6)
+	// A named non-root user the engine resolves from the image's own
+	// files, and no /workspace in the image: the backend must hand the
+	// fresh volume to that user itself.
+	for name, body := range map[string]string{
+		"passwd": "root:x:0:0:root:/:/bin/false\nagent:x:" + imgUID + ":" + imgUID + ":agent:/workspace:/bin/false\n",
+		"group":  "root:x:0:\nagent:x:" + imgUID + ":\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
 	dockerfile := "FROM scratch\n" +
 		"COPY demoagent " + imgDemoAgent + "\n" +
 		"COPY testagent " + imgTestAgent + "\n" +
-		"COPY --chown=" + imgUser + " workspace /workspace\n" +
-		"USER " + imgUser + "\n"
-	ctxTar, err := buildContext(dir, dockerfile, []string{"demoagent", "testagent"})
+		"COPY passwd group /etc/\n" +
+		"USER agent\n"
+	ctxTar, err := buildContext(dir, dockerfile, []string{"demoagent", "testagent", "passwd", "group"})
 	if err != nil {
 		return err
 	}
@@ -187,8 +198,7 @@ func moduleRoot() (string, error) {
 	}
 }
 
-// buildContext tars the Dockerfile, the named files of dir and an empty
-// workspace directory.
+// buildContext tars the Dockerfile and the named files of dir.
 func buildContext(dir, dockerfile string, files []string) (io.Reader, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -210,9 +220,6 @@ func buildContext(dir, dockerfile string, files []string) (io.Reader, error) {
 		if err := add(f, 0o755, b); err != nil {
 			return nil, err
 		}
-	}
-	if err := tw.WriteHeader(&tar.Header{Name: "workspace/", Mode: 0o755, Typeflag: tar.TypeDir}); err != nil {
-		return nil, err
 	}
 	return &buf, tw.Close()
 }
