@@ -34,12 +34,13 @@ import (
 // engine, the static runnerd (or stand-in) binary to bind-mount, and an
 // image built FROM scratch over the static agents.
 var env struct {
-	skip    string // why the Docker tests skip; "" when they run
-	engine  *client.Client
-	runnerd string // host path of the static supervisor binary
-	image   string // tag of the test image
-	agent   []string
-	demo    bool // agent is cmd/demoagent, not the stand-in
+	skip      string // why the Docker tests skip; "" when they run
+	engine    *client.Client
+	runnerd   string // host path of the static supervisor binary
+	image     string // tag of the test image
+	agent     []string
+	demo      bool   // agent is cmd/demoagent, not the stand-in
+	hostAgent string // host path of the same agent binary (process backend)
 }
 
 // Paths of the agents inside the test image.
@@ -121,6 +122,7 @@ func setup(dir string) error {
 			return err
 		}
 	}
+	env.hostAgent = filepath.Join(dir, "demoagent")
 	env.agent = []string{imgDemoAgent}
 	if !env.demo {
 		env.agent = []string{imgTestAgent}
