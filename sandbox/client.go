@@ -76,22 +76,30 @@ func (c *Client) Settle(ctx context.Context, activationID string) (wire.Supervis
 
 // Run hands the prompt to the agent — once — and returns the turn's event
 // stream. It must be called only after the admission acknowledgement
-// (R25); the caller (the settlement package) gates it.
+// (R25); the caller (settlement.SendPrompt) gates it.
 //
 // The prompt is sent exactly once on a fresh connection; Run never retries.
 // The supervisor refuses a second run of the same activation with
 // ErrAlreadyRun, even one that arrives after a lost answer, so a prompt
 // cannot reach the agent twice through one activation, and a fenced token
-// cannot run at all. An error from Run other than a refusal (ErrFenced,
-// ErrUnknownActivation, ErrAlreadyRun, ErrStartFailed) means the prompt may
-// have reached the agent: treat the turn as admitted and
-// uncertain, never send it again.
+// cannot run at all.
 //
-// The connection inside Turn is the driving connection: cancelling ctx or
-// calling Turn.Close before the end stops the agent.
+// Run's error wraps ErrInterrupted exactly when the prompt may have reached
+// the agent (the request went out and no refusal came back): treat that
+// turn as admitted and uncertain, and never send the prompt again. Every
+// other error (ErrUnavailable, ErrFenced, ErrUnknownActivation,
+// ErrAlreadyRun, ErrStartFailed, ErrProtocol) is a certain non-delivery.
+//
+// ctx governs the whole turn, not just the call: cancelling it (an
+// execution timeout, R5, or a lost lease) or calling Turn.Close before the
+// end closes the driving connection, and the supervisor stops the agent.
 func (c *Client) Run(ctx context.Context, activationID string, command []string, prompt string) (*Turn, error) {
 	if len(command) == 0 {
 		return nil, fmt.Errorf("supervisor run: %w: empty agent command", ErrProtocol)
+	}
+	msg, err := encodeRequest(Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt})
+	if err != nil {
+		return nil, fmt.Errorf("supervisor run: %w", err)
 	}
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -99,7 +107,7 @@ func (c *Client) Run(ctx context.Context, activationID string, command []string,
 	}
 	t := &Turn{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
 	t.stop = context.AfterFunc(ctx, func() { conn.Close() })
-	if err := writeRequest(conn, Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt}); err != nil {
+	if _, err := conn.Write(msg); err != nil {
 		t.Close()
 		return nil, fmt.Errorf("supervisor run: send: %w: %w", ErrInterrupted, err)
 	}
@@ -190,6 +198,10 @@ func (t *Turn) fail(err error) {
 
 // call sends one request and reads its single answer.
 func (c *Client) call(ctx context.Context, req Request) (Response, error) {
+	msg, err := encodeRequest(req)
+	if err != nil {
+		return Response{}, fmt.Errorf("supervisor %s: %w", req.Op, err)
+	}
 	conn, err := c.dial(ctx)
 	if err != nil {
 		return Response{}, err
@@ -200,7 +212,7 @@ func (c *Client) call(ctx context.Context, req Request) (Response, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(dl)
 	}
-	if err := writeRequest(conn, req); err != nil {
+	if _, err := conn.Write(msg); err != nil {
 		return Response{}, fmt.Errorf("supervisor %s: %w: %w", req.Op, ErrUnavailable, err)
 	}
 	resp, err := readResponse(bufio.NewReaderSize(conn, 64<<10))
@@ -228,17 +240,18 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	return conn, nil
 }
 
-func writeRequest(w io.Writer, req Request) error {
+// encodeRequest is the request as one line, refused before anything is
+// sent when it is over MaxMessageBytes (a prompt too large never leaves).
+func encodeRequest(req Request) ([]byte, error) {
 	req.V = ProtocolVersion
 	b, err := json.Marshal(req)
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
 	if len(b)+1 > MaxMessageBytes {
-		return fmt.Errorf("%w: request of %d bytes is over the limit", ErrProtocol, len(b))
+		return nil, fmt.Errorf("%w: request of %d bytes is over the limit", ErrProtocol, len(b))
 	}
-	_, err = w.Write(append(b, '\n'))
-	return err
+	return append(b, '\n'), nil
 }
 
 // ReadLine reads one newline-terminated message of at most max bytes. A

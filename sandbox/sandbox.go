@@ -12,18 +12,34 @@
 //     the same supervisor and hands back the host path of its socket, so the
 //     turn code is the same whatever the backend.
 //
-// A turn child uses them in this order (architecture, steps 3–7):
+// A turn child uses them in this order (architecture, steps 3–7; error
+// handling left out):
 //
-//	b.Preflight(ctx, spec)          // before ACCEPT; starts, creates, changes nothing
-//	sb, _ := b.Ensure(ctx, spec)     // after ACCEPT: find or create, supervisor running
-//	// record sb.ID with the control plane (wire.ContainerRequest) before admission (R29)
+//	spec := sandbox.SpecFromTurn(payload.Turn)
+//	err := b.Preflight(ctx, spec)   // before ACCEPT; starts, creates, changes nothing
+//	sb, err := b.Ensure(ctx, spec)  // after ACCEPT: find or create; the supervisor answers
+//	sess.RecordContainer(ctx, sb.Backend, sb.ID) // before admission (R29)
 //	c := sb.Client()
-//	act, _ := c.Activate(ctx)        // fences every older activation token
-//	// admission receipt from the control plane, then — and only then — the prompt, once (R25):
-//	turn, _ := c.Run(ctx, act.ID, spec.AgentCommand, prompt)
-//	for { ev, err := turn.Next(); if err == io.EOF { break } ... }
-//	res, _ := turn.Result()
-//	rcpt, _ := c.Settle(ctx, act.ID) // same receipt again until another activation (R26)
+//	act, err := c.Activate(ctx)     // fences every older token, stops its agent
+//	// act.NativeTurn against payload.Turn.NativeTurn: the boundary to resume (R31)
+//	adm, err := sess.Admit(ctx, act.ID)
+//	turn, err := settlement.SendPrompt(turnCtx, adm, func(ctx context.Context, p string) (*sandbox.Turn, error) {
+//		return c.Run(ctx, act.ID, spec.AgentCommand, p) // the prompt, once (R25)
+//	})
+//	defer turn.Close()
+//	for {
+//		ev, err := turn.Next()      // io.EOF: the agent ended on its own
+//		if err != nil { break }
+//		sess.Event(ev.Type, ev.Data)
+//	}
+//	res, err := turn.Result()       // exit code, native turn
+//	boundary, err := sess.Settle(ctx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
+//		return c.Settle(ctx, act.ID) // same receipt again until another activation (R26)
+//	})
+//
+// turnCtx bounds the whole turn (the execution timeout, R5, and the lease):
+// when it ends, the driving connection closes and the supervisor kills the
+// agent.
 //
 // Who may import: runner (and the turn child it runs), the backends
 // (sandbox/process, sandbox/docker) and sandbox/supervisor. sandbox imports

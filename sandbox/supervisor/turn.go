@@ -311,8 +311,8 @@ func makeEvent(seq int64, line []byte, truncated bool) (sandbox.Event, int64) {
 	return ev, 0
 }
 
-func readRequest(conn net.Conn) (sandbox.Request, error) {
-	line, err := sandbox.ReadLine(bufio.NewReaderSize(conn, 64<<10), sandbox.MaxMessageBytes)
+func readRequest(r io.Reader) (sandbox.Request, error) {
+	line, err := sandbox.ReadLine(bufio.NewReaderSize(r, 64<<10), sandbox.MaxMessageBytes)
 	if err != nil {
 		return sandbox.Request{}, err
 	}
