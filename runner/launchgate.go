@@ -24,12 +24,12 @@ type launchGate struct {
 	pausedUntil time.Time
 }
 
-func newLaunchGate(threshold int, initial, max time.Duration) *launchGate {
+func newLaunchGate(threshold int, initial, max time.Duration, jitter float64) *launchGate {
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(initial),
 		backoff.WithMaxInterval(max),
 		backoff.WithMaxElapsedTime(0), // never give up: a host keeps trying
-		backoff.WithRandomizationFactor(0.3),
+		backoff.WithRandomizationFactor(jitter),
 	)
 	return &launchGate{threshold: threshold, bo: bo}
 }

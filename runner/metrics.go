@@ -1,7 +1,11 @@
 package runner
 
 import (
+	"net/http"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/runnerd/runnerd/diagnostics"
 )
 
 // Metrics are the daemon's Prometheus series. NewMetrics registers them on
@@ -39,4 +43,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.LeasesHeld, m.Renewals, m.LaunchFailures, m.Turns, m.ClaimToAccept)
 	}
 	return m
+}
+
+// countRenewals counts renewal answers by result class ("ok", "http_409",
+// "timeout", …) as they happen: it wraps the renewal client's transport,
+// which carries nothing but renewals.
+type countRenewals struct {
+	base http.RoundTripper
+	m    *Metrics
+}
+
+func (c countRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	switch {
+	case err != nil:
+		c.m.Renewals.WithLabelValues(diagnostics.Class(err)).Inc()
+	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
+		c.m.Renewals.WithLabelValues("ok").Inc()
+	default:
+		c.m.Renewals.WithLabelValues(diagnostics.StatusClass(resp.StatusCode)).Inc()
+	}
+	return resp, err
 }

@@ -38,7 +38,12 @@ func openStateDir(root string) (stateDir, error) {
 	if root == "" {
 		return stateDir{}, errors.New("state directory: not set")
 	}
-	if err := os.MkdirAll(filepath.Join(root, "attempts"), 0o700); err != nil {
+	dir := filepath.Join(root, "attempts")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return stateDir{}, fmt.Errorf("state directory: %w", err)
+	}
+	// The files hold worker tokens: nobody else may even list them.
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return stateDir{}, fmt.Errorf("state directory: %w", err)
 	}
 	return stateDir{root: root}, nil
@@ -94,31 +99,57 @@ func (s stateDir) remove(attemptID string) error {
 	return syncDir(filepath.Join(s.root, "attempts"))
 }
 
-// load returns every persisted attempt, oldest claim first.
-func (s stateDir) load() ([]record, error) {
+// load returns every persisted attempt, oldest claim first, and the names
+// of files that could not be read as one; those are renamed *.corrupt, so
+// that they are kept for an operator but not read again.
+func (s stateDir) load() ([]record, []string) {
 	dir := filepath.Join(s.root, "attempts")
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("read state directory: %w", err)
+		return nil, []string{"attempts"}
 	}
-	var out []record
+	var (
+		out []record
+		bad []string
+	)
 	for _, e := range ents {
 		name := e.Name()
 		if e.IsDir() || !strings.HasSuffix(name, ".json") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return nil, fmt.Errorf("read state directory: %w", err)
-		}
 		var r record
-		if err := json.Unmarshal(b, &r); err != nil {
-			return nil, fmt.Errorf("read state directory: %s is corrupt: %w", name, err)
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		if err == nil && r.Claim.AttemptID+".json" != name {
+			err = errors.New("attempt id does not match the file name")
+		}
+		if err != nil {
+			bad = append(bad, name)
+			_ = os.Rename(filepath.Join(dir, name), filepath.Join(dir, name+".corrupt"))
+			continue
 		}
 		out = append(out, r)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ClaimedAt.Before(out[j].ClaimedAt) })
-	return out, nil
+	return out, bad
+}
+
+// exists reports whether the attempt is still persisted.
+func (s stateDir) exists(attemptID string) bool {
+	_, err := os.Stat(s.path(attemptID))
+	return err == nil
+}
+
+// sweepTemp removes temporary files a crash left behind mid-write; the
+// files they were to replace are intact (the rename never happened).
+func (s stateDir) sweepTemp() {
+	dir := filepath.Join(s.root, "attempts")
+	tmps, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
+	for _, t := range tmps {
+		_ = os.Remove(t)
+	}
 }
 
 func syncDir(dir string) error {

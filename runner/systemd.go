@@ -1,6 +1,13 @@
 package runner
 
-// notifier is the daemon's view of the service manager (systemd's
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Notifier is the daemon's view of the service manager (systemd's
 // sd_notify). cmd gives it a real one when NOTIFY_SOCKET is set; nil
 // means none.
 type Notifier interface {
@@ -9,7 +16,82 @@ type Notifier interface {
 
 // sd_notify states the daemon sends.
 const (
-	notifyReady    = "READY=1"
-	notifyWatchdog = "WATCHDOG=1"
-	notifyStopping = "STOPPING=1"
+	notifyReady    = "READY=1"    // after the first acknowledged host heartbeat
+	notifyWatchdog = "WATCHDOG=1" // while the claim and heartbeat loops are live
+	notifyStopping = "STOPPING=1" // when a drain or a stop begins
 )
+
+// Loops the watchdog watches.
+const (
+	loopClaim = iota
+	loopBeat
+	numLoops
+)
+
+var loopNames = [numLoops]string{"claim", "host_heartbeat"}
+
+// healthSlack is added to every promise a loop makes: scheduling noise is
+// not a hang.
+const healthSlack = 5 * time.Second
+
+// health is what the watchdog pets on (style 15: only on real health).
+// Each loop promises, before every wait, when it will check in again; a
+// loop past its promise is stuck. A loop that waits on a dead control plane
+// keeps its promises — an outage is not a hang, and a restart would only
+// kill the turns.
+type health struct {
+	mu    sync.Mutex
+	until [numLoops]time.Time
+}
+
+func newHealth() *health {
+	h := &health{}
+	now := time.Now()
+	for i := range h.until {
+		h.until[i] = now.Add(time.Minute)
+	}
+	return h
+}
+
+// expect is loop's promise to check in again within d.
+func (h *health) expect(loop int, d time.Duration) {
+	h.mu.Lock()
+	h.until[loop] = time.Now().Add(d)
+	h.mu.Unlock()
+}
+
+// stuck returns the first loop past its promise at now, or -1.
+func (h *health) stuck(now time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i, u := range h.until {
+		if now.After(u) {
+			return i
+		}
+	}
+	return -1
+}
+
+// watchdogLoop sends WATCHDOG=1 every WatchdogInterval while no loop is
+// stuck; one record when that stops, none while it stays so.
+func (d *Daemon) watchdogLoop(ctx context.Context) {
+	t := time.NewTicker(d.cfg.WatchdogInterval)
+	defer t.Stop()
+	reported := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if l := d.health.stuck(now); l >= 0 {
+				if !reported {
+					reported = true
+					d.log.LogAttrs(context.Background(), slog.LevelError, MsgWatchdogUnhealthy, slog.String(keyLoop, loopNames[l]))
+				}
+				continue
+			}
+			reported = false
+			d.notify(notifyWatchdog)
+		}
+	}
+}

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/runner"
+	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/sandbox"
+)
+
+// envPrefix makes a flag's environment name: --renew-interval is
+// RUNNERD_RENEW_INTERVAL.
+const envPrefix = "RUNNERD_"
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// options is `runnerd run`'s configuration: the daemon's Config without what
+// main builds (logger, notifier, backend, metrics, executable), and what
+// only main uses.
+type options struct {
+	cfg           runner.Config
+	tokenFile     string
+	metricsListen string
+	logFormat     string
+	logLevel      string
+	watchdog      time.Duration
+	warnings      []heartbeat.Warning
+	version       bool
+}
+
+// parseRun reads `runnerd run`'s flags, then the environment for every flag
+// not given (flag > environment > default). It returns one error that reads
+// as one line.
+func parseRun(args []string, getenv func(string) string) (options, error) {
+	var o options
+	c := &o.cfg
+	fs := flag.NewFlagSet("runnerd run", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	hostname, _ := os.Hostname()
+	var (
+		leaseTTL                       time.Duration
+		interval, timeout, retry       time.Duration
+		dockerCPUs                     float64
+		dockerPids, dockerMemory       int64
+		receiptTimeout, receiptRetry   time.Duration
+		launchBackoff, launchBackoffMx time.Duration
+	)
+	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL")
+	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
+	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
+	fs.IntVar(&c.Capacity, "capacity", runner.DefaultCapacity, "turns run at once")
+	fs.StringVar(&c.Sandbox, "sandbox", sandbox.BackendProcess, "sandbox backend: process or docker")
+	fs.DurationVar(&leaseTTL, "lease-ttl", heartbeat.DefaultLeaseTTL, "attempt lease; at least renew-interval + renew-timeout (R12)")
+	fs.DurationVar(&interval, "renew-interval", heartbeat.DefaultInterval, "lease renewal interval")
+	fs.DurationVar(&timeout, "renew-timeout", heartbeat.DefaultRequestTimeout, "lease renewal request timeout")
+	fs.DurationVar(&retry, "renew-retry", heartbeat.DefaultRetryDelay, "delay before retrying a failed renewal")
+	fs.DurationVar(&c.ExecTimeout, "exec-timeout", runner.DefaultExecTimeout, "agent turn execution timeout (R5)")
+	fs.DurationVar(&c.ExecTimeoutMargin, "exec-timeout-margin", runner.DefaultExecTimeoutMargin, "time past exec-timeout before the daemon stops a turn child itself")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", runner.DefaultDrainTimeout, "how long running turns may finish after SIGTERM")
+	fs.DurationVar(&c.StopGrace, "stop-grace", runner.DefaultStopGrace, "STOP frame to SIGTERM of a turn's process group")
+	fs.DurationVar(&c.KillGrace, "kill-grace", runner.DefaultKillGrace, "SIGTERM to SIGKILL of a turn's process group")
+	fs.IntVar(&c.LaunchFailures, "launch-failures", runner.DefaultLaunchFailures, "launch failures in a row that pause claiming (R37)")
+	fs.DurationVar(&launchBackoff, "launch-backoff", runner.DefaultLaunchBackoff, "first claiming pause after launch failures")
+	fs.DurationVar(&launchBackoffMx, "launch-backoff-max", runner.DefaultLaunchBackoffMax, "longest claiming pause after launch failures")
+	fs.DurationVar(&c.ClaimWait, "claim-wait", runner.DefaultClaimWait, "long poll of one claim")
+	fs.DurationVar(&c.ClaimBackoff, "claim-backoff", runner.DefaultClaimBackoff, "first wait after a failed claim")
+	fs.DurationVar(&c.ClaimBackoffMax, "claim-backoff-max", runner.DefaultClaimBackoffMax, "longest wait after failed claims")
+	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
+	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
+	fs.DurationVar(&receiptTimeout, "receipt-timeout", 10*time.Second, "timeout of each receipt or report try (R24)")
+	fs.DurationVar(&receiptRetry, "receipt-retry", 5*time.Second, "pause between receipt or report tries (R24)")
+	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics (empty: off)")
+	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.Docker.Network, "docker-network", "none", "docker backend: container network")
+	fs.Int64Var(&dockerPids, "docker-pids", 256, "docker backend: process limit per container (negative: none)")
+	fs.Int64Var(&dockerMemory, "docker-memory", 2<<30, "docker backend: memory limit in bytes (negative: none)")
+	fs.Float64Var(&dockerCPUs, "docker-cpus", 1, "docker backend: CPUs per container (negative: none)")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+
+	if err := fs.Parse(args); err != nil {
+		return o, oneLine(err)
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var envErrs []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] || f.Name == "version" {
+			return
+		}
+		if v := getenv(envName(f.Name)); v != "" {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErrs = append(envErrs, fmt.Sprintf("%s: invalid value %q for --%s", envName(f.Name), v, f.Name))
+			}
+		}
+	})
+	if len(envErrs) > 0 {
+		sort.Strings(envErrs)
+		return o, errors.New(envErrs[0])
+	}
+	if o.version {
+		return o, nil
+	}
+
+	// R12 and the renewal timings, checked together.
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"renew-interval", interval}, {"renew-timeout", timeout}, {"renew-retry", retry}} {
+		if d.v <= 0 {
+			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)
+		}
+	}
+	if retry > interval {
+		return o, fmt.Errorf("--renew-retry %v is longer than --renew-interval %v", retry, interval)
+	}
+	leaseSet := given["lease-ttl"] || getenv(envName("lease-ttl")) != ""
+	t, warns, err := heartbeat.ResolveTimings(heartbeat.TimingInputs{
+		LeaseTTLFlag:    leaseTTL,
+		LeaseTTLFlagSet: leaseSet,
+		LeaseTTLEnv:     getenv(heartbeat.EnvLeaseTTL),
+		Interval:        interval,
+		RequestTimeout:  timeout,
+		RetryDelay:      retry,
+	})
+	if err != nil {
+		return o, err
+	}
+	c.Timings, o.warnings = t, warns
+
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"exec-timeout", c.ExecTimeout}, {"exec-timeout-margin", c.ExecTimeoutMargin}, {"drain-timeout", c.DrainTimeout},
+		{"stop-grace", c.StopGrace}, {"kill-grace", c.KillGrace}, {"launch-backoff", launchBackoff},
+		{"launch-backoff-max", launchBackoffMx}, {"claim-wait", c.ClaimWait}, {"claim-backoff", c.ClaimBackoff},
+		{"claim-backoff-max", c.ClaimBackoffMax}, {"host-heartbeat-interval", c.HostHeartbeatInterval},
+		{"control-timeout", c.ControlTimeout}, {"receipt-timeout", receiptTimeout}, {"receipt-retry", receiptRetry},
+		{"watchdog-interval", o.watchdog},
+	} {
+		if d.v <= 0 {
+			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)
+		}
+	}
+	switch {
+	case c.ControlPlaneURL == "":
+		return o, errors.New("--control-plane is required")
+	case !strings.HasPrefix(c.ControlPlaneURL, "http://") && !strings.HasPrefix(c.ControlPlaneURL, "https://"):
+		return o, fmt.Errorf("--control-plane %q: want an http:// or https:// URL", c.ControlPlaneURL)
+	case c.HostName == "":
+		return o, errors.New("--host-name is required (the host name could not be read)")
+	case c.StateDir == "":
+		return o, errors.New("--state-dir is required")
+	case o.tokenFile == "":
+		return o, errors.New("--host-token-file is required")
+	case c.Capacity < 1:
+		return o, fmt.Errorf("--capacity %d: must be at least 1", c.Capacity)
+	case c.LaunchFailures < 1:
+		return o, fmt.Errorf("--launch-failures %d: must be at least 1", c.LaunchFailures)
+	case launchBackoffMx < launchBackoff:
+		return o, fmt.Errorf("--launch-backoff-max %v is shorter than --launch-backoff %v", launchBackoffMx, launchBackoff)
+	case c.ClaimBackoffMax < c.ClaimBackoff:
+		return o, fmt.Errorf("--claim-backoff-max %v is shorter than --claim-backoff %v", c.ClaimBackoffMax, c.ClaimBackoff)
+	case c.Sandbox != sandbox.BackendProcess && c.Sandbox != sandbox.BackendDocker:
+		return o, fmt.Errorf("--sandbox %q: want process or docker", c.Sandbox)
+	case o.logFormat != "json" && o.logFormat != "text":
+		return o, fmt.Errorf("--log-format %q: want json or text", o.logFormat)
+	}
+	if _, err := parseLevel(o.logLevel); err != nil {
+		return o, err
+	}
+	c.LaunchBackoff, c.LaunchBackoffMax = launchBackoff, launchBackoffMx
+	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
+	c.LogFormat = o.logFormat
+	c.Docker = turn.DockerOptions{
+		Network:     c.Docker.Network,
+		PidsLimit:   dockerPids,
+		MemoryBytes: dockerMemory,
+		NanoCPUs:    int64(dockerCPUs * 1e9),
+	}
+	if dockerCPUs < 0 {
+		c.Docker.NanoCPUs = -1
+	}
+	return o, nil
+}
+
+// oneLine keeps the flag package's first line ("invalid value … for flag
+// -x: …") and drops its usage text.
+func oneLine(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return errors.New("usage: runnerd run [flags]; see docs/operations.md for every flag and its RUNNERD_ variable")
+	}
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return errors.New(s)
+}

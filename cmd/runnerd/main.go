@@ -1,0 +1,256 @@
+// Command runnerd is the sandbox host agent. One executable, three roles,
+// chosen by the first argument before anything else happens:
+//
+//	runnerd run        the host daemon (package runner)
+//	runnerd turn       one turn's child, started by the daemon with fd 3 (runner/turn)
+//	runnerd supervise  a sandbox's manager (sandbox/supervisor)
+//	runnerd version    the version (also `runnerd run --version`)
+//
+// Only this file and config.go read flags and the environment, install
+// signal handlers and call os.Exit.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/runner"
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/sandbox/supervisor"
+)
+
+// version is set at build time (-X main.version=…).
+var version = "dev"
+
+const usage = "usage: runnerd run [flags] | runnerd turn | runnerd supervise [flags] | runnerd version"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+	switch os.Args[1] {
+	case "turn":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		code := runTurn(ctx, os.Stderr)
+		stop()
+		os.Exit(code)
+	case "supervise":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		code := supervisor.Main(ctx, os.Args[2:], os.Stderr)
+		stop()
+		os.Exit(code)
+	case "run":
+		os.Exit(runDaemon(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
+	case "version", "--version", "-version":
+		fmt.Println("runnerd", version)
+	default:
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+}
+
+// runDaemon is `runnerd run`. Bad configuration is one line on stderr and
+// exit status 2; a failure to start is one line and status 1.
+func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o, err := parseRun(args, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 2
+	}
+	if o.version {
+		fmt.Fprintln(stdout, "runnerd", version)
+		return 0
+	}
+	level, _ := parseLevel(o.logLevel)
+	var h slog.Handler = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	if o.logFormat == "text" {
+		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(h)
+	rec := diagnostics.NewRecorder(log)
+	for _, w := range o.warnings {
+		rec.ConfigIgnored(context.Background(), w.Setting, w.Given, w.Used, w.Reason)
+	}
+
+	cfg := o.cfg
+	cfg.Logger = log
+	cfg.Version = version
+	cfg.ChildStderr = stderr
+	cfg.HostToken, err = readToken(o.tokenFile, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 2
+	}
+	if cfg.Executable, err = os.Executable(); err != nil {
+		fmt.Fprintln(stderr, "runnerd: cannot find its own executable: "+err.Error())
+		return 1
+	}
+	if cfg.Backend, err = backend(cfg, log); err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 1
+	}
+
+	// systemd: NOTIFY_SOCKET set means Type=notify; WATCHDOG_USEC sets the pace.
+	if getenv("NOTIFY_SOCKET") != "" {
+		cfg.Notifier = sdNotifier{}
+		cfg.WatchdogInterval = o.watchdog
+		if wd, err := daemon.SdWatchdogEnabled(false); err == nil && wd > 0 {
+			cfg.WatchdogInterval = wd / 2
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Metrics = runner.NewMetrics(reg)
+
+	d, err := runner.New(cfg)
+	if err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 2
+	}
+
+	var metricsSrv *http.Server
+	metricsDone := make(chan struct{})
+	if o.metricsListen != "" {
+		l, err := net.Listen("tcp", o.metricsListen)
+		if err != nil {
+			fmt.Fprintln(stderr, "runnerd: --metrics-listen: "+err.Error())
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() {
+			defer close(metricsDone)
+			_ = metricsSrv.Serve(l)
+		}()
+		log.Info("runnerd_metrics_listening", slog.String("addr", l.Addr().String()))
+	} else {
+		close(metricsDone)
+	}
+
+	// The first SIGTERM or SIGINT drains; a second one stops at once.
+	ctx, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	sigDone := make(chan struct{})
+	go func() {
+		defer close(sigDone)
+		for n := 0; ; n++ {
+			select {
+			case <-sigs:
+				if n == 0 {
+					d.Drain()
+				} else {
+					hardStop()
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+
+	err = d.Run(ctx)
+	hardStop()
+	<-sigDone
+	if metricsSrv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		cancel()
+	}
+	<-metricsDone
+	if err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 1
+	}
+	return 0
+}
+
+// readToken reads the host token file. A file others can read gets a
+// warning record (never the token).
+func readToken(path string, log *slog.Logger) (string, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("runnerd_token_file_mode", slog.String("mode", fi.Mode().Perm().String()), slog.String("want", "-rw-------"))
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
+		return "", errors.New("--host-token-file: the file must hold one token on one line")
+	}
+	return tok, nil
+}
+
+// backend is the daemon's own handle on the sandboxes, used to remove a
+// LOST conversation's sandbox; the turn children build their own.
+func backend(cfg runner.Config, log *slog.Logger) (sandbox.Backend, error) {
+	switch cfg.Sandbox {
+	case sandbox.BackendDocker:
+		engine, err := docker.EngineFromEnv()
+		if err != nil {
+			return nil, fmt.Errorf("docker engine: %w", err)
+		}
+		b, err := docker.New(docker.Config{
+			Engine:      engine,
+			Host:        cfg.HostName,
+			StateDir:    cfg.StateDir,
+			RunnerdPath: cfg.Executable,
+			Network:     cfg.Docker.Network,
+			PidsLimit:   cfg.Docker.PidsLimit,
+			MemoryBytes: cfg.Docker.MemoryBytes,
+			NanoCPUs:    cfg.Docker.NanoCPUs,
+			Logger:      log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return processBackend(cfg, log)
+}
+
+// sdNotifier is sd_notify through go-systemd; it reads NOTIFY_SOCKET itself.
+type sdNotifier struct{}
+
+func (sdNotifier) Notify(state string) error {
+	ok, err := daemon.SdNotify(false, state)
+	if err == nil && !ok {
+		return errors.New("NOTIFY_SOCKET is not set")
+	}
+	return err
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("--log-level %q: want debug, info, warn or error", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,347 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/settlement"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Classes of reports the daemon builds itself when the child gave none.
+const (
+	ClassChildExited      = "child_exited"
+	ClassKilled           = "killed"
+	ClassExecutionTimeout = handover.ClassExecutionTimeout
+	ClassBadResult        = "bad_result"
+	ClassStateUnwritable  = "state_unwritable"
+	ClassWorkerLost       = "daemon_restarted"
+	ClassHostStopped      = "host_stopped"
+	ClassReleaseRefused   = "release_refused"
+)
+
+// Why the daemon stopped a turn. The first reason wins; lease loss
+// overrides everything, because then nothing more is written.
+type stopReason int
+
+const (
+	stopNone   stopReason = iota
+	stopCancel            // the user's cancel, from a renewal answer (P7)
+	stopDrain             // the drain timeout passed
+	stopHard              // the daemon's hard stop: persist, send nothing
+	stopLease             // the lease is gone: write nothing (R8, R10, R11)
+)
+
+func (s stopReason) String() string {
+	return [...]string{"", "cancel", "drain_timeout", "shutdown", "lease_lost"}[s]
+}
+
+// attempt is one claimed attempt while the daemon holds it.
+type attempt struct {
+	d       *Daemon
+	claim   wire.Claim
+	id      diagnostics.Attempt
+	ref     wire.AttemptRef
+	renewer *heartbeat.Renewer
+
+	fenced context.Context // done once the lease is gone
+	fence  context.CancelFunc
+
+	mu      sync.Mutex
+	reason  stopReason
+	facts   settlement.Facts
+	session *settlement.Session
+}
+
+func (a *attempt) stop(r stopReason) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if r == stopLease || a.reason == stopNone {
+		a.reason = r
+	}
+	if r == stopLease {
+		a.fence()
+		if a.session != nil {
+			a.session.LeaseLost()
+		}
+	}
+}
+
+func (a *attempt) stopReason() stopReason {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.reason
+}
+
+func (a *attempt) onProgress(body []byte) {
+	var p turn.Progress
+	if json.Unmarshal(body, &p) != nil {
+		return // a progress record is advice; the RESULT or the lease decides
+	}
+	a.mu.Lock()
+	a.facts = p.Facts
+	a.mu.Unlock()
+}
+
+func (a *attempt) lastFacts() settlement.Facts {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.facts
+}
+
+// runAttempt is one attempt's life, from the claim to the forgotten state
+// file. runCtx is Run's: its end is the hard stop.
+func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
+	a := &attempt{
+		d:     d,
+		claim: claim,
+		id:    diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
+		ref:   wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+	}
+	a.fenced, a.fence = context.WithCancel(context.Background())
+	defer a.fence()
+
+	// 1. Persist before anything else: a restart must find every lease we hold.
+	if err := d.state.save(record{Claim: claim, ClaimedAt: time.Now()}); err != nil {
+		// Nothing was launched and nothing is renewed: the lease runs out and
+		// the reaper requeues the never-admitted job without counting it (P6).
+		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist", err)
+		d.launchFailed(a.id, "not_launched", ClassStateUnwritable)
+		return
+	}
+	// 2. The claim record, 3. the renewer.
+	d.rec.AttemptClaimed(context.Background(), a.id, claim.LeaseGeneration, d.workerID, d.cfg.HostName)
+	d.m.LeasesHeld.Inc()
+	defer d.m.LeasesHeld.Dec()
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log},
+		heartbeat.AttemptFromClaim(claim, sent))
+	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
+
+	// The watcher turns the renewer's news and the daemon's stops into one
+	// stop of the child (launch context), whatever stage it is in.
+	launchCtx, stopChild := context.WithCancel(context.Background())
+	defer stopChild()
+	over := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		a.watch(runCtx, stopChild, over)
+	}()
+	defer func() { close(over); <-watched }()
+
+	// 4. Launch.
+	t, err := handover.Launch(launchCtx, d.handoverConfig(a), handover.Payload{
+		Echo: handover.Echo{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		Data: d.payload(claim),
+	})
+	if err != nil {
+		d.notAccepted(runCtx, a, err)
+		return
+	}
+	d.gate.success()
+	d.m.ClaimToAccept.Observe(time.Since(sent).Seconds())
+
+	// 5. Accepted: the turn runs until its RESULT or its end.
+	ended := t.Wait()
+	d.turnEnded(a, ended)
+	if a.stopReason() == stopLease {
+		d.forget(a, "lease_lost")
+		return
+	}
+	rep, outcome := d.reportOf(a, ended)
+	d.finish(runCtx, a, rep, outcome)
+}
+
+// watch stops the child when the lease is lost, the user cancels, the drain
+// times out or the daemon stops hard. It ends with over.
+func (a *attempt) watch(runCtx context.Context, stopChild context.CancelFunc, over <-chan struct{}) {
+	d := a.d
+	cancelled := a.renewer.CancelRequested()
+	drained := (<-chan struct{})(d.stopTurns)
+	hard := runCtx.Done()
+	for {
+		select {
+		case <-a.renewer.Done():
+			if a.renewer.Verdict().Outcome != heartbeat.Stopped {
+				a.stop(stopLease)
+				d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopLease.String()))
+				stopChild()
+			}
+			<-over
+			return
+		case <-cancelled:
+			cancelled = nil
+			a.stop(stopCancel)
+			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
+			stopChild() // renewal goes on while the child stops (R13)
+		case <-drained:
+			drained = nil
+			a.stop(stopDrain)
+			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByDrain)
+			stopChild()
+		case <-hard:
+			hard = nil
+			a.stop(stopHard)
+			d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopHard.String()))
+			stopChild()
+		case <-over:
+			return
+		}
+	}
+}
+
+func (d *Daemon) handoverConfig(a *attempt) handover.Config {
+	return handover.Config{
+		Path:             d.cfg.Executable,
+		Args:             d.cfg.TurnArgs,
+		Env:              d.cfg.ChildEnv,
+		Stderr:           d.cfg.ChildStderr,
+		ExecutionTimeout: d.cfg.ExecTimeout + d.cfg.ExecTimeoutMargin,
+		StopGrace:        d.cfg.StopGrace,
+		KillGrace:        d.cfg.KillGrace,
+		OnProgress:       a.onProgress,
+	}
+}
+
+// payload is the turn child's payload (runner/turn's contract). It holds
+// the worker token: it goes only over the descriptor.
+func (d *Daemon) payload(c wire.Claim) []byte {
+	p := turn.Payload{
+		Claim:           c,
+		ControlPlaneURL: d.cfg.ControlPlaneURL,
+		Sandbox: turn.Sandbox{
+			Backend:  d.cfg.Sandbox,
+			StateDir: d.cfg.StateDir,
+			HostName: d.cfg.HostName,
+			Runnerd:  d.cfg.Executable,
+			Docker:   d.cfg.Docker,
+		},
+		ExecTimeoutMS:    d.cfg.ExecTimeout.Milliseconds(),
+		RequestTimeoutMS: d.cfg.Receipts.TryTimeout.Milliseconds(),
+		RetryDelayMS:     d.cfg.Receipts.Wait.Milliseconds(),
+		LogFormat:        d.cfg.LogFormat,
+	}
+	b, _ := json.Marshal(p) // plain data: cannot fail
+	return b
+}
+
+// notAccepted handles a child that did not take its turn. Proof that it
+// never accepted releases the claim (R33) and counts a launch failure
+// (R37); anything else is no proof (R34) and is reported failed.
+func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
+	var na *handover.NotAccepted
+	if !errors.As(err, &na) {
+		na = &handover.NotAccepted{Outcome: handover.OutcomeUnconfirmed, Class: handover.ClassProtocol, Err: err}
+	}
+	why := a.stopReason()
+	if why == stopLease {
+		d.forget(a, "lease_lost")
+		return
+	}
+	if why == stopNone {
+		d.launchFailed(a.id, na.Outcome.String(), na.Class)
+	}
+	if rel, ok := na.Release(); ok {
+		req := wire.ReleaseRequest{AttemptRef: a.ref, Class: rel.Class()}
+		d.finish(runCtx, a, report{Release: &req}, "released")
+		return
+	}
+	outcome, class := wire.OutcomeFailed, na.Class
+	switch why {
+	case stopCancel:
+		outcome = wire.OutcomeCancelled
+	case stopDrain, stopHard:
+		outcome, class = wire.OutcomeWorkerLost, ClassHostStopped
+	}
+	rep := settlement.Facts{}.Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: "the turn child never accepted"})
+	d.finish(runCtx, a, fromSettlement(rep), outcome)
+}
+
+// launchFailed counts a launch failure and pauses claiming past the threshold.
+func (d *Daemon) launchFailed(id diagnostics.Attempt, outcome, class string) {
+	pause := d.gate.failure(class, time.Now())
+	d.m.LaunchFailures.WithLabelValues(class).Inc()
+	le := d.gate.report()
+	n := 0
+	if le != nil {
+		n = le.Consecutive
+	}
+	d.logLaunchFailed(id, outcome, class, n, pause)
+}
+
+func (d *Daemon) turnEnded(a *attempt, e handover.Ended) {
+	sig := ""
+	if e.Signal != 0 {
+		sig = e.Signal.String()
+	}
+	d.logAttempt(slog.LevelInfo, MsgTurnEnded, a.id,
+		slog.String(keyOutcome, e.Outcome.String()), slog.Int(diagnostics.KeyExitCode, e.ExitCode),
+		slog.String(diagnostics.KeySignal, sig), slog.Bool(keyStopped, e.Stopped), slog.Bool(keyTimedOut, e.TimedOut))
+	if e.TimedOut {
+		d.rec.ExecutionTimeout(context.Background(), a.id, d.cfg.ExecTimeout+d.cfg.ExecTimeoutMargin)
+	}
+}
+
+// reportOf is the terminal report of an accepted turn: the child's own from
+// its RESULT, or one built from its last PROGRESS facts.
+func (d *Daemon) reportOf(a *attempt, e handover.Ended) (report, string) {
+	if e.Outcome == handover.OutcomeResult {
+		var res turn.Result
+		if err := json.Unmarshal(e.Result, &res); err == nil && validReport(res.Report, a.ref) {
+			outcome := res.Outcome
+			if res.Report.Abandon != nil {
+				outcome = "abandoned"
+			}
+			return fromSettlement(res.Report), outcome
+		}
+		e.Outcome = handover.OutcomeExitedWithoutResult
+		e.Err = errors.New("unreadable RESULT")
+	}
+	class := ClassChildExited
+	switch {
+	case e.TimedOut:
+		class = ClassExecutionTimeout
+	case e.Err != nil:
+		class = ClassBadResult
+	case e.Outcome == handover.OutcomeKilled:
+		class = ClassKilled
+	}
+	outcome := wire.OutcomeFailed
+	reason := "the turn child ended without a result"
+	switch a.stopReason() {
+	case stopCancel:
+		outcome, reason = wire.OutcomeCancelled, "cancelled by the user"
+	case stopDrain, stopHard:
+		// The host, not the turn, ended it: a never-admitted job runs again
+		// without counting an attempt (P6); an admitted one is LOST.
+		outcome, class, reason = wire.OutcomeWorkerLost, ClassHostStopped, "stopped by the host daemon's shutdown"
+	}
+	rep := a.lastFacts().Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: reason})
+	if rep.Abandon != nil {
+		outcome = "abandoned"
+	}
+	return fromSettlement(rep), outcome
+}
+
+// validReport: exactly one of finish and abandon, about this attempt.
+func validReport(r settlement.Report, ref wire.AttemptRef) bool {
+	switch {
+	case r.Finish != nil && r.Abandon == nil:
+		return r.Finish.AttemptRef == ref && r.Finish.Outcome != ""
+	case r.Abandon != nil && r.Finish == nil:
+		return r.Abandon.AttemptRef == ref && r.Abandon.Class != ""
+	}
+	return false
+}
+
+func fromSettlement(r settlement.Report) report {
+	return report{Finish: r.Finish, Abandon: r.Abandon}
+}

@@ -1,0 +1,173 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// idleCheck is how often a loop with nothing to do checks in with the watchdog.
+const idleCheck = 5 * time.Second
+
+// claimLoop long-polls for turns while there is free capacity, no launch
+// backoff, no drain and an accepted host token. runCtx is Run's (the hard
+// stop); loops ends the loop.
+func (d *Daemon) claimLoop(runCtx, loops context.Context) {
+	// A drain or a hard stop cancels the long poll in flight.
+	claimCtx, cancel := context.WithCancel(loops)
+	defer cancel()
+	defer context.AfterFunc(runCtx, cancel)()
+	defer context.AfterFunc(d.drainCtx, cancel)()
+	stop := claimCtx.Done()
+
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(d.cfg.ClaimBackoff),
+		backoff.WithMaxInterval(d.cfg.ClaimBackoffMax),
+		backoff.WithMaxElapsedTime(0),
+		backoff.WithRandomizationFactor(d.cfg.Jitter),
+	)
+	failing := false
+	idle := func() bool {
+		d.health.expect(loopClaim, idleCheck+healthSlack)
+		t := time.NewTimer(idleCheck)
+		defer t.Stop()
+		select {
+		case <-stop:
+			return false
+		case <-d.slotFreed:
+		case <-t.C:
+		}
+		return true
+	}
+	wait := func(dur time.Duration) bool {
+		d.health.expect(loopClaim, dur+healthSlack)
+		return sleep(stop, dur)
+	}
+	for claimCtx.Err() == nil {
+		if d.isHostRefused() {
+			if !idle() {
+				return
+			}
+			continue
+		}
+		if p := d.gate.pause(time.Now()); p > 0 {
+			if !wait(p) {
+				return
+			}
+			continue
+		}
+		if !d.takeSlot() {
+			if !idle() {
+				return
+			}
+			continue
+		}
+		d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
+		sent := time.Now()
+		ctx, cancelClaim := context.WithTimeout(claimCtx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
+		claim, err := d.control.Claim(ctx, d.cfg.HostToken, wire.ClaimRequest{
+			WaitMS:     d.cfg.ClaimWait.Milliseconds(),
+			LeaseTTLMS: d.cfg.Timings.LeaseTTL.Milliseconds(),
+		})
+		cancelClaim()
+		switch status := diagnostics.Status(err); {
+		case err == nil:
+			d.claimDone(true)
+			failing = false
+			bo.Reset()
+			d.attempts.Add(1)
+			go func() {
+				defer d.attempts.Done()
+				defer d.freeSlot()
+				d.runAttempt(runCtx, claim, sent)
+			}()
+		case claimCtx.Err() != nil:
+			d.claimDone(false)
+			return
+		case errors.Is(err, wire.ErrNoClaim):
+			d.claimDone(false)
+			if failing {
+				failing = false
+				d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
+			}
+			bo.Reset()
+			// The long poll already waited; a short random pause keeps a
+			// fleet's polls apart.
+			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
+				return
+			}
+		case status == http.StatusUnauthorized || status == http.StatusForbidden:
+			d.claimDone(false)
+			d.refuseHost("claim", status)
+		default:
+			d.claimDone(false)
+			if !failing {
+				failing = true
+				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
+			}
+			if !wait(bo.NextBackOff()) {
+				return
+			}
+		}
+	}
+}
+
+// hostBeatLoop reports the host's status every HostHeartbeatInterval (with
+// jitter), and at once when a drain begins: capacity, running turns,
+// draining, launch_error (R37). The first acknowledged one sends READY=1.
+func (d *Daemon) hostBeatLoop(ctx context.Context) {
+	stop := ctx.Done()
+	ready, failing := false, false
+	for {
+		d.health.expect(loopBeat, d.cfg.ControlTimeout+d.cfg.HostHeartbeatInterval*2+healthSlack)
+		if !d.isHostRefused() {
+			hb := wire.HostHeartbeat{
+				Capacity:    d.cfg.Capacity,
+				Running:     d.running(),
+				Draining:    d.draining(),
+				LaunchError: d.gate.report(),
+				Version:     d.cfg.Version,
+			}
+			rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
+			_, err := d.control.HostHeartbeat(rctx, d.cfg.HostToken, hb)
+			cancel()
+			status := diagnostics.Status(err)
+			switch {
+			case err == nil:
+				if failing {
+					failing = false
+					d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "host_heartbeat"))
+				}
+				if !ready {
+					ready = true
+					d.notify(notifyReady)
+				}
+			case ctx.Err() != nil:
+				return
+			case status == http.StatusUnauthorized || status == http.StatusForbidden:
+				d.refuseHost("host_heartbeat", status)
+			default:
+				if !failing {
+					failing = true
+					d.rec.ControlFailure(context.Background(), "host_heartbeat", diagnostics.Attempt{}, err)
+				}
+			}
+		}
+		t := time.NewTimer(jitter(d.cfg.HostHeartbeatInterval, d.cfg.Jitter))
+		select {
+		case <-stop:
+			t.Stop()
+			return
+		case <-d.kickBeat:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}

@@ -1,0 +1,237 @@
+package runner
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/settlement"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultCapacity              = 2
+	DefaultExecTimeout           = handover.DefaultExecutionTimeout // R5: 3,600 s
+	DefaultExecTimeoutMargin     = 2 * time.Minute
+	DefaultStopGrace             = handover.DefaultStopGrace
+	DefaultKillGrace             = handover.DefaultKillGrace
+	DefaultDrainTimeout          = 15 * time.Minute
+	DefaultLaunchFailures        = 3
+	DefaultLaunchBackoff         = 10 * time.Second
+	DefaultLaunchBackoffMax      = 5 * time.Minute
+	DefaultClaimWait             = 30 * time.Second
+	DefaultClaimBackoff          = time.Second
+	DefaultClaimBackoffMax       = time.Minute
+	DefaultHostHeartbeatInterval = 10 * time.Second
+	DefaultControlTimeout        = 30 * time.Second // R6
+	DefaultJitter                = 0.2
+)
+
+// Config configures a Daemon. Zero fields mean the default; the first four
+// are required. cmd/runnerd fills it from flags and the environment.
+type Config struct {
+	// ControlPlaneURL is the control plane's base address.
+	ControlPlaneURL string
+	// HostToken authenticates claims and host heartbeats. Never logged.
+	HostToken string
+	// HostName names this host in records and in the turn payload.
+	HostName string
+	// StateDir holds the persisted attempts (attempts/*.json, 0600) and is
+	// handed to the sandbox backend through the turn payload.
+	StateDir string
+
+	// Capacity is how many turns run at once. Default 2.
+	Capacity int
+	// Sandbox is the backend name handed to the turn child: "process"
+	// (default) or "docker"; Docker carries the docker backend's limits.
+	Sandbox string
+	Docker  turn.DockerOptions
+	// Backend removes the sandbox of a conversation the control plane
+	// reports LOST. Nil: nothing is removed (a record says so).
+	Backend sandbox.Backend
+
+	// Timings are the lease renewal timings, already checked against R12
+	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.
+	Timings heartbeat.Timings
+	// RenewHTTP configures the renewal client's transport (its request
+	// timeout is Timings.RequestTimeout). Tests set DialContext.
+	RenewHTTP heartbeat.HTTPConfig
+
+	// ExecTimeout bounds the agent turn (R5), default 3,600 s. The child
+	// enforces it; the daemon stops a child still alive ExecTimeoutMargin
+	// later (default 2 min), time for its settlement and report.
+	ExecTimeout       time.Duration
+	ExecTimeoutMargin time.Duration
+	// StopGrace is STOP → SIGTERM of the child's group, KillGrace SIGTERM →
+	// SIGKILL. Default 10 s each. The control plane's reaper grace must be
+	// at least their sum (P3).
+	StopGrace time.Duration
+	KillGrace time.Duration
+	// DrainTimeout bounds a drain: running turns may finish for this long,
+	// then they are stopped. Default 15 min.
+	DrainTimeout time.Duration
+
+	// LaunchFailures is how many launch failures in a row pause claiming
+	// (R37), default 3; the pause starts at LaunchBackoff (default 10 s)
+	// and doubles up to LaunchBackoffMax (default 5 min).
+	LaunchFailures   int
+	LaunchBackoff    time.Duration
+	LaunchBackoffMax time.Duration
+
+	// ClaimWait is the long poll of one claim (default 30 s). A failed claim
+	// is retried after ClaimBackoff (default 1 s), doubling up to
+	// ClaimBackoffMax (default 1 min). Every wait carries ±Jitter.
+	ClaimWait       time.Duration
+	ClaimBackoff    time.Duration
+	ClaimBackoffMax time.Duration
+	// HostHeartbeatInterval is the period of the host heartbeat (default 10 s).
+	HostHeartbeatInterval time.Duration
+	// ControlTimeout bounds control requests other than renewals and
+	// receipts (R6), default 30 s; a claim gets ClaimWait on top.
+	ControlTimeout time.Duration
+	// Jitter is the fraction by which polling and backoff waits vary
+	// (default 0.2; negative means none).
+	Jitter float64
+	// Receipts is the retry policy of terminal reports and releases (R24).
+	Receipts settlement.Policy
+
+	// Notifier receives READY=1, WATCHDOG=1 and STOPPING=1; nil means none.
+	// WatchdogInterval is the period of WATCHDOG=1 (0: no watchdog).
+	Notifier         Notifier
+	WatchdogInterval time.Duration
+
+	// Executable is the runnerd binary re-entered for each turn with
+	// TurnArgs (default ["turn"]). Required.
+	Executable string
+	TurnArgs   []string
+	// ChildEnv is the turn child's environment before handover filters it;
+	// nil means the daemon's own.
+	ChildEnv []string
+	// ChildStderr receives the children's stderr (their records); nil
+	// discards it.
+	ChildStderr io.Writer
+	// LogFormat ("json" or "text") is handed to the child for its records.
+	LogFormat string
+	// Version is reported in host heartbeats.
+	Version string
+
+	// Transport carries control requests (claims, host heartbeats,
+	// reports); nil means a clone of http.DefaultTransport.
+	Transport http.RoundTripper
+	// Logger receives the daemon's records; nil discards them.
+	Logger *slog.Logger
+	// Metrics receives the daemon's series; nil means unregistered ones.
+	Metrics *Metrics
+}
+
+func (c Config) withDefaults() (Config, error) {
+	var errs []error
+	if c.ControlPlaneURL == "" {
+		errs = append(errs, errors.New("control plane URL is required"))
+	} else if u, err := url.Parse(c.ControlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, errors.New("control plane URL must be an http or https URL"))
+	}
+	if c.HostToken == "" {
+		errs = append(errs, errors.New("host token is required"))
+	}
+	if c.HostName == "" {
+		errs = append(errs, errors.New("host name is required"))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("state directory is required"))
+	}
+	if c.Executable == "" {
+		errs = append(errs, errors.New("runnerd executable path is required"))
+	}
+	if c.Capacity < 0 || c.LaunchFailures < 0 {
+		errs = append(errs, errors.New("capacity and launch failure threshold must not be negative"))
+	}
+	switch c.Sandbox {
+	case "":
+		c.Sandbox = sandbox.BackendProcess
+	case sandbox.BackendProcess, sandbox.BackendDocker:
+	default:
+		errs = append(errs, fmt.Errorf("sandbox %q: want %q or %q", c.Sandbox, sandbox.BackendProcess, sandbox.BackendDocker))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("runner config: %w", err)
+	}
+	setInt(&c.Capacity, DefaultCapacity)
+	setInt(&c.LaunchFailures, DefaultLaunchFailures)
+	setDur(&c.ExecTimeout, DefaultExecTimeout)
+	setDur(&c.ExecTimeoutMargin, DefaultExecTimeoutMargin)
+	setDur(&c.StopGrace, DefaultStopGrace)
+	setDur(&c.KillGrace, DefaultKillGrace)
+	setDur(&c.DrainTimeout, DefaultDrainTimeout)
+	setDur(&c.LaunchBackoff, DefaultLaunchBackoff)
+	setDur(&c.LaunchBackoffMax, DefaultLaunchBackoffMax)
+	setDur(&c.ClaimWait, DefaultClaimWait)
+	setDur(&c.ClaimBackoff, DefaultClaimBackoff)
+	setDur(&c.ClaimBackoffMax, DefaultClaimBackoffMax)
+	setDur(&c.HostHeartbeatInterval, DefaultHostHeartbeatInterval)
+	setDur(&c.ControlTimeout, DefaultControlTimeout)
+	c.LaunchBackoffMax = max(c.LaunchBackoffMax, c.LaunchBackoff)
+	c.ClaimBackoffMax = max(c.ClaimBackoffMax, c.ClaimBackoff)
+	switch {
+	case c.Jitter == 0:
+		c.Jitter = DefaultJitter
+	case c.Jitter < 0:
+		c.Jitter = 0
+	case c.Jitter > 0.9:
+		c.Jitter = 0.9
+	}
+	if c.Timings.LeaseTTL <= 0 {
+		c.Timings.LeaseTTL = heartbeat.DefaultLeaseTTL
+	}
+	if c.Timings.Interval <= 0 {
+		c.Timings.Interval = heartbeat.DefaultInterval
+	}
+	if c.Timings.RequestTimeout <= 0 {
+		c.Timings.RequestTimeout = heartbeat.DefaultRequestTimeout
+	}
+	if c.Timings.RetryDelay <= 0 {
+		c.Timings.RetryDelay = heartbeat.DefaultRetryDelay
+	}
+	if c.Timings.LeaseTTL < c.Timings.MinLeaseTTL() {
+		return c, fmt.Errorf("runner config: lease %v is shorter than the renewal interval plus the request timeout (R12)", c.Timings.LeaseTTL)
+	}
+	if c.RenewHTTP.RequestTimeout <= 0 {
+		c.RenewHTTP.RequestTimeout = c.Timings.RequestTimeout
+	}
+	if len(c.TurnArgs) == 0 {
+		c.TurnArgs = []string{"turn"}
+	}
+	if c.ChildStderr == nil {
+		c.ChildStderr = io.Discard
+	}
+	if c.Transport == nil {
+		c.Transport = http.DefaultTransport.(*http.Transport).Clone()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Metrics == nil {
+		c.Metrics = NewMetrics(nil)
+	}
+	return c, nil
+}
+
+func setDur(d *time.Duration, def time.Duration) {
+	if *d <= 0 {
+		*d = def
+	}
+}
+
+func setInt(n *int, def int) {
+	if *n <= 0 {
+		*n = def
+	}
+}

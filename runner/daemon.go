@@ -1,0 +1,270 @@
+package runner
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Daemon is the host daemon. New builds it; Run runs it until it is
+// drained (Drain) or stopped (Run's context).
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	rec      diagnostics.Recorder
+	m        *Metrics
+	state    stateDir
+	gate     *launchGate
+	health   *health
+	control  *wire.Client // host-scoped calls, reports, releases
+	renew    *wire.Client // renewals only: their own transport (R3)
+	workerID string
+
+	drainCtx  context.Context // done after Drain: claiming stops
+	drain     context.CancelFunc
+	stopTurns chan struct{} // closed at the drain timeout: running turns are stopped
+	kickBeat  chan struct{} // asks the host heartbeat to report now
+
+	mu          sync.Mutex
+	busy        int  // attempts held plus a claim in flight
+	claiming    bool // a claim is in flight (counted in busy)
+	hostRefused bool
+	slotFreed   chan struct{}
+
+	attempts sync.WaitGroup
+}
+
+// New checks cfg and builds a Daemon. It starts nothing.
+func New(cfg Config) (*Daemon, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	st, err := openStateDir(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
+	renewHTTP.Transport = countRenewals{base: renewHTTP.Transport, m: cfg.Metrics}
+	d := &Daemon{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		rec:       diagnostics.NewRecorder(cfg.Logger),
+		m:         cfg.Metrics,
+		state:     st,
+		gate:      newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
+		health:    newHealth(),
+		control:   &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: &http.Client{Transport: cfg.Transport}},
+		renew:     &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: renewHTTP},
+		workerID:  fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
+		stopTurns: make(chan struct{}),
+		kickBeat:  make(chan struct{}, 1),
+		slotFreed: make(chan struct{}, 1),
+	}
+	d.drainCtx, d.drain = context.WithCancel(context.Background())
+	return d, nil
+}
+
+// Drain begins a drain: claiming stops, running turns go on with their
+// leases renewed for up to Config.DrainTimeout, then they are stopped. Run
+// returns once every turn has ended. Drain may be called many times.
+func (d *Daemon) Drain() {
+	if d.draining() {
+		return
+	}
+	d.drain()
+	select {
+	case d.kickBeat <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Daemon) draining() bool { return d.drainCtx.Err() != nil }
+
+// Run resolves the persisted attempts of an earlier run (restart.go), then
+// claims and runs turns until Drain has finished or ctx ends. Cancelling ctx
+// is the hard stop (a second signal): every turn is stopped at once, reports
+// not yet sent stay persisted for the next start, and Run returns when the
+// children are gone.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.logStarted()
+	loops, stopLoops := context.WithCancel(context.Background())
+	defer stopLoops()
+	var wg sync.WaitGroup
+
+	wg.Go(func() { d.hostBeatLoop(loops) })
+	if d.cfg.Notifier != nil && d.cfg.WatchdogInterval > 0 {
+		wg.Go(func() { d.watchdogLoop(loops) })
+	}
+
+	// Recovery is bounded by one lease; the claim loop's health waits for it.
+	d.health.expect(loopClaim, d.cfg.Timings.LeaseTTL+d.cfg.ControlTimeout+healthSlack)
+	d.recoverAll(ctx)
+
+	wg.Go(func() { d.claimLoop(ctx, loops) })
+
+	allDone := make(chan struct{})
+	select {
+	case <-d.drainCtx.Done():
+		d.notify(notifyStopping)
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgDrainStarted,
+			slog.Int("running", d.running()), slog.Int64(diagnostics.KeyLimit, d.cfg.DrainTimeout.Milliseconds()))
+		go func() { d.attempts.Wait(); close(allDone) }() // ends when the attempts end, which the drain bounds
+		timer := time.NewTimer(d.cfg.DrainTimeout)
+		select {
+		case <-allDone:
+		case <-timer.C:
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgDrainTimeout, slog.Int("running", d.running()))
+			close(d.stopTurns)
+		case <-ctx.Done():
+		}
+		timer.Stop()
+	case <-ctx.Done():
+		d.notify(notifyStopping)
+	}
+	d.Drain() // claiming stops in every case
+	d.attempts.Wait()
+	stopLoops()
+	wg.Wait()
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool("hard", ctx.Err() != nil))
+	return nil
+}
+
+func (d *Daemon) logStarted() {
+	c := d.cfg
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStarted,
+		slog.String("version", c.Version),
+		slog.String("control_plane", redactURL(c.ControlPlaneURL)),
+		slog.String("host_name", c.HostName),
+		slog.String("state_dir", c.StateDir),
+		slog.Int("capacity", c.Capacity),
+		slog.String("sandbox", c.Sandbox),
+		slog.Int64("lease_ttl_ms", c.Timings.LeaseTTL.Milliseconds()),
+		slog.Int64("renew_interval_ms", c.Timings.Interval.Milliseconds()),
+		slog.Int64("renew_timeout_ms", c.Timings.RequestTimeout.Milliseconds()),
+		slog.Int64("renew_retry_ms", c.Timings.RetryDelay.Milliseconds()),
+		slog.Int64("exec_timeout_ms", c.ExecTimeout.Milliseconds()),
+		slog.Int64("drain_timeout_ms", c.DrainTimeout.Milliseconds()),
+		slog.Int64("stop_grace_ms", c.StopGrace.Milliseconds()),
+		slog.Int64("kill_grace_ms", c.KillGrace.Milliseconds()),
+		slog.Int("launch_failures", c.LaunchFailures),
+		slog.Int64("claim_wait_ms", c.ClaimWait.Milliseconds()),
+		slog.Int64("host_heartbeat_ms", c.HostHeartbeatInterval.Milliseconds()),
+		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
+		slog.Bool("notify", c.Notifier != nil),
+	)
+}
+
+// ---- capacity ----
+
+// takeSlot reserves capacity for a claim; false when all slots are busy.
+func (d *Daemon) takeSlot() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.busy >= d.cfg.Capacity {
+		return false
+	}
+	d.busy++
+	d.claiming = true
+	return true
+}
+
+// claimDone ends the claim in flight; kept says whether its slot now holds
+// an attempt.
+func (d *Daemon) claimDone(kept bool) {
+	d.mu.Lock()
+	d.claiming = false
+	if !kept {
+		d.busy--
+	}
+	d.mu.Unlock()
+}
+
+// holdSlot counts an attempt resolved at start against capacity.
+func (d *Daemon) holdSlot() {
+	d.mu.Lock()
+	d.busy++
+	d.mu.Unlock()
+}
+
+func (d *Daemon) freeSlot() {
+	d.mu.Lock()
+	d.busy--
+	d.mu.Unlock()
+	select {
+	case d.slotFreed <- struct{}{}:
+	default:
+	}
+}
+
+// running is how many attempts the daemon holds now.
+func (d *Daemon) running() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.claiming {
+		return d.busy - 1
+	}
+	return d.busy
+}
+
+// ---- host credential ----
+
+// refuseHost stops claiming for good after the host token was refused;
+// turns go on with their own worker tokens. One record, however often.
+func (d *Daemon) refuseHost(op string, status int) {
+	d.mu.Lock()
+	first := !d.hostRefused
+	d.hostRefused = true
+	d.mu.Unlock()
+	if first {
+		d.log.LogAttrs(context.Background(), slog.LevelError, MsgHostTokenRefused,
+			slog.String(diagnostics.KeyOp, op), slog.Int(diagnostics.KeyStatus, status),
+			slog.String(diagnostics.KeyClass, diagnostics.StatusClass(status)))
+	}
+}
+
+func (d *Daemon) isHostRefused() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.hostRefused
+}
+
+// ---- systemd ----
+
+func (d *Daemon) notify(state string) {
+	if d.cfg.Notifier == nil {
+		return
+	}
+	if err := d.cfg.Notifier.Notify(state); err != nil {
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgNotifyFailed,
+			slog.String("state", state), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
+	}
+}
+
+// sleep waits dur unless stop closes first; false means stop closed.
+func sleep(stop <-chan struct{}, dur time.Duration) bool {
+	if dur <= 0 {
+		select {
+		case <-stop:
+			return false
+		default:
+			return true
+		}
+	}
+	t := time.NewTimer(dur)
+	defer t.Stop()
+	select {
+	case <-stop:
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,34 @@
+package runner
+
+import (
+	"math/rand/v2"
+	"net/url"
+	"time"
+)
+
+// jitter spreads d by ±frac, so that a fleet does not poll or retry in
+// lockstep after an outage.
+func jitter(d time.Duration, frac float64) time.Duration {
+	if frac <= 0 || d <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
+}
+
+// spread is a uniformly random wait in [0, d).
+func spread(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d)
+}
+
+// redactURL is the control plane's address fit for a record: scheme, host
+// and path, without credentials, query or fragment.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "unparseable"
+	}
+	return (&url.URL{Scheme: u.Scheme, Host: u.Host, Path: u.Path}).String()
+}

@@ -1,0 +1,67 @@
+package runner
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
+)
+
+// The daemon's own record names, beside diagnostics' agent_* records. Like
+// those they carry ids, classes and statuses, never a token, URL, body or
+// error text.
+const (
+	MsgStarted           = "runnerd_started"            // effective configuration, once
+	MsgHostTokenRefused  = "runnerd_host_token_refused" // claiming stopped; running turns go on
+	MsgLaunchFailed      = "runnerd_launch_failed"      // a launch failure (R37) and the pause it caused
+	MsgTurnReleased      = "runnerd_turn_released"      // a never-accepted claim was given back (R33)
+	MsgTurnEnded         = "runnerd_turn_ended"         // an accepted child ended
+	MsgTurnStopped       = "runnerd_turn_stopped"       // the daemon stopped a turn, and why
+	MsgReportSent        = "runnerd_report_sent"        // a terminal report or release was acknowledged
+	MsgReportAbandoned   = "runnerd_report_unsent"      // a report could not be sent; it stays persisted or the reaper decides
+	MsgPersistFailed     = "runnerd_persist_failed"     // the state directory refused a write
+	MsgRecovered         = "runnerd_attempt_recovered"  // a persisted attempt was resolved at start (P5, P6)
+	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
+	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
+	MsgSandboxKept       = "runnerd_sandbox_not_removed"
+	MsgControlRecovered  = "runnerd_control_recovered"  // claims or host heartbeats answer again
+	MsgDrainStarted      = "runnerd_drain_started"
+	MsgDrainTimeout      = "runnerd_drain_timeout"
+	MsgStopped           = "runnerd_stopped"
+	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
+	MsgNotifyFailed      = "runnerd_notify_failed"
+)
+
+// Field keys of the daemon's records (diagnostics' keys where they exist).
+const (
+	keyOutcome      = "outcome"
+	keyDecision     = "decision"
+	keyPauseMS      = "pause_ms"
+	keyConversation = "conversation_id"
+	keyJobState     = "job_state"
+	keyConvState    = "conversation_state"
+	keyLoop         = "loop"
+	keyFile         = "file"
+	keyStopped      = "stopped"
+	keyTimedOut     = "timed_out"
+)
+
+func attrsOf(a diagnostics.Attempt) []slog.Attr {
+	return []slog.Attr{slog.String(diagnostics.KeyJobID, a.JobID), slog.String(diagnostics.KeyAttemptID, a.AttemptID)}
+}
+
+func (d *Daemon) logAttempt(level slog.Level, msg string, a diagnostics.Attempt, extra ...slog.Attr) {
+	d.log.LogAttrs(context.Background(), level, msg, append(attrsOf(a), extra...)...)
+}
+
+func (d *Daemon) logLaunchFailed(a diagnostics.Attempt, outcome, class string, consecutive int, pause time.Duration) {
+	d.logAttempt(slog.LevelWarn, MsgLaunchFailed, a,
+		slog.String(keyOutcome, outcome), slog.String(diagnostics.KeyClass, class),
+		slog.Int(diagnostics.KeyConsecutive, consecutive), slog.Int64(keyPauseMS, pause.Milliseconds()))
+}
+
+func (d *Daemon) logErrClass(level slog.Level, msg string, a diagnostics.Attempt, op string, err error) {
+	d.logAttempt(level, msg, a, slog.String(diagnostics.KeyOp, op),
+		slog.String(diagnostics.KeyClass, diagnostics.Class(err)), slog.Int(diagnostics.KeyStatus, diagnostics.Status(err)))
+}
