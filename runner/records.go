@@ -25,7 +25,7 @@ const (
 	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
 	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
-	MsgControlRecovered  = "runnerd_control_recovered"  // claims or host heartbeats answer again
+	MsgControlRecovered  = "runnerd_control_recovered" // claims or host heartbeats answer again
 	MsgDrainStarted      = "runnerd_drain_started"
 	MsgDrainTimeout      = "runnerd_drain_timeout"
 	MsgStopped           = "runnerd_stopped"

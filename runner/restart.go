@@ -13,12 +13,12 @@ import (
 
 // Decisions of the restart path, as MsgRecovered's decision field names them.
 const (
-	decisionResent      = "resent"       // the persisted report was sent again (P2)
-	decisionWorkerLost  = "worker_lost"  // no report: finished as worker lost (P6)
-	decisionRejected    = "rejected"     // the lease is no longer ours: nothing written
-	decisionUnreachable = "unreachable"  // no answer for a whole lease: kept for the next start
-	decisionUnsent      = "unsent"       // the lease was ours but the report could not be sent
-	decisionStopped     = "stopped"      // the daemon was stopped meanwhile
+	decisionResent      = "resent"      // the persisted report was sent again (P2)
+	decisionWorkerLost  = "worker_lost" // no report: finished as worker lost (P6)
+	decisionRejected    = "rejected"    // the lease is no longer ours: nothing written
+	decisionUnreachable = "unreachable" // no answer for a whole lease: kept for the next start
+	decisionUnsent      = "unsent"      // the lease was ours but the report could not be sent
+	decisionStopped     = "stopped"     // the daemon was stopped meanwhile
 )
 
 // recoverAll resolves every attempt an earlier run left in the state
