@@ -655,3 +655,42 @@ func TestAdmitCancelledBeforeSendingIsNotAmbiguous(t *testing.T) {
 		}
 	})
 }
+
+// TestReleaseUnderThePolicy: a release goes through the same policy (a
+// lost answer is asked again and repeats harmlessly) and requeues the
+// turn; after admission the control plane refuses it (R33, R36).
+func TestReleaseUnderThePolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		ctx := context.Background()
+		c := w.turn("", "hello")
+		sess := w.session(c)
+		w.in.Plan(wire.OpRelease, lose)
+		if err := sess.Release(ctx, "declined:image_missing"); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+		if n := len(w.in.Hits(wire.OpRelease)); n != 2 {
+			t.Errorf("%d release requests, want 2", n)
+		}
+		if j := w.job(c.JobID); j.State != wire.JobQueued || j.Attempts[0].State != wire.AttemptReleased {
+			t.Errorf("job %s, attempt %s; want queued and released", j.State, j.Attempts[0].State)
+		}
+
+		again, err := w.wc.Claim(ctx, w.hostToken, wire.ClaimRequest{})
+		if err != nil || again.JobID != c.JobID {
+			t.Fatalf("claim again: %+v, %v", again, err)
+		}
+		sess2 := w.session(again)
+		if _, err := sess2.Admit(ctx, "act-2"); err != nil {
+			t.Fatal(err)
+		}
+		err = sess2.Release(ctx, "declined:late")
+		var se *wire.StatusError
+		if !errors.As(err, &se) || se.Code != wire.CodeAdmitted || sess2.Rejected() {
+			t.Errorf("release after admission: %v (rejected %v), want 409 admitted", err, sess2.Rejected())
+		}
+		if j := w.job(c.JobID); j.State != wire.JobRunning {
+			t.Errorf("job %s, want still running", j.State)
+		}
+	})
+}

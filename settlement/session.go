@@ -165,7 +165,7 @@ func (s *Session) do(ctx context.Context, c *call, fn func(context.Context, *wir
 	if err == nil {
 		return nil
 	}
-	if rejects(err) {
+	if RejectsLease(err) {
 		s.reject(ErrLeaseRejected)
 	}
 	if s.Rejected() && !errors.Is(err, ErrLeaseRejected) {
@@ -174,10 +174,11 @@ func (s *Session) do(ctx context.Context, c *call, fn func(context.Context, *wir
 	return err
 }
 
-// rejects reports whether an answer means the lease is gone: the
-// credential refused, the job gone, or a 409 that is not one of the
-// answers about admission or the conversation.
-func rejects(err error) bool {
+// RejectsLease reports whether an error from the wire client means the
+// attempt's lease is gone: the credential refused (401/403/404), the job
+// gone (410), or a 409 that is not one of the answers about admission or
+// the conversation (admitted, not_admitted, conversation_lost).
+func RejectsLease(err error) bool {
 	var se *wire.StatusError
 	if !errors.As(err, &se) {
 		return false
@@ -490,6 +491,17 @@ func (s *Session) Send(ctx context.Context, rep Report) (wire.FinishResponse, er
 		return err
 	})
 	return resp, err
+}
+
+// Release gives a turn whose child provably never accepted it back to the
+// queue (R33), under the policy. The control plane refuses it with 409
+// admitted when a membership admitted the job (R36); that answer is
+// returned as it is and does not fence the Session.
+func (s *Session) Release(ctx context.Context, class string) error {
+	c := &call{s: s, op: wire.OpRelease}
+	return s.do(context.WithoutCancel(ctx), c, func(ctx context.Context, wc *wire.Client) error {
+		return wc.Release(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ReleaseRequest{AttemptRef: s.cfg.Attempt, Class: class})
+	})
 }
 
 // Prepare is the outer failure handler of preparation that runs outside
