@@ -142,9 +142,26 @@ func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sa
 	case st == nil:
 		return sandbox.Sandbox{}, fmt.Errorf("container %.12s has no state", info.ID)
 	case st.Running && !st.Paused && !st.Restarting:
-		if err := b.waitSupervisor(ctx, info.ID, instance); err != nil {
+		err := b.waitSupervisor(ctx, info.ID, instance, b.cfg.ProbeTimeout)
+		if err == nil || ctx.Err() != nil {
+			return sb, err
+		}
+		// Running, but no supervisor of this container answers on the
+		// socket: take it for hung and restart the container over the
+		// same workspace. The agent it may still run is stopped with it;
+		// its receipts are gone (R28), so nothing unconfirmed passes.
+		if err := b.prepareRunDir(conv); err != nil {
 			return sandbox.Sandbox{}, err
 		}
+		secs := int(b.cfg.StopTimeout.Seconds())
+		if err := b.cfg.Engine.ContainerRestart(ctx, info.ID, container.StopOptions{Timeout: &secs}); err != nil {
+			return sandbox.Sandbox{}, fmt.Errorf("restart container with an unresponsive supervisor: %w", err)
+		}
+		recordRestarted(b.cfg.Logger, conv, info.ID, "supervisor_unresponsive")
+		if err := b.waitSupervisor(ctx, info.ID, instance, b.cfg.StartTimeout); err != nil {
+			return sandbox.Sandbox{}, err
+		}
+		sb.Created = true
 		return sb, nil
 	case st.Status == container.StateCreated || st.Status == container.StateExited:
 		// Stopped (a host reboot, the supervisor exited): start it again
@@ -167,14 +184,14 @@ func (b *Backend) start(ctx context.Context, conv, id, instance string) error {
 		return fmt.Errorf("start container: %w", err)
 	}
 	recordStarted(b.cfg.Logger, conv, id)
-	return b.waitSupervisor(ctx, id, instance)
+	return b.waitSupervisor(ctx, id, instance, b.cfg.StartTimeout)
 }
 
-// waitSupervisor waits, up to StartTimeout, until the supervisor on the
+// waitSupervisor waits, up to timeout, until the supervisor on the
 // conversation's socket answers with the container's instance id. It gives
 // up early if the container stops.
-func (b *Backend) waitSupervisor(ctx context.Context, id, instance string) error {
-	ctx, cancel := context.WithTimeout(ctx, b.cfg.StartTimeout)
+func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	info, err := b.cfg.Engine.ContainerInspect(ctx, id)
 	if err != nil {

@@ -19,6 +19,7 @@ const (
 	DefaultNanoCPUs     = 1_000_000_000 // one CPU
 	DefaultTmpfsBytes   = 64 << 20
 	DefaultStartTimeout = 15 * time.Second
+	DefaultProbeTimeout = 5 * time.Second
 	DefaultStopTimeout  = 10 * time.Second
 	DefaultWorkspace    = "/workspace"
 )
@@ -87,6 +88,10 @@ type Config struct {
 	// StartTimeout bounds starting a container until its supervisor
 	// answers (default 15 s).
 	StartTimeout time.Duration
+	// ProbeTimeout bounds waiting for the supervisor of a running
+	// container to answer; one that does not is taken for hung and its
+	// container is restarted (default 5 s).
+	ProbeTimeout time.Duration
 	// StopTimeout is the grace between SIGTERM and SIGKILL when the backend
 	// stops a container it removes (default 10 s).
 	StopTimeout time.Duration
@@ -134,6 +139,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout
+	}
+	if c.ProbeTimeout == 0 {
+		c.ProbeTimeout = DefaultProbeTimeout
 	}
 	if c.StopTimeout == 0 {
 		c.StopTimeout = DefaultStopTimeout

@@ -654,3 +654,41 @@ func TestDockerConcurrentEnsureMakesOneContainer(t *testing.T) {
 		t.Fatalf("%d containers and %d volumes, want 1 and 1", len(cs), len(vs))
 	}
 }
+
+// A running container whose supervisor does not answer (here: its socket
+// was deleted) is taken for hung and restarted over the same workspace; the
+// identity stays, the native session continues, and old activations are
+// unknown to the new supervisor (R28).
+func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
+	rec := &recorder{}
+	b, _ := newBackend(t, func(c *docker.Config) {
+		c.ProbeTimeout = 500 * time.Millisecond
+		c.Logger = slog.New(rec)
+	})
+	ctx := testCtx(t)
+	spec := newSpec()
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := runTurn(t, ctx, sb, spec.AgentCommand, "one")
+	if err := os.Remove(sb.Socket); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb2.ID != sb.ID || !sb2.Created {
+		t.Fatalf("ensure = %+v, want %.12s restarted", sb2, sb.ID)
+	}
+	if recs := rec.find(docker.RecordContainerRestart); len(recs) != 1 || recs[0]["class"] != "supervisor_unresponsive" {
+		t.Fatalf("restart records = %v", recs)
+	}
+	if _, err := sb2.Client().Settle(ctx, out.act.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("settle of the old activation = %v, want ErrUnknownActivation", err)
+	}
+	if out2 := runTurn(t, ctx, sb2, spec.AgentCommand, "two"); out2.result.NativeTurn != 2 {
+		t.Fatalf("turn after the restart ended at native turn %d, want 2", out2.result.NativeTurn)
+	}
+}

@@ -10,6 +10,7 @@ import (
 const (
 	RecordContainerCreated = "sandbox_container_created"
 	RecordContainerStarted = "sandbox_container_started"
+	RecordContainerRestart = "sandbox_container_restarted"
 	RecordSwept            = "sandbox_swept"
 	RecordSweepFailed      = "sandbox_sweep_failed"
 )
@@ -26,6 +27,15 @@ func recordStarted(l *slog.Logger, conv, id string) {
 		slog.String("backend", "docker"),
 		slog.String("conversation_id", conv),
 		slog.String("container_id", id))
+}
+
+// recordRestarted says a running container was restarted, and why (a class).
+func recordRestarted(l *slog.Logger, conv, id, class string) {
+	l.LogAttrs(context.Background(), slog.LevelWarn, RecordContainerRestart,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("container_id", id),
+		slog.String("class", class))
 }
 
 // recordSwept says the sweep removed a conversation's sandbox; container_id
