@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -518,11 +519,14 @@ func TestAbandonBeforeAdmission(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				// The first answer is lost: the repeated report gets the first one's answer (P2).
+				w.in.Plan(wire.OpAbandon, lose)
+				w.in.Plan(wire.OpFinish, lose)
 				if _, err := sess.Finish(ctx, settlement.Result{Class: "activation_failed"}); err != nil {
 					t.Fatalf("report: %v", err)
 				}
 				abandons, finishes := len(w.in.Hits(wire.OpAbandon)), len(w.in.Hits(wire.OpFinish))
-				if tc.container && (abandons != 1 || finishes != 0) || !tc.container && (abandons != 0 || finishes != 1) {
+				if tc.container && (abandons != 2 || finishes != 0) || !tc.container && (abandons != 0 || finishes != 2) {
 					t.Errorf("abandon %d, finish %d", abandons, finishes)
 				}
 				j := w.job(c.JobID)
@@ -692,5 +696,45 @@ func TestReleaseUnderThePolicy(t *testing.T) {
 		if j := w.job(c.JobID); j.State != wire.JobRunning {
 			t.Errorf("job %s, want still running", j.State)
 		}
+	})
+}
+
+// TestReaperBackstopWhenEventsAndFinishDown: with event upload and finish
+// both unavailable, the turn's finish gives up after its three tries and
+// the control plane's reaper ends the attempt once its lease is past:
+// the admitted, unsettled turn leaves the conversation LOST and is not
+// queued again (R21, R30).
+func TestReaperBackstopWhenEventsAndFinishDown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWorld(t)
+		w.in.Always(wire.OpEvents, status(503))
+		w.in.Always(wire.OpFinish, hang)
+		c := w.turn("", "hello")
+		sess := w.session(c)
+		ag := &agent{activated: "act-1"}
+		admitAndPrompt(t, sess, ag)
+		sess.Event("error", json.RawMessage(`{"class":"agent_interrupted"}`))
+		ctx := context.Background()
+		if _, err := sess.Finish(ctx, settlement.Result{Class: "agent_interrupted"}); err == nil {
+			t.Fatalf("finish succeeded through a hung control plane")
+		}
+		if n := len(w.in.Hits(wire.OpFinish)); n != 3 {
+			t.Errorf("%d finish tries, want 3", n)
+		}
+		if j := w.job(c.JobID); j.State != wire.JobRunning {
+			t.Fatalf("job %s before the reaper, want running", j.State)
+		}
+		time.Sleep(3 * time.Minute) // past the lease and the reaper's grace
+		if _, err := w.st.Reap(ctx, store.ReapParams{Now: time.Now(), Grace: 30 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+		j := w.job(c.JobID)
+		if j.State == wire.JobQueued || j.State == wire.JobRunning || j.Attempts[0].State != wire.AttemptSuperseded {
+			t.Errorf("job %s, attempt %s; want ended and superseded", j.State, j.Attempts[0].State)
+		}
+		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationLost {
+			t.Errorf("conversation %s, want lost", conv.State)
+		}
+		w.claimNone()
 	})
 }
