@@ -220,8 +220,7 @@ func TestLaunchDeclined(t *testing.T) {
 func TestSilentChildNeverReleased(t *testing.T) {
 	cfg := testConfig(t, "silent")
 	cfg.ExecutionTimeout = 400 * time.Millisecond
-	cfg.StopGrace = 50 * time.Millisecond
-	cfg.KillGrace = 50 * time.Millisecond
+	cfg.StopGrace = 50 * time.Millisecond // expires: the child ignores STOP; it dies of SIGTERM
 	start := time.Now()
 	turn, err := Launch(t.Context(), cfg, testPayload())
 	na := notAccepted(t, turn, err)
@@ -264,6 +263,7 @@ func TestProtocolErrorsBeforeAcceptNeverReleased(t *testing.T) {
 	for _, tc := range []struct{ name, mode, class string }{
 		{"wrong echo", "bad-echo", ClassBadEcho},
 		{"PROGRESS before ACCEPT", "progress-before-accept", ClassProtocol},
+		{"ACCEPT after DECLINE", "decline-then-accept", ClassProtocol},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -314,6 +314,19 @@ func TestTurnEnds(t *testing.T) {
 			t.Fatalf("end %+v, want exited without result, code 3", end)
 		}
 	})
+	t.Run("frame after RESULT", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t, "after-result")
+		cfg.StopGrace = 50 * time.Millisecond // expires: the child ignores STOP; it dies of SIGTERM
+		turn, err := Launch(t.Context(), cfg, testPayload())
+		if err != nil {
+			t.Fatal(err)
+		}
+		end := turn.Wait()
+		if end.Outcome != OutcomeResult || string(end.Result) != "done" || end.Err == nil || end.Signal != syscall.SIGTERM {
+			t.Fatalf("end %+v, want the result kept, the protocol error reported and the child stopped", end)
+		}
+	})
 	t.Run("execution timeout after ACCEPT", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t, "hang-accepted") // ignores STOP and SIGTERM
@@ -342,10 +355,10 @@ func TestStopIsDeliveredAsFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-progress.first
-	turn.Stop()
-	turn.Stop() // idempotent
+	turn.StopWith("lease_lost")
+	turn.Stop() // only the first counts
 	end := turn.Wait()
-	if end.Outcome != OutcomeResult || string(end.Result) != "stopped: "+ClassStopped || !end.Stopped || end.ExitCode != 0 {
+	if end.Outcome != OutcomeResult || string(end.Result) != "stopped: lease_lost" || !end.Stopped || end.ExitCode != 0 {
 		t.Fatalf("end %+v, want the child's RESULT to STOP and a clean exit", end)
 	}
 }
@@ -541,5 +554,18 @@ func TestReleasableZeroValue(t *testing.T) {
 		if _, ok := (&NotAccepted{Outcome: o}).Release(); ok {
 			t.Errorf("%v offers a release", o)
 		}
+	}
+}
+
+// TestConfigDefaults: zero fields mean the defaults, among them the
+// 3,600 s execution timeout (R5) and SIGKILL on the parent's death.
+func TestConfigDefaults(t *testing.T) {
+	c := Config{Env: []string{}}.withDefaults()
+	if c.ExecutionTimeout != 3600*time.Second || c.StopGrace != DefaultStopGrace || c.KillGrace != DefaultKillGrace ||
+		c.ParentDeathSignal != syscall.SIGKILL {
+		t.Fatalf("defaults %+v", c)
+	}
+	if got := childEnv(c.Env); !slices.Equal(got, []string{EnvFD + "=3"}) {
+		t.Fatalf("environment %q", got)
 	}
 }

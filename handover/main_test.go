@@ -153,6 +153,16 @@ func childMain(mode string) int {
 	case "progress-before-accept":
 		must(writeFrame(ch.conn, FrameProgress, []byte("too early")))
 		hang()
+	case "decline-then-accept":
+		must(ch.Decline("preflight_failed"))
+		body, _ := appendEcho(nil, ch.Payload().Echo)
+		must(writeFrame(ch.conn, FrameAccept, body))
+		hang()
+	case "after-result":
+		must(ch.Accept())
+		must(ch.Result([]byte("done")))
+		must(writeFrame(ch.conn, FrameProgress, []byte("too late")))
+		hang()
 	case "hang-accepted":
 		signal.Ignore(syscall.SIGTERM)
 		must(ch.Accept())

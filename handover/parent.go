@@ -239,8 +239,9 @@ type Turn struct {
 	wmu  sync.Mutex // one frame at a time on the descriptor
 	conn *net.UnixConn
 
-	stopOnce sync.Once
-	stopReq  chan struct{}
+	stopOnce  sync.Once
+	stopReq   chan struct{}
+	stopClass string // set before stopReq closes
 
 	exited chan struct{} // closed after Wait and the group kill
 	state  *os.ProcessState
@@ -257,8 +258,21 @@ func (t *Turn) PID() int { return t.pid }
 
 // Stop asks the child to stop: a STOP frame, StopGrace later SIGTERM to its
 // process group, KillGrace later SIGKILL. It returns at once; Wait or Done
-// tell when the child is gone.
-func (t *Turn) Stop() { t.stopOnce.Do(func() { close(t.stopReq) }) }
+// tell when the child is gone. Only the first call counts.
+func (t *Turn) Stop() { t.StopWith(ClassStopped) }
+
+// StopWith is Stop with the reason class the STOP frame carries to the
+// child, for example "lease_lost" or "cancelled"; an invalid class is sent
+// as "stopped".
+func (t *Turn) StopWith(class string) {
+	if validClass(class) != nil {
+		class = ClassStopped
+	}
+	t.stopOnce.Do(func() {
+		t.stopClass = class
+		close(t.stopReq)
+	})
+}
 
 // Done is closed when the child has exited and its descriptor is drained.
 func (t *Turn) Done() <-chan struct{} { return t.done }
@@ -425,7 +439,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		graceC    <-chan time.Time
 
 		accepted, readerDone, isExited, isDelivered bool
-		eofBeforeStop, undelivered                  bool
+		eofBeforeStop, undelivered, peerClosed      bool
 		stopping, forced, requested, timedOut       bool
 		declineClass                                string
 		protoErr                                    error
@@ -442,7 +456,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 	// timeout, protocol error) comes before the outcome is known and makes
 	// any later EOF or write failure no proof; a cleanup stop comes after it
 	// is decided and only makes sure nothing lingers.
-	beginStop := func(why int) {
+	beginStop := func(why int, class string) {
 		switch why {
 		case stopRequested:
 			requested = true
@@ -460,10 +474,6 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		}
 		stopping = true
 		if isDelivered && !readerDone {
-			class := ClassStopped
-			if why == stopTimeout {
-				class = ClassExecutionTimeout
-			}
 			writers.Go(func() { _ = t.write(FrameStop, []byte(class), time.Now().Add(t.cfg.StopGrace)) })
 		}
 		grace = time.NewTimer(t.cfg.StopGrace)
@@ -473,10 +483,16 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		if protoErr == nil {
 			protoErr, protoClass = err, class
 		}
-		beginStop(stopProtocol)
+		beginStop(stopProtocol, ClassProtocol)
 	}
 
-	for !readerDone || !isExited {
+	// Until the reader has its end, the child is reaped and the payload
+	// write has its answer: each of them can decide the outcome.
+	for !readerDone || !isExited || delivered != nil {
+		if readerDone && isExited && !peerClosed {
+			// The end never closed: a payload write could block for ever.
+			t.conn.SetWriteDeadline(time.Now())
+		}
 		select {
 		case r := <-frames:
 			if r.err != nil {
@@ -484,18 +500,22 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 				switch {
 				// A peer that closes with our frames unread resets the
 				// connection (Linux unix sockets): that is a close too.
-				case r.err == io.EOF, errors.Is(r.err, syscall.ECONNRESET),
-					isExited && errors.Is(r.err, os.ErrDeadlineExceeded):
+				case r.err == io.EOF, errors.Is(r.err, syscall.ECONNRESET):
+					peerClosed = true
 					if !forced {
 						eofBeforeStop = true
 					}
+				case isExited && errors.Is(r.err, os.ErrDeadlineExceeded):
+					// Something outside the child's process group holds its
+					// end: the descriptor never closed, so this proves nothing.
+					cause = errors.New("handover: descriptor still open after the child exited")
 				case errors.Is(r.err, ErrMalformed):
 					protocol(ClassProtocol, fmt.Errorf("handover: read from child: %w", r.err))
 				default:
 					cause = r.err
 				}
 				if !isExited {
-					beginStop(stopCleanup)
+					beginStop(stopCleanup, ClassStopped)
 				}
 				continue
 			}
@@ -517,7 +537,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 					protocol(ClassProtocol, err)
 				} else {
 					declineClass = c
-					beginStop(stopCleanup)
+					beginStop(stopCleanup, ClassStopped)
 				}
 			case accepted && !haveResult && r.f.Type == FrameProgress:
 				if t.cfg.OnProgress != nil {
@@ -533,11 +553,12 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 			delivered = nil
 			if err == nil {
 				isDelivered = true
-			} else if !forced {
-				// The child's end is closed (EPIPE): it never had the
-				// whole payload, so it cannot have accepted it.
+			} else if !forced && !errors.Is(err, os.ErrDeadlineExceeded) {
+				// The write failed (EPIPE: the child's end is closed): the
+				// child never had the whole payload, so it cannot have
+				// accepted it. A deadline is ours and proves nothing.
 				undelivered, cause = true, err
-				beginStop(stopCleanup)
+				beginStop(stopCleanup, ClassStopped)
 			}
 		case <-exited:
 			exited, isExited = nil, true
@@ -545,13 +566,13 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 			// but do not wait for EOF forever should a stray hold the end.
 			t.conn.SetReadDeadline(time.Now().Add(t.cfg.KillGrace))
 		case <-timeout.C:
-			beginStop(stopTimeout)
+			beginStop(stopTimeout, ClassExecutionTimeout)
 		case <-ctxDone:
 			ctxDone = nil
-			beginStop(stopRequested)
+			beginStop(stopRequested, ClassStopped)
 		case <-stopReq:
 			stopReq = nil
-			beginStop(stopRequested)
+			beginStop(stopRequested, t.stopClass)
 		case <-graceC:
 			graceC = nil
 			kill()
