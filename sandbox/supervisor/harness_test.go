@@ -152,20 +152,22 @@ func startServe(t *testing.T) *sup {
 type proc struct {
 	cmd    *exec.Cmd
 	stderr *bytes.Buffer
+	lines  *lineWaiter
 }
 
 // startProc starts a supervisor process over ws and sock and returns once
 // it listens (it says so on its ready pipe).
-func startProc(t *testing.T, ws, sock string) *proc {
+func startProc(t *testing.T, ws, sock string, extra ...string) *proc {
 	t.Helper()
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{stderr: &bytes.Buffer{}}
-	p.cmd = exec.Command(os.Args[0], "supervise", "--socket", sock, "--workspace", ws, "--id", "proc-sandbox", "--ready-fd", "3")
+	p := &proc{stderr: &bytes.Buffer{}, lines: &lineWaiter{changed: make(chan struct{})}}
+	args := append([]string{"supervise", "--socket", sock, "--workspace", ws, "--id", "proc-sandbox", "--ready-fd", "3"}, extra...)
+	p.cmd = exec.Command(os.Args[0], args...)
 	p.cmd.ExtraFiles = []*os.File{pw}
-	p.cmd.Stderr = &lockedWriter{w: p.stderr}
+	p.cmd.Stderr = &lockedWriter{w: p.stderr, lines: p.lines}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -189,15 +191,52 @@ func (p *proc) kill() {
 	_ = p.cmd.Wait()
 }
 
+// lockedWriter keeps the supervisor's stderr and tells lines what it got.
 type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu    sync.Mutex
+	w     io.Writer
+	lines *lineWaiter
 }
 
 func (l *lockedWriter) Write(b []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.lines.add(b)
 	return l.w.Write(b)
+}
+
+// lineWaiter lets a test wait for text in a process's stderr.
+type lineWaiter struct {
+	mu      sync.Mutex
+	text    []byte
+	changed chan struct{}
+}
+
+func (w *lineWaiter) add(b []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.text = append(w.text, b...)
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+func (w *lineWaiter) waitFor(t *testing.T, substr string) {
+	t.Helper()
+	timeout := time.After(waitLimit)
+	for {
+		w.mu.Lock()
+		found := bytes.Contains(w.text, []byte(substr))
+		ch := w.changed
+		w.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timeout:
+			t.Fatalf("%q not in the supervisor's stderr within %v", substr, waitLimit)
+		}
+	}
 }
 
 // drain reads a turn to its end and returns its events.

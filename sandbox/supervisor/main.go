@@ -14,12 +14,13 @@ import (
 // word), serves until ctx ends and returns the exit status. The caller
 // (cmd/runnerd) owns signals: it cancels ctx on SIGTERM/SIGINT.
 //
-//	runnerd supervise --socket PATH --workspace DIR [--state DIR] [--id ID] [--ready-fd N]
+//	runnerd supervise --socket PATH --workspace DIR [--state DIR] [--id ID] [--ready-fd N] [--subreaper]
 //
 // Records go to stderr as JSON, and so does the agent's stderr. With
 // --ready-fd the supervisor writes "ready\n" to that inherited descriptor
 // once its socket listens, then closes it, so a starter can wait on a pipe
-// instead of polling.
+// instead of polling. --subreaper (on by default as PID 1) reaps what
+// agents leave behind; see Config.Subreaper.
 func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("supervise", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -29,11 +30,12 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.StringVar(&cfg.Workspace, "workspace", "", "the agent's working directory (required)")
 	fs.StringVar(&cfg.StateDir, "state", "", "durable supervisor state (default WORKSPACE/.runnerd)")
 	fs.StringVar(&cfg.ID, "id", "", "sandbox identity reported by status")
+	fs.BoolVar(&cfg.Subreaper, "subreaper", os.Getpid() == 1, "reap processes agents leave behind (default on as PID 1)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if cfg.Socket == "" || cfg.Workspace == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "usage: runnerd supervise --socket PATH --workspace DIR [--state DIR] [--id ID] [--ready-fd N]")
+		fmt.Fprintln(stderr, "usage: runnerd supervise --socket PATH --workspace DIR [--state DIR] [--id ID] [--ready-fd N] [--subreaper]")
 		return 2
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, nil))

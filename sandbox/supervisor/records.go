@@ -45,3 +45,7 @@ func recordRefused(l *slog.Logger, op, code string) {
 func recordStateFailure(l *slog.Logger, stage string) {
 	l.Error("supervisor_state_failure", slog.String("stage", stage))
 }
+
+func recordOrphanReaped(l *slog.Logger, pid int) {
+	l.Info("supervisor_orphan_reaped", slog.Int("pid", pid))
+}

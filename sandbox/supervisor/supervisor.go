@@ -26,11 +26,15 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
@@ -68,6 +72,13 @@ type Config struct {
 	MaxConns int
 	// Ready, if set, is called once the socket is listening.
 	Ready func()
+	// Subreaper makes the supervisor a child subreaper that reaps orphans:
+	// processes an agent left behind are reparented to it and, once dead,
+	// reaped between turns (never while an agent runs, so the agent's own
+	// exit status is not stolen). Main sets it when the supervisor is PID 1
+	// of a container, where nothing else would reap them and zombies would
+	// eat the pids limit. Only for a process whose only children are agents.
+	Subreaper bool
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -176,6 +187,33 @@ func Serve(ctx context.Context, cfg Config) error {
 	})
 	defer stop()
 
+	stopReaper := func() {}
+	if cfg.Subreaper {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			l.Close()
+			return fmt.Errorf("supervisor: become subreaper: %w", err)
+		}
+		sigc := make(chan os.Signal, 1)
+		signal.Notify(sigc, syscall.SIGCHLD)
+		defer signal.Stop(sigc)
+		reaperDone := make(chan struct{})
+		stopReaper = func() { close(reaperDone) }
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-reaperDone:
+					return
+				case <-sigc:
+					s.mu.Lock()
+					s.reapOrphansLocked()
+					s.mu.Unlock()
+				}
+			}
+		}()
+	}
+
 	var acceptErr error
 	for {
 		conn, err := l.Accept()
@@ -214,6 +252,7 @@ func Serve(ctx context.Context, cfg Config) error {
 		c.Close()
 	}
 	cmu.Unlock()
+	stopReaper()
 	wg.Wait()
 	recordStopped(s.log)
 	return acceptErr
@@ -336,6 +375,26 @@ func (s *server) stopRunning(why stopReason) {
 	if t != nil {
 		t.stop(why)
 		<-t.done
+	}
+}
+
+// reapOrphansLocked reaps every dead child. Called with s.mu held and only
+// when no agent runs: every child is then an orphan an agent left behind
+// (start forks agents under the same lock).
+func (s *server) reapOrphansLocked() {
+	if !s.cfg.Subreaper || s.running != nil {
+		return
+	}
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		recordOrphanReaped(s.log, pid)
 	}
 }
 

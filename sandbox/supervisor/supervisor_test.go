@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -466,5 +467,37 @@ func TestProtocolRefusesMalformedRequests(t *testing.T) {
 				t.Fatalf("answer %s, want a protocol error", line)
 			}
 		})
+	}
+}
+
+// With --subreaper (the default as a container's PID 1) what an agent
+// leaves behind is reparented to the supervisor and reaped, and the agent's
+// own exit status is not stolen by the reaper.
+func TestSubreaperReapsWhatAgentsLeaveBehind(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+	p := startProc(t, ws, sock, "--subreaper")
+	for i := range 3 {
+		act, err := c.Activate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		script := `sleep 1000 & echo "{\"type\":\"bg\",\"pid\":$!}"; exit 4`
+		turn, err := c.Run(ctx, act.ID, []string{"sh", "-c", script}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, res := drain(t, turn)
+		turn.Close()
+		if len(evs) != 1 || res.ExitCode != 4 {
+			t.Fatalf("turn %d: events %+v result %+v", i, evs, res)
+		}
+		bg := eventField[int](t, evs[0], "pid")
+		p.lines.waitFor(t, fmt.Sprintf(`"msg":"supervisor_orphan_reaped","pid":%d}`, bg))
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", bg)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("orphan %d still in the process table: %v", bg, err)
+		}
 	}
 }

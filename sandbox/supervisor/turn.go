@@ -169,6 +169,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		a.state = actInterrupted
 	}
 	s.running = nil
+	s.reapOrphansLocked()
 	s.mu.Unlock()
 	close(t.done)
 
