@@ -466,6 +466,12 @@ func TestStopKillsProcessGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if pgid, err := syscall.Getpgid(turn.PID()); err != nil || pgid != turn.PID() {
+		t.Fatalf("child %d in process group %d (%v), want its own", turn.PID(), pgid, err)
+	}
+	if pgid, err := syscall.Getpgid(gpid); err != nil || pgid != turn.PID() {
+		t.Fatalf("grandchild %d in process group %d (%v), want the child's", gpid, pgid, err)
+	}
 	turn.Stop()
 	end := turn.Wait()
 	if end.Outcome != OutcomeKilled || end.Signal != syscall.SIGKILL || !end.Stopped {
