@@ -57,7 +57,9 @@ func (c *Client) Activate(ctx context.Context) (Activation, error) {
 }
 
 // Settle returns the supervisor receipt of the activation's completed turn.
-// Asked again with the same token it returns the same receipt, until
+// A receipt says the agent ended on its own and nothing of the turn runs
+// any more (its process group was killed once the agent exited); it does
+// not say the agent succeeded — that is ExitCode's business. Asked again with the same token it returns the same receipt, until
 // another activation takes ownership (R26). It fails with ErrBusy while the
 // agent runs, ErrNotRun before a turn ran, ErrInterrupted for a turn that
 // did not complete, ErrFenced for a fenced token and ErrUnknownActivation

@@ -161,36 +161,16 @@ func Serve(ctx context.Context, cfg Config) error {
 	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
 		return err
 	}
-	l, err := sandbox.ListenUnix(cfg.Socket)
-	if err != nil {
-		return fmt.Errorf("supervisor: %w", err)
-	}
-	recordStarted(s.log, s.nativeTurn)
-	if cfg.Ready != nil {
-		cfg.Ready()
-	}
-
 	var (
 		wg    sync.WaitGroup
 		cmu   sync.Mutex
 		conns = map[net.Conn]struct{}{}
 		slots = make(chan struct{}, cfg.MaxConns)
 	)
-	stop := context.AfterFunc(ctx, func() {
-		l.Close()
-		s.stopRunning(stopShutdown)
-		cmu.Lock()
-		for c := range conns {
-			c.Close()
-		}
-		cmu.Unlock()
-	})
-	defer stop()
-
+	// A subreaper before the first turn can start.
 	stopReaper := func() {}
 	if cfg.Subreaper {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-			l.Close()
 			return fmt.Errorf("supervisor: become subreaper: %w", err)
 		}
 		sigc := make(chan os.Signal, 1)
@@ -213,6 +193,28 @@ func Serve(ctx context.Context, cfg Config) error {
 			}
 		}()
 	}
+
+	l, err := sandbox.ListenUnix(cfg.Socket)
+	if err != nil {
+		stopReaper()
+		wg.Wait()
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	recordStarted(s.log, s.nativeTurn)
+	if cfg.Ready != nil {
+		cfg.Ready()
+	}
+
+	stop := context.AfterFunc(ctx, func() {
+		l.Close()
+		s.stopRunning(stopShutdown)
+		cmu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		cmu.Unlock()
+	})
+	defer stop()
 
 	var acceptErr error
 	for {
