@@ -169,6 +169,13 @@ func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sa
 		if err := b.prepareRunDir(conv); err != nil {
 			return sandbox.Sandbox{}, err
 		}
+		if st.Status == container.StateCreated {
+			// Never started: an earlier Ensure stopped between create
+			// and start, perhaps before the workspace hand-over.
+			if err := b.handWorkspace(ctx, info.ID, workspaceVolume(info, b.cfg.Workspace)); err != nil {
+				return sandbox.Sandbox{}, err
+			}
+		}
 		if err := b.start(ctx, conv, info.ID, instance); err != nil {
 			return sandbox.Sandbox{}, err
 		}
@@ -353,6 +360,16 @@ func (b *Backend) lock(ctx context.Context, conv string) (func(), error) {
 		}
 		delay = min(2*delay, 100*time.Millisecond)
 	}
+}
+
+// workspaceVolume is the name of the volume mounted at the workspace.
+func workspaceVolume(info container.InspectResponse, workspace string) string {
+	for _, m := range info.Mounts {
+		if m.Type == "volume" && m.Destination == workspace {
+			return m.Name
+		}
+	}
+	return ""
 }
 
 func validSpec(spec sandbox.Spec) error {

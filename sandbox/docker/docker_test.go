@@ -692,3 +692,46 @@ func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
 		t.Fatalf("turn after the restart ended at native turn %d, want 2", out2.result.NativeTurn)
 	}
 }
+
+// A container an earlier Ensure created but never started (it stopped in
+// between, before handing the fresh workspace volume to the image's user)
+// is prepared and started by the next Ensure.
+func TestDockerCreatedButNeverStartedContainerIsStarted(t *testing.T) {
+	b, cfg := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec()
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Put the same container back as created-only, over a workspace that
+	// belongs to root again, as a crash right after create would leave it.
+	if err := env.engine.ContainerRemove(ctx, sb.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	vs := volumesOf(t, cfg.Host, spec.ConversationID)
+	if len(vs) != 1 {
+		t.Fatalf("%d volumes, want 1", len(vs))
+	}
+	if err := os.Lchown(vs[0].Mountpoint, 0, 0); err != nil {
+		t.Skipf("cannot reach the volume's mount point from the test (remote engine?): %v", err)
+	}
+	created, err := env.engine.ContainerCreate(ctx, info.Config, info.HostConfig, nil, nil, info.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatalf("ensure of a created-only container: %v", err)
+	}
+	if sb2.ID != created.ID || !sb2.Created {
+		t.Fatalf("ensure = %+v, want %.12s started", sb2, created.ID)
+	}
+	if out := runTurn(t, ctx, sb2, spec.AgentCommand, "hi"); out.result.ExitCode != 0 {
+		t.Fatalf("turn result %+v", out.result)
+	}
+}

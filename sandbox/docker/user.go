@@ -44,7 +44,7 @@ func (b *Backend) handWorkspace(ctx context.Context, id, vol string) error {
 	if err != nil {
 		return fmt.Errorf("resolve the container's user %q: %w", info.Config.User, err)
 	}
-	if uid == 0 {
+	if uid == 0 || vol == "" {
 		return nil
 	}
 	v, err := b.cfg.Engine.VolumeInspect(ctx, vol)
