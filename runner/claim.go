@@ -32,6 +32,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		backoff.WithMaxInterval(d.cfg.ClaimBackoffMax),
 		backoff.WithMaxElapsedTime(0),
 		backoff.WithRandomizationFactor(d.cfg.Jitter),
+		backoff.WithMultiplier(2),
 	)
 	failing := false
 	idle := func() bool {

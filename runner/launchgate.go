@@ -30,6 +30,7 @@ func newLaunchGate(threshold int, initial, max time.Duration, jitter float64) *l
 		backoff.WithMaxInterval(max),
 		backoff.WithMaxElapsedTime(0), // never give up: a host keeps trying
 		backoff.WithRandomizationFactor(jitter),
+		backoff.WithMultiplier(2),
 	)
 	return &launchGate{threshold: threshold, bo: bo}
 }

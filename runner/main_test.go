@@ -1,0 +1,80 @@
+package runner
+
+import (
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/settlement"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// TestMain re-enters the test binary as the turn child when the daemon
+// starts it with "turn" (style 8), and checks for leaked goroutines.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "turn" {
+		os.Exit(fakeTurn())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// fakeTurn is a scripted turn child: a real process on the real handover
+// descriptor. The prompt is the script:
+//
+//	decline   DECLINE preflight_failed (the claim is released)
+//	close     close the descriptor without a word (a decline too)
+//	result    ACCEPT, PROGRESS, RESULT failed/scripted, exit 0
+//	exit      ACCEPT, PROGRESS (container recorded), exit 3 without RESULT
+//	hang      ACCEPT, then wait for STOP (or the parent's end); exit 0 without RESULT
+//	silent    never answer; wait for STOP
+func fakeTurn() int {
+	ch, err := handover.OpenFromEnv()
+	if err != nil {
+		return 90
+	}
+	defer ch.Close()
+	var p turn.Payload
+	if err := json.Unmarshal(ch.Payload().Data, &p); err != nil || p.Claim.WorkerToken == "" || p.ControlPlaneURL == "" {
+		_ = ch.Decline("bad_payload")
+		return 91
+	}
+	ref := wire.AttemptRef{AttemptID: p.Claim.AttemptID, LeaseGeneration: p.Claim.LeaseGeneration}
+	switch p.Claim.Turn.Prompt {
+	case "decline":
+		_ = ch.Decline("preflight_failed")
+		return 0
+	case "close":
+		return 0
+	case "silent":
+		<-ch.Context().Done()
+		return 0
+	}
+	if err := ch.Accept(); err != nil {
+		return 92
+	}
+	progress := func(f settlement.Facts) {
+		b, _ := json.Marshal(turn.Progress{Stage: "test", Facts: f, At: time.Now()})
+		_ = ch.Progress(b)
+	}
+	switch p.Claim.Turn.Prompt {
+	case "result":
+		progress(settlement.Facts{})
+		rep := settlement.Facts{}.Report(ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: "scripted"})
+		b, _ := json.Marshal(turn.Result{Report: rep, Outcome: wire.OutcomeFailed, Class: "scripted"})
+		_ = ch.Result(b)
+		return 0
+	case "exit":
+		progress(settlement.Facts{ContainerRecorded: true})
+		return 3
+	case "hang":
+		progress(settlement.Facts{})
+		<-ch.Context().Done()
+		return 0
+	}
+	return 93
+}
