@@ -34,6 +34,7 @@ const (
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
 	ClassContainerRecord    = "container_record_failed"
+	ClassAdmissionRefused   = "admission_refused"
 	ClassAgentStart         = "agent_start_failed"
 	ClassAgentInterrupted   = "agent_interrupted"
 	ClassExecTimeout        = "execution_timeout"
@@ -203,7 +204,10 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		// Ambiguous or refused: the prompt is never sent (R25, R30); the
 		// Facts say which, and the report follows from them.
 		t.progress("admission_failed")
-		return fail(settlement.ClassAdmissionAmbiguous)
+		if errors.Is(err, settlement.ErrAmbiguousAdmission) {
+			return fail(settlement.ClassAdmissionAmbiguous)
+		}
+		return fail(ClassAdmissionRefused)
 	}
 	t.progress("admitted")
 
