@@ -289,6 +289,9 @@ func (t *Turn) Wait() Ended {
 // Release says whether the claim may be given back. A live child that does
 // not answer keeps Launch waiting until the execution timeout or ctx ends it
 // (R34). Cancelling ctx stops the child like Turn.Stop, also after ACCEPT.
+//
+// Launch marks every descriptor of the daemon from 3 up close-on-exec
+// (close_range), so that one inherited without it cannot leak to a child.
 func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	cfg = cfg.withDefaults()
 	body, err := encodePayload(p)
