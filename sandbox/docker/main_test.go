@@ -1,24 +1,18 @@
 package docker_test
 
 import (
-	"archive/tar"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
@@ -129,41 +123,24 @@ func setup(dir string) error {
 	}
 
 	tag := "runnerd-test/agent:" + randHex(6)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	// A named non-root user the engine resolves from the image's own
 	// files, and no /workspace in the image: the backend must hand the
 	// fresh volume to that user itself.
-	for name, body := range map[string]string{
-		"passwd": "root:x:0:0:root:/:/bin/false\nagent:x:" + imgUID + ":" + imgUID + ":agent:/workspace:/bin/false\n",
-		"group":  "root:x:0:\nagent:x:" + imgUID + ":\n",
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			return err
-		}
-	}
-	dockerfile := "FROM scratch\n" +
-		"COPY demoagent " + imgDemoAgent + "\n" +
-		"COPY testagent " + imgTestAgent + "\n" +
-		"COPY passwd group /etc/\n" +
-		"USER agent\n"
-	ctxTar, err := buildContext(dir, dockerfile, []string{"demoagent", "testagent", "passwd", "group"})
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	resp, err := env.engine.ImageBuild(ctx, ctxTar, build.ImageBuildOptions{
-		Tags:        []string{tag},
-		Remove:      true,
-		ForceRemove: true,
-		Labels:      map[string]string{"runnerd.test": "true"},
-		Version:     build.BuilderV1,
+	err = docker.BuildScratchImage(ctx, env.engine, docker.ScratchImage{
+		Tag: tag,
+		Files: []docker.ImageFile{
+			{Path: imgDemoAgent, Source: filepath.Join(dir, "demoagent"), Exec: true},
+			{Path: imgTestAgent, Source: filepath.Join(dir, "testagent"), Exec: true},
+			{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/:/bin/false\nagent:x:" + imgUID + ":" + imgUID + ":agent:/workspace:/bin/false\n")},
+			{Path: "/etc/group", Data: []byte("root:x:0:\nagent:x:" + imgUID + ":\n")},
+		},
+		User:   "agent",
+		Labels: map[string]string{"runnerd.test": "true"},
 	})
 	if err != nil {
-		return fmt.Errorf("build image: %w", err)
-	}
-	defer resp.Body.Close()
-	if err := buildOutput(resp.Body); err != nil {
-		return fmt.Errorf("build image: %w", err)
+		return err
 	}
 	env.image = tag
 	return nil
@@ -197,53 +174,6 @@ func moduleRoot() (string, error) {
 			return "", fmt.Errorf("no go.mod above the test directory")
 		}
 		dir = parent
-	}
-}
-
-// buildContext tars the Dockerfile and the named files of dir.
-func buildContext(dir, dockerfile string, files []string) (io.Reader, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	add := func(name string, mode int64, body []byte) error {
-		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(body)), Typeflag: tar.TypeReg}); err != nil {
-			return err
-		}
-		_, err := tw.Write(body)
-		return err
-	}
-	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
-		return nil, err
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(filepath.Join(dir, f))
-		if err != nil {
-			return nil, err
-		}
-		if err := add(f, 0o755, b); err != nil {
-			return nil, err
-		}
-	}
-	return &buf, tw.Close()
-}
-
-// buildOutput reads the build's JSON message stream and returns its error.
-func buildOutput(r io.Reader) error {
-	dec := json.NewDecoder(r)
-	var log strings.Builder
-	for {
-		var msg struct {
-			Stream string `json:"stream"`
-			Error  string `json:"error"`
-		}
-		if err := dec.Decode(&msg); err == io.EOF {
-			return nil
-		} else if err != nil {
-			return err
-		}
-		log.WriteString(msg.Stream)
-		if msg.Error != "" {
-			return fmt.Errorf("%s\n%s", msg.Error, log.String())
-		}
 	}
 }
 
