@@ -270,7 +270,7 @@ func TestStatusBusyReportsOnlyTheAgentTurn(t *testing.T) {
 	if st, _ := s.c.Status(ctx); st.Busy {
 		t.Fatal("busy after activate, before run")
 	}
-	turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!events 1")
+	turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +282,20 @@ func TestStatusBusyReportsOnlyTheAgentTurn(t *testing.T) {
 	if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrBusy) {
 		t.Fatalf("settle during the turn: %v, want ErrBusy", err)
 	}
-	drain(t, turn)
+	// A newer activation returns once the older agent is dead.
+	act2, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := s.c.Status(ctx); st.Busy {
+		t.Fatal("busy after the running turn was fenced")
+	}
+	turn2, err := s.c.Run(ctx, act2.ID, []string{demoAgent}, "!events 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn2.Close()
+	drain(t, turn2)
 	if st, _ := s.c.Status(ctx); st.Busy {
 		t.Fatal("busy after the turn ended")
 	}
