@@ -1,0 +1,102 @@
+package integration
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// TestDrainOnSIGTERMKeepsRenewing sends SIGTERM to a daemon in the middle
+// of a turn that stays silent for well over a lease. The daemon stops
+// claiming — a message sent during the drain stays queued — yet keeps
+// renewing the running turn's lease (R13), so the turn finishes and its
+// success is accepted long after the lease it held at SIGTERM would have
+// run out; Admin → Servers shows the host draining; then the daemon exits 0.
+func TestDrainOnSIGTERMKeepsRenewing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	d := e.startDaemon(nil)
+
+	c := e.conversation("draining")
+	quiet := 2 * leaseTTL
+	prompt := fmt.Sprintf("finish me\n!silent %v\n!events 2", quiet)
+	j := e.send(c.ID, prompt)
+	e.waitPrompts(c.ID, 1)
+	before := e.job(j.ID).Attempts[0]
+
+	termAt := time.Now()
+	d.Signal(syscall.SIGTERM)
+	e.waitServer("draining", func(s wire.Server) bool { return s.Draining })
+	other := e.conversation("not claimed during the drain")
+	queued := e.send(other.ID, "wait for the next daemon")
+
+	if err := d.Wait(waitFor); err != nil {
+		t.Fatal(err)
+	}
+	if code := d.ExitCode(); code != 0 {
+		t.Errorf("runnerd exited %d after its drain, want 0", code)
+	}
+	got := e.job(j.ID)
+	if got.State != wire.JobSucceeded || len(got.Attempts) != 1 {
+		t.Fatalf("the drained turn: want succeeded on its one attempt; got %s", describeJob(got))
+	}
+	a := got.Attempts[0]
+	if a.EndedAt == nil || a.EndedAt.Sub(termAt) < leaseTTL {
+		t.Errorf("the turn ended %v after SIGTERM; it was meant to outlast a lease (%v)", a.EndedAt.Sub(termAt), leaseTTL)
+	}
+	// Renewed after SIGTERM: the lease the store holds reaches past the one
+	// the attempt had when the drain began.
+	if !a.LeaseExpiresAt.After(before.LeaseExpiresAt.Add(leaseTTL / 2)) {
+		t.Errorf("the lease was not renewed during the drain: %s before SIGTERM, %s at the end",
+			before.LeaseExpiresAt.Format(time.StampMilli), a.LeaseExpiresAt.Format(time.StampMilli))
+	}
+	if q := e.job(queued.ID); q.State != wire.JobQueued || len(q.Attempts) != 0 {
+		t.Errorf("a turn was claimed during the drain: %s", describeJob(q))
+	}
+	e.assertPromptsOnce(c.ID, prompt)
+}
+
+// TestCancelFromUserAPIStopsRunningTurn cancels a turn whose agent would
+// hang for ever. The cancel reaches the daemon in a renewal answer (P7);
+// the daemon stops the turn while it still holds the lease (R13), the
+// agent and the turn child are gone, and the job ends cancelled on its one
+// attempt. The daemon goes on claiming.
+func TestCancelFromUserAPIStopsRunningTurn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.startDaemon(nil)
+
+	c := e.conversation("cancelled")
+	j := e.send(c.ID, "never ends\n!hang")
+	e.waitPrompts(c.ID, 1)
+	agents := e.agents(c.ID)
+	if len(agents) != 1 {
+		t.Fatalf("want one agent running, got %v", agents)
+	}
+	cancelAt := time.Now()
+	if _, err := e.user.Cancel(e.ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitEnded(j.ID)
+	if got.State != wire.JobCancelled || got.Outcome != wire.OutcomeCancelled || len(got.Attempts) != 1 {
+		t.Errorf("want cancelled on its one attempt; got %s", describeJob(got))
+	}
+	if a := got.Attempts[0]; a.State != wire.AttemptFinished {
+		t.Errorf("the cancelled attempt is %s, want finished (reported by the daemon, not reaped)", a.State)
+	}
+	gone, err := waitGone(agents[0].pid, waitFor)
+	if err != nil {
+		t.Fatalf("the agent still runs after the cancel: %v", err)
+	}
+	t.Logf("agent stopped %v after the cancel", gone.Sub(cancelAt))
+	e.waitNoTurnChild()
+
+	c2 := e.conversation("after the cancel")
+	if j2 := e.waitEnded(e.send(c2.ID, "still claiming").ID); j2.State != wire.JobSucceeded {
+		t.Errorf("the daemon stopped claiming after a cancel: %s", describeJob(j2))
+	}
+	e.assertPromptsOnce(c.ID, "never ends\n!hang")
+}

@@ -1,0 +1,116 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ControlPlaneConfig configures `controlplane serve`. Zero durations leave
+// the server's defaults.
+type ControlPlaneConfig struct {
+	Bin     string // the controlplane executable; required
+	DataDir string // SQLite database and user token; required
+	// Listen is the address to serve on; default 127.0.0.1:0, a free port.
+	Listen         string
+	LeaseTTL       time.Duration
+	MinLeaseTTL    time.Duration
+	ReaperInterval time.Duration
+	ReaperGrace    time.Duration
+	ClaimWaitMax   time.Duration
+	MaxWorkerLost  int
+	// Log receives the server's output; nil discards it.
+	Log io.Writer
+	// StartTimeout bounds the wait for "serving"; default 20 s.
+	StartTimeout time.Duration
+}
+
+// ControlPlane is a running `controlplane serve`.
+type ControlPlane struct {
+	*Process
+	cfg ControlPlaneConfig
+	// URL is the base address, e.g. http://127.0.0.1:40123.
+	URL string
+	// User speaks the user API with the server's user token.
+	User *User
+}
+
+var servingLine = regexp.MustCompile(`serving (http://\S+) on `)
+
+// StartControlPlane starts the server and waits until it serves.
+func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPlane, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:0"
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 20 * time.Second
+	}
+	args := []string{"serve", "--data-dir", cfg.DataDir, "--listen", cfg.Listen}
+	args = appendDur(args, "--lease-ttl", cfg.LeaseTTL)
+	args = appendDur(args, "--min-lease-ttl", cfg.MinLeaseTTL)
+	args = appendDur(args, "--reaper-interval", cfg.ReaperInterval)
+	args = appendDur(args, "--reaper-grace", cfg.ReaperGrace)
+	args = appendDur(args, "--claim-wait-max", cfg.ClaimWaitMax)
+	if cfg.MaxWorkerLost > 0 {
+		args = append(args, "--max-worker-lost", fmt.Sprint(cfg.MaxWorkerLost))
+	}
+	cmd := exec.Command(cfg.Bin, args...)
+	cmd.Env = cleanEnv(nil)
+	p, out, err := startWatched("controlplane", cmd, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	m, err := out.await(servingLine, cfg.StartTimeout)
+	if err != nil {
+		_ = p.Stop(syscall.SIGKILL, time.Second)
+		return nil, fmt.Errorf("controlplane serve: %w\n%s", err, out.text())
+	}
+	tok, err := os.ReadFile(filepath.Join(cfg.DataDir, "user-token"))
+	if err != nil {
+		_ = p.Stop(syscall.SIGKILL, time.Second)
+		return nil, fmt.Errorf("controlplane serve: read the user token: %w", err)
+	}
+	url := m[1]
+	return &ControlPlane{Process: p, cfg: cfg, URL: url, User: NewUser(url, strings.TrimSpace(string(tok)))}, nil
+}
+
+// AddHost registers a host with `controlplane host add` on the same
+// database and returns the path of its new token file (0600).
+func (c *ControlPlane) AddHost(ctx context.Context, name string) (tokenFile string, err error) {
+	tokenFile = filepath.Join(c.cfg.DataDir, "host-"+name+".token")
+	cmd := exec.CommandContext(ctx, c.cfg.Bin, "host", "add", name, "--data-dir", c.cfg.DataDir, "--token-file", tokenFile)
+	cmd.Env = cleanEnv(nil)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("controlplane host add %s: %w\n%s", name, err, out)
+	}
+	return tokenFile, nil
+}
+
+func appendDur(args []string, flag string, d time.Duration) []string {
+	if d <= 0 {
+		return args
+	}
+	return append(args, flag, d.String())
+}
+
+// cleanEnv is the environment of a child: PATH and HOME of ours, no
+// RUNNERD_* or systemd variable that could change its configuration
+// behind the flags, then extra.
+func cleanEnv(extra []string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "PATH", "HOME", "TMPDIR", "LANG":
+			env = append(env, kv)
+		}
+	}
+	return append(env, extra...)
+}

@@ -1,0 +1,553 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Scaled timings (issue 6): the defaults' 120 s / 30 s / 10 s / 5 s become
+// 1.2 s / 300 ms / 100 ms / 50 ms. The reaper's grace is at least the
+// runner's stop grace plus its kill grace (P3).
+const (
+	leaseTTL       = 1200 * time.Millisecond
+	renewEvery     = 300 * time.Millisecond
+	renewTimeout   = 100 * time.Millisecond
+	renewRetry     = 50 * time.Millisecond
+	stopGrace      = 200 * time.Millisecond
+	killGrace      = 200 * time.Millisecond
+	reaperGrace    = 600 * time.Millisecond
+	reaperInterval = 100 * time.Millisecond
+
+	tick    = 20 * time.Millisecond // polling period of the user API
+	waitFor = 45 * time.Second      // bound of every wait: generous for a loaded machine
+)
+
+// bins are the binaries TestMain built for this run.
+var bins fleet.Binaries
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "runnerd-integration-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	root, err := moduleRoot()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		bins, err = fleet.Build(ctx, root, dir)
+		cancel()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "integration: build the binaries:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// env is one test's world: a control plane on SQLite in its own
+// directory, a host registered with it, optionally a proxy between them,
+// and its own hard link of runnerd, so that every process of this test —
+// daemon, turn children, supervisors — is told apart by its executable.
+type env struct {
+	t        *testing.T
+	ctx      context.Context
+	dir      string
+	cp       *fleet.ControlPlane
+	user     *fleet.User
+	proxy    *proxy
+	runnerd  string
+	stateDir string
+	host     string
+	token    string
+	log      *testLog
+}
+
+type envOpts struct {
+	proxy bool
+	cp    func(*fleet.ControlPlaneConfig)
+}
+
+func newEnv(t *testing.T, o envOpts) *env {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir := t.TempDir()
+	e := &env{t: t, ctx: ctx, dir: dir, stateDir: filepath.Join(dir, "state"), host: "host-" + sanitize(t.Name())}
+	e.log = newTestLog(t, filepath.Join(dir, "output.log"))
+	// Registered first, so it runs last: whatever of this test is still
+	// running after the daemons and the control plane stopped is killed.
+	t.Cleanup(e.killLeftovers)
+
+	e.runnerd = filepath.Join(dir, "runnerd")
+	if err := linkOrCopy(bins.Runnerd, e.runnerd); err != nil {
+		t.Fatalf("link runnerd: %v", err)
+	}
+	cfg := fleet.ControlPlaneConfig{
+		Bin:            bins.ControlPlane,
+		DataDir:        filepath.Join(dir, "cp"),
+		LeaseTTL:       leaseTTL,
+		MinLeaseTTL:    renewEvery + renewTimeout,
+		ReaperInterval: reaperInterval,
+		ReaperGrace:    reaperGrace,
+		ClaimWaitMax:   time.Second,
+		Log:            e.log.prefixed("cp"),
+	}
+	if o.cp != nil {
+		o.cp(&cfg)
+	}
+	cp, err := fleet.StartControlPlane(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.Stop(syscall.SIGTERM, 15*time.Second); err != nil {
+			t.Errorf("control plane: %v", err)
+		}
+	})
+	e.cp, e.user = cp, cp.User
+	if e.token, err = cp.AddHost(ctx, e.host); err != nil {
+		t.Fatal(err)
+	}
+	if o.proxy {
+		e.proxy = startProxy(t, strings.TrimPrefix(cp.URL, "http://"))
+	}
+	return e
+}
+
+func linkOrCopy(from, to string) error {
+	if os.Link(from, to) == nil {
+		return nil
+	}
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '-'
+	}, s)
+}
+
+// daemonConfig is the scaled configuration of this test's daemon.
+func (e *env) daemonConfig() fleet.DaemonConfig {
+	url := e.cp.URL
+	if e.proxy != nil {
+		url = e.proxy.URL()
+	}
+	return fleet.DaemonConfig{
+		Bin:             e.runnerd,
+		ControlPlaneURL: url,
+		HostTokenFile:   e.token,
+		HostName:        e.host,
+		StateDir:        e.stateDir,
+		Capacity:        4,
+		Sandbox:         "process",
+		LeaseTTL:        leaseTTL,
+		RenewInterval:   renewEvery,
+		RenewTimeout:    renewTimeout,
+		RenewRetry:      renewRetry,
+		ReceiptTimeout:  500 * time.Millisecond,
+		ReceiptRetry:    50 * time.Millisecond,
+		StopGrace:       stopGrace,
+		KillGrace:       killGrace,
+		DrainTimeout:    20 * time.Second,
+		ClaimWait:       500 * time.Millisecond,
+		HostHeartbeat:   200 * time.Millisecond,
+		Log:             e.log.prefixed("runnerd"),
+	}
+}
+
+// startDaemon starts a daemon; t.Cleanup stops it (SIGTERM, then SIGKILL)
+// and waits for it.
+func (e *env) startDaemon(mod func(*fleet.DaemonConfig)) *fleet.Daemon {
+	e.t.Helper()
+	cfg := e.daemonConfig()
+	if mod != nil {
+		mod(&cfg)
+	}
+	d, err := fleet.StartDaemon(e.ctx, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.cleanupDaemon(d)
+	return d
+}
+
+func (e *env) cleanupDaemon(d *fleet.Daemon) {
+	e.t.Cleanup(func() {
+		d.Signal(syscall.SIGTERM)
+		if d.Wait(5*time.Second) != nil {
+			d.Signal(syscall.SIGTERM) // a second signal stops at once
+		}
+		if err := d.Stop(syscall.SIGKILL, 10*time.Second); err != nil {
+			e.t.Errorf("runnerd: %v", err)
+		}
+	})
+}
+
+// restart starts d again (after it exited) with the same configuration.
+func (e *env) restart(d *fleet.Daemon) *fleet.Daemon {
+	e.t.Helper()
+	nd, err := d.Restart(e.ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.cleanupDaemon(nd)
+	return nd
+}
+
+func (e *env) waitCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(e.ctx, waitFor)
+}
+
+// conversation creates a conversation whose agent is the demo agent.
+func (e *env) conversation(title string) wire.Conversation {
+	e.t.Helper()
+	c, err := e.user.CreateConversation(e.ctx, title, bins.DemoAgent)
+	if err != nil {
+		e.t.Fatalf("create conversation: %v", err)
+	}
+	return c
+}
+
+func (e *env) send(convID, prompt string) wire.Job {
+	e.t.Helper()
+	j, err := e.user.Send(e.ctx, convID, prompt)
+	if err != nil {
+		e.t.Fatalf("send to %s: %v", convID, err)
+	}
+	return j
+}
+
+func (e *env) job(id string) wire.Job {
+	e.t.Helper()
+	j, err := e.user.Job(e.ctx, id)
+	if err != nil {
+		e.t.Fatalf("read job %s: %v", id, err)
+	}
+	return j
+}
+
+func (e *env) conv(id string) wire.Conversation {
+	e.t.Helper()
+	c, err := e.user.Conversation(e.ctx, id)
+	if err != nil {
+		e.t.Fatalf("read conversation %s: %v", id, err)
+	}
+	return c
+}
+
+func (e *env) waitJob(id, what string, cond func(wire.Job) bool) wire.Job {
+	e.t.Helper()
+	ctx, cancel := e.waitCtx()
+	defer cancel()
+	j, err := e.user.WaitJob(ctx, id, tick, what, cond)
+	if err != nil {
+		e.t.Fatalf("%v; job now: %s", err, describeJob(j))
+	}
+	return j
+}
+
+func (e *env) waitEnded(id string) wire.Job {
+	e.t.Helper()
+	return e.waitJob(id, "to end", func(j wire.Job) bool { return fleet.Ended(j.State) })
+}
+
+// waitServer polls Admin → Servers until this test's host satisfies cond.
+func (e *env) waitServer(what string, cond func(wire.Server) bool) wire.Server {
+	e.t.Helper()
+	ctx, cancel := e.waitCtx()
+	defer cancel()
+	var s wire.Server
+	err := fleet.Poll(ctx, tick, "host "+what, func(ctx context.Context) (bool, error) {
+		var ok bool
+		var err error
+		s, ok, err = e.user.Server(ctx, e.host)
+		return ok && cond(s), err
+	})
+	if err != nil {
+		e.t.Fatalf("%v; server now: %+v", err, s)
+	}
+	return s
+}
+
+func (e *env) transcript(convID string) []fleet.TranscriptEntry {
+	e.t.Helper()
+	tr, err := fleet.Transcript(e.stateDir, convID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return tr
+}
+
+// waitPrompts waits until the agent of convID has received n prompts.
+func (e *env) waitPrompts(convID string, n int) []fleet.TranscriptEntry {
+	e.t.Helper()
+	ctx, cancel := e.waitCtx()
+	defer cancel()
+	var tr []fleet.TranscriptEntry
+	err := fleet.Poll(ctx, tick, fmt.Sprintf("%d prompts to reach the agent of %s", n, convID), func(context.Context) (bool, error) {
+		var err error
+		tr, err = fleet.Transcript(e.stateDir, convID)
+		return len(tr) >= n, err
+	})
+	if err != nil {
+		e.t.Fatalf("%v; transcript: %+v", err, tr)
+	}
+	return tr
+}
+
+// assertPromptsOnce checks that every prompt reached the agent exactly
+// once, in order, with the native turn ordinal counting 1, 2, 3, ...
+func (e *env) assertPromptsOnce(convID string, prompts ...string) {
+	e.t.Helper()
+	tr := e.transcript(convID)
+	if len(tr) != len(prompts) {
+		e.t.Fatalf("conversation %s: the agent received %d prompts, want %d: %+v", convID, len(tr), len(prompts), tr)
+	}
+	for i, p := range prompts {
+		if tr[i].Prompt != p || tr[i].Turn != int64(i+1) {
+			e.t.Errorf("conversation %s: prompt %d was %q at native turn %d, want %q at %d", convID, i+1, tr[i].Prompt, tr[i].Turn, p, i+1)
+		}
+	}
+}
+
+func describeJob(j wire.Job) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s seq %d state %s outcome %q reason %q attempts %d worker_lost %d admitted %v cancel %v",
+		j.ID, j.Seq, j.State, j.Outcome, j.Reason, j.AttemptCount, j.WorkerLostCount, j.Admitted, j.CancelRequested)
+	for _, a := range j.Attempts {
+		fmt.Fprintf(&b, "\n  attempt %s gen %d %s %q claimed %s expires %s", a.ID, a.Generation, a.State, a.Outcome,
+			a.ClaimedAt.Format("15:04:05.000"), a.LeaseExpiresAt.Format("15:04:05.000"))
+	}
+	for _, ev := range j.Events {
+		fmt.Fprintf(&b, "\n  %s %-7s %s %s %s", ev.Time.Format("15:04:05.000"), ev.Source, ev.AttemptID, ev.Type, ev.Data)
+	}
+	return b.String()
+}
+
+// ---- processes ----
+
+// proc is one process of this test found in /proc.
+type proc struct {
+	pid  int
+	argv []string
+	cwd  string
+}
+
+func (p proc) String() string { return fmt.Sprintf("pid %d %q", p.pid, p.argv) }
+
+// procs lists this test's live processes: those running its runnerd (the
+// daemon, turn children, supervisors) and those whose working directory is
+// under its state directory (agents).
+func (e *env) procs() []proc {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []proc
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(raw) == 0 {
+			continue // gone, or a zombie
+		}
+		if zombie(pid) {
+			continue
+		}
+		p := proc{pid: pid, argv: strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")}
+		p.cwd, _ = os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
+		if p.argv[0] == e.runnerd || strings.HasPrefix(p.cwd, e.stateDir+"/") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+// turnChildren are this test's live `runnerd turn` processes.
+func (e *env) turnChildren() []proc {
+	var out []proc
+	for _, p := range e.procs() {
+		if p.argv[0] == e.runnerd && len(p.argv) > 1 && p.argv[1] == "turn" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// agents are this test's live agent processes of one conversation.
+func (e *env) agents(convID string) []proc {
+	var out []proc
+	ws := fleet.Workspace(e.stateDir, convID)
+	for _, p := range e.procs() {
+		if p.argv[0] == bins.DemoAgent && (p.cwd == ws || strings.HasPrefix(p.cwd, ws+"/")) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// waitGone waits for pid to exit (pidfd) and returns when it saw it gone.
+func waitGone(pid int, timeout time.Duration) (time.Time, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return time.Now(), nil
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	defer unix.Close(fd)
+	deadline := time.Now().Add(timeout)
+	for {
+		if zombie(pid) {
+			return time.Now(), nil
+		}
+		ms := min(int(time.Until(deadline).Milliseconds()), 50) // a zombie child of ours never signals the pidfd readable twice
+		if ms <= 0 {
+			return time.Time{}, fmt.Errorf("pid %d still running after %v", pid, timeout)
+		}
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			return time.Time{}, err
+		}
+		if n > 0 {
+			return time.Now(), nil
+		}
+	}
+}
+
+// alive reports whether pid runs (and is not a zombie).
+func alive(pid int) bool {
+	return unix.Kill(pid, 0) == nil && !zombie(pid)
+}
+
+// killLeftovers kills whatever of this test still runs — supervisors
+// outlive daemons by design — and waits for each to go.
+func (e *env) killLeftovers() {
+	for range 3 {
+		ps := e.procs()
+		if len(ps) == 0 {
+			return
+		}
+		for _, p := range ps {
+			_ = unix.Kill(p.pid, unix.SIGKILL)
+		}
+		for _, p := range ps {
+			if _, err := waitGone(p.pid, 10*time.Second); err != nil {
+				e.t.Errorf("cleanup: %v", err)
+			}
+		}
+	}
+}
+
+// ---- output ----
+
+// testLog collects the output of the test's processes in a file and shows
+// its tail when the test fails.
+type testLog struct {
+	mu sync.Mutex
+	f  *os.File
+}
+
+func newTestLog(t *testing.T, path string) *testLog {
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &testLog{f: f}
+	t.Cleanup(func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if t.Failed() || testing.Verbose() && os.Getenv("INTEGRATION_SHOW_LOG") != "" {
+			_, _ = f.Seek(0, io.SeekStart)
+			var lines []string
+			sc := bufio.NewScanner(f)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				lines = append(lines, sc.Text())
+			}
+			if len(lines) > 300 {
+				lines = lines[len(lines)-300:]
+			}
+			t.Logf("last %d lines of the processes' output (%s):\n%s", len(lines), path, strings.Join(lines, "\n"))
+		}
+		f.Close()
+	})
+	return l
+}
+
+type prefixWriter struct {
+	l      *testLog
+	prefix string
+}
+
+func (l *testLog) prefixed(p string) io.Writer { return &prefixWriter{l: l, prefix: p} }
+
+func (w *prefixWriter) Write(b []byte) (int, error) {
+	w.l.mu.Lock()
+	defer w.l.mu.Unlock()
+	fmt.Fprintf(w.l.f, "%s %s| %s", time.Now().Format("15:04:05.000"), w.prefix, b)
+	return len(b), nil
+}

@@ -1,0 +1,181 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// TestKill9MidTurnThenRestart kills the daemon with SIGKILL while it holds
+// three conversations in three different states, then starts it again on
+// the same state directory:
+//
+//   - idle: its first turn finished before the kill; its supervisor still
+//     runs. After the restart the same supervisor (same pid) is found again
+//     and serves turn 2, whose native ordinal continues at 2 (P5).
+//   - admitted: its agent had the prompt when the daemon died. The turn is
+//     not replayed: the job fails, the conversation becomes LOST, and its
+//     supervisor is stopped (R30, R35, R31).
+//   - preparing: its turn child had accepted but was still preparing the
+//     sandbox (the test holds the sandbox's lock), never admitted. The
+//     job runs again without counting an attempt: worker lost (P6).
+//
+// In between, no turn child outlives the daemon, and every prompt reaches
+// its agent exactly once (the demo agent's transcripts).
+func TestKill9MidTurnThenRestart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	d := e.startDaemon(nil)
+
+	idle := e.conversation("idle")
+	idleFirst := "first turn of the idle conversation"
+	if j := e.waitEnded(e.send(idle.ID, idleFirst).ID); j.State != wire.JobSucceeded {
+		t.Fatalf("idle conversation, turn 1: %s", describeJob(j))
+	}
+	idleSup, err := fleet.SupervisorPid(e.stateDir, idle.ID)
+	if err != nil || !alive(idleSup) {
+		t.Fatalf("the idle conversation's supervisor is not running: pid %d, %v", idleSup, err)
+	}
+
+	admitted := e.conversation("admitted")
+	const admittedPrompt = "a long turn cut short\n!silent 10m"
+	admittedJob := e.send(admitted.ID, admittedPrompt)
+	e.waitPrompts(admitted.ID, 1)
+	admittedAgents := e.agents(admitted.ID)
+	admittedSup, err := fleet.SupervisorPid(e.stateDir, admitted.ID)
+	if len(admittedAgents) != 1 || err != nil {
+		t.Fatalf("the admitted conversation's agent and supervisor: %v, %v", admittedAgents, err)
+	}
+
+	preparing := e.conversation("preparing")
+	unlock := holdSandboxLock(t, e.stateDir, preparing.ID)
+	const preparingPrompt = "a turn whose sandbox is slow to come\n!events 2"
+	preparingJob := e.send(preparing.ID, preparingPrompt)
+	e.waitLockWaiter(preparing.ID)
+
+	d.Signal(syscall.SIGKILL)
+	if err := d.Wait(waitFor); err != nil {
+		t.Fatal(err)
+	}
+	unlock() // the orphaned child may go on now; it must not get far
+	e.waitNoTurnChild()
+	if _, err := waitGone(admittedAgents[0].pid, waitFor); err != nil {
+		t.Errorf("the admitted turn's agent outlived its turn child: %v", err)
+	}
+
+	d = e.restart(d)
+
+	j := e.waitEnded(admittedJob.ID)
+	if j.State != wire.JobFailed || j.AttemptCount != 1 {
+		t.Errorf("admitted turn: want failed after one attempt, never replayed; got %s", describeJob(j))
+	}
+	if c := e.conv(admitted.ID); c.State != wire.ConversationLost {
+		t.Errorf("admitted conversation is %s, want lost", c.State)
+	}
+	if _, err := waitGone(admittedSup, waitFor); err != nil {
+		t.Errorf("the LOST conversation's supervisor was not stopped: %v", err)
+	}
+
+	j = e.waitEnded(preparingJob.ID)
+	if j.State != wire.JobSucceeded || j.AttemptCount != 1 || j.WorkerLostCount != 1 {
+		t.Errorf("preparing turn: want succeeded with one counted attempt and one worker loss; got %s", describeJob(j))
+	}
+	if c := e.conv(preparing.ID); c.State != wire.ConversationUsable || c.NativeTurn != 1 {
+		t.Errorf("preparing conversation: %s at native turn %d, want usable at 1", c.State, c.NativeTurn)
+	}
+
+	idleSecond := "second turn of the idle conversation"
+	if j := e.waitEnded(e.send(idle.ID, idleSecond).ID); j.State != wire.JobSucceeded {
+		t.Errorf("idle conversation, turn 2 after the restart: %s", describeJob(j))
+	}
+	if c := e.conv(idle.ID); c.State != wire.ConversationUsable || c.NativeTurn != 2 {
+		t.Errorf("idle conversation: %s at native turn %d, want usable at 2", c.State, c.NativeTurn)
+	}
+	if pid, err := fleet.SupervisorPid(e.stateDir, idle.ID); err != nil || pid != idleSup || !alive(pid) {
+		t.Errorf("the idle conversation's supervisor was not found again: pid %d before, %d after (%v)", idleSup, pid, err)
+	}
+
+	e.assertPromptsOnce(idle.ID, idleFirst, idleSecond)
+	e.assertPromptsOnce(admitted.ID, admittedPrompt)
+	e.assertPromptsOnce(preparing.ID, preparingPrompt)
+}
+
+// holdSandboxLock takes the process backend's lock of a conversation's
+// sandbox (creating its directory as the backend would), so that a turn
+// child accepts the turn and then waits in Ensure, before anything is
+// recorded or admitted. The returned function releases it (idempotent).
+func holdSandboxLock(t *testing.T, stateDir, convID string) func() {
+	t.Helper()
+	dir := fleet.SandboxDir(stateDir, convID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	release := func() {
+		if !done {
+			done = true
+			_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+			f.Close()
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitLockWaiter waits until one of this test's turn children blocks on
+// the sandbox lock of convID (a "->" line of /proc/locks on its inode).
+func (e *env) waitLockWaiter(convID string) {
+	e.t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(fleet.SandboxDir(e.stateDir, convID), "lock"), &st); err != nil {
+		e.t.Fatal(err)
+	}
+	suffix := fmt.Sprintf(":%d", st.Ino)
+	ctx, cancel := e.waitCtx()
+	defer cancel()
+	err := fleet.Poll(ctx, tick, "a turn child to wait on the sandbox lock", func(context.Context) (bool, error) {
+		children := map[int]bool{}
+		for _, p := range e.turnChildren() {
+			children[p.pid] = true
+		}
+		f, err := os.Open("/proc/locks")
+		if err != nil {
+			return false, err
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// "2: -> FLOCK  ADVISORY  WRITE 4242 00:2d:1234 0 EOF"
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 7 || fields[1] != "->" || fields[2] != "FLOCK" {
+				continue
+			}
+			pid, _ := strconv.Atoi(fields[5])
+			if children[pid] && strings.HasSuffix(fields[6], suffix) {
+				return true, nil
+			}
+		}
+		return false, sc.Err()
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
