@@ -45,6 +45,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/internal/pidfd"
 )
 
 // Config configures the backend. Zero fields mean the default.
@@ -340,13 +341,13 @@ func (b *Backend) stopRecorded(dir, socket string, grace time.Duration) {
 func (b *Backend) kill(pid int, grace time.Duration) {
 	if grace > 0 {
 		_ = unix.Kill(pid, unix.SIGTERM)
-		if waitGone(pid, grace) == nil {
+		if pidfd.WaitExit(pid, grace) == nil {
 			b.reap(pid)
 			return
 		}
 	}
 	_ = unix.Kill(pid, unix.SIGKILL)
-	_ = waitGone(pid, b.cfg.StopTimeout)
+	_ = pidfd.WaitExit(pid, b.cfg.StopTimeout)
 	b.reap(pid)
 }
 
@@ -375,35 +376,6 @@ func servesSocket(pid int, socket string) bool {
 		}
 	}
 	return false
-}
-
-// waitGone waits on a pidfd until pid has exited.
-func waitGone(pid int, timeout time.Duration) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	deadline := time.Now().Add(timeout)
-	for {
-		ms := int(time.Until(deadline).Milliseconds())
-		if ms <= 0 {
-			return errors.New("still running")
-		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			return nil
-		}
-	}
 }
 
 func lockDir(dir string) (func(), error) {

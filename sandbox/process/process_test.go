@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/runnerd/runnerd/sandbox"
@@ -33,36 +32,14 @@ var demoAgent string
 // runnerd supervise) and as "ensure STATE CONV" (a short-lived turn child
 // that starts a supervisor and exits).
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 {
-		switch os.Args[1] {
-		case "supervise":
+	testbin.Main(m, &demoAgent, map[string]func([]string) int{
+		"supervise": func(args []string) int {
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			code := supervisor.Main(ctx, os.Args[2:], os.Stderr)
-			stop()
-			os.Exit(code)
-		case "ensure":
-			os.Exit(ensureMain(os.Args[2], os.Args[3]))
-		}
-	}
-	dir, err := os.MkdirTemp("", "process-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	demoAgent, err = testbin.BuildDemoAgent(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+			defer stop()
+			return supervisor.Main(ctx, args, os.Stderr)
+		},
+		"ensure": func(args []string) int { return ensureMain(args[0], args[1]) },
+	})
 }
 
 func ensureMain(state, conv string) int {

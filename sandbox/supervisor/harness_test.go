@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -19,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
 )
@@ -32,31 +29,13 @@ var demoAgent string
 // re-entered) for the tests that need a real supervisor process to kill and
 // restart; otherwise it builds the demo agent and runs the tests.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "supervise" {
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		code := Main(ctx, os.Args[2:], os.Stderr)
-		stop()
-		os.Exit(code)
-	}
-	dir, err := os.MkdirTemp("", "supervisor-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	demoAgent, err = testbin.BuildDemoAgent(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	testbin.Main(m, &demoAgent, map[string]func([]string) int{"supervise": superviseMain})
+}
+
+func superviseMain(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return Main(ctx, args, os.Stderr)
 }
 
 const waitLimit = 20 * time.Second

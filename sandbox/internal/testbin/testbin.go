@@ -4,15 +4,17 @@
 package testbin
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"go.uber.org/goleak"
+
+	"github.com/runnerd/runnerd/sandbox/internal/pidfd"
 )
 
 // BuildDemoAgent builds cmd/demoagent, static, into dir and returns its path.
@@ -33,33 +35,38 @@ func BuildDemoAgent(dir string) (string, error) {
 
 // WaitGone waits, on a pidfd and not by polling, until process pid has
 // exited (a zombie counts as exited), or the timeout passes.
-func WaitGone(pid int, timeout time.Duration) error {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return nil // already gone and reaped
+func WaitGone(pid int, timeout time.Duration) error { return pidfd.WaitExit(pid, timeout) }
+
+// Main is the TestMain of a sandbox test package. When the test binary is
+// re-entered with a first argument naming one of roles (as runnerd is with
+// "supervise"), it runs that role with the remaining arguments and exits
+// with its status. Otherwise it builds the demo agent into *demoAgent, runs
+// the tests and checks that no goroutine leaked.
+func Main(m *testing.M, demoAgent *string, roles map[string]func(args []string) int) {
+	if len(os.Args) > 1 {
+		if role, ok := roles[os.Args[1]]; ok {
+			os.Exit(role(os.Args[2:]))
+		}
 	}
+	dir, err := os.MkdirTemp("", "sandbox-test-")
 	if err != nil {
-		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
 	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	deadline := time.Now().Add(timeout)
-	for {
-		ms := int(time.Until(deadline).Milliseconds())
-		if ms <= 0 {
-			return fmt.Errorf("process %d still alive after %v", pid, timeout)
-		}
-		n, err := unix.Poll(fds, ms)
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			return nil
+	*demoAgent, err = BuildDemoAgent(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
 		}
 	}
+	os.Exit(code)
 }
 
 // Alive reports whether pid names a process that has not exited. A zombie
