@@ -25,16 +25,15 @@ import (
 )
 
 // The environment every Docker test shares, set up once by TestMain: the
-// engine, the static runnerd (or stand-in) binary to bind-mount, and an
+// engine, the static runnerd binary to bind-mount, and an
 // image built FROM scratch over the static agents.
 var env struct {
 	skip      string // why the Docker tests skip; "" when they run
 	engine    *client.Client
-	runnerd   string // host path of the static supervisor binary
-	image     string // tag of the test image
-	agent     []string
-	demo      bool   // agent is cmd/demoagent, not the stand-in
-	hostAgent string // host path of the same agent binary (process backend)
+	runnerd   string   // host path of the static supervisor binary
+	image     string   // tag of the test image
+	agent     []string // the demo agent's argv in the image
+	hostAgent string   // host path of the same agent binary (process backend)
 }
 
 // Paths of the agents inside the test image.
@@ -96,19 +95,10 @@ func setup(dir string) error {
 		return err
 	}
 	env.runnerd = filepath.Join(dir, "runnerd")
-	supervise := "./cmd/runnerd"
-	if _, err := os.Stat(filepath.Join(root, "cmd", "runnerd", "main.go")); err != nil {
-		supervise = "./sandbox/docker/testdata/supervise"
-	}
-	demo := "./cmd/demoagent"
-	if _, err := os.Stat(filepath.Join(root, "cmd", "demoagent", "main.go")); err == nil {
-		env.demo = true
-	} else {
-		demo = "./sandbox/docker/testdata/testagent"
-	}
+	env.hostAgent = filepath.Join(dir, "demoagent")
 	bins := map[string]string{
-		env.runnerd:                     supervise,
-		filepath.Join(dir, "demoagent"): demo,
+		env.runnerd:                     "./cmd/runnerd",
+		env.hostAgent:                   "./cmd/demoagent",
 		filepath.Join(dir, "testagent"): "./sandbox/docker/testdata/testagent",
 	}
 	for out, pkg := range bins {
@@ -116,11 +106,7 @@ func setup(dir string) error {
 			return err
 		}
 	}
-	env.hostAgent = filepath.Join(dir, "demoagent")
 	env.agent = []string{imgDemoAgent}
-	if !env.demo {
-		env.agent = []string{imgTestAgent}
-	}
 
 	tag := "runnerd-test/agent:" + randHex(6)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

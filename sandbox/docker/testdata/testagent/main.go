@@ -8,7 +8,8 @@
 //	                  emits {"type":"turn.end","native_turn":N}; a prompt
 //	                  containing "!hang" blocks until it is killed.
 //
-// The real demo agent (cmd/demoagent) replaces the second mode once it exists.
+// The tests use the real demo agent (cmd/demoagent) for ordinary turns;
+// this one gives them a probe and a hang with a known first event.
 package main
 
 import (
