@@ -1,14 +1,23 @@
-// Package docker is the Docker backend of the sandbox: one retained
-// container per conversation, found again by its labels, with a workspace
-// volume that outlives it. The container's init is our own supervisor: the
-// static runnerd binary is bind-mounted read-only and started as
-// `runnerd supervise`, so any image works unchanged, and the supervisor's
-// socket lives in a host directory bind-mounted for it.
+// Package docker is the Docker backend of the sandbox (sandbox.Backend):
+// one retained container per conversation, found again by its labels, over
+// a workspace volume that outlives it. The container's init is our own
+// supervisor: the static runnerd binary (Config.RunnerdPath) is
+// bind-mounted read-only and started as `runnerd supervise --socket …
+// --workspace … --id …`, so any image works unchanged; the supervisor's
+// socket lives in a host directory under Config.StateDir, bind-mounted for
+// it. Images are never pulled (BuildScratchImage builds one from local
+// files where there is no registry).
 //
-// Everything this package creates carries the labels runnerd.managed=true,
+// Everything the backend creates carries the labels runnerd.managed=true,
 // runnerd.host and runnerd.conversation; it never starts, stops or removes
-// a container or volume that lacks them or that belongs to another host.
-// Preflight only reads.
+// a container or volume without them or with another host's. Preflight
+// only reads. Security defaults (all capabilities dropped, no new
+// privileges, network none, pids, memory and CPU limits, a read-only root,
+// the image's non-root user) are Config fields whose zero value is the safe
+// choice.
 //
-// Only the runner (and cmd, to build the engine client) imports this package.
+// Beyond sandbox.Backend the runner uses Alive (after a broken turn stream:
+// was the container lost, R35?) and Sweep (periodically: remove the
+// sandboxes of LOST or deleted conversations). Only the runner, its turn
+// child, and cmd import this package.
 package docker
