@@ -148,6 +148,8 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}
 	d.gate.success()
 	d.m.ClaimToAccept.Observe(time.Since(sent).Seconds())
+	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
+		slog.Int64("since_claim_ms", time.Since(sent).Milliseconds()))
 
 	// 5. Accepted: the turn runs until its RESULT or its end.
 	ended := t.Wait()
@@ -246,10 +248,15 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 		d.forget(a, "lease_lost")
 		return
 	}
+	rel, releasable := na.Release()
 	if why == stopNone {
-		d.launchFailed(a.id, na.Outcome.String(), na.Class)
+		class := na.Class
+		if releasable {
+			class = rel.Class() // declined:<class> says more beside the host
+		}
+		d.launchFailed(a.id, na.Outcome.String(), class)
 	}
-	if rel, ok := na.Release(); ok {
+	if releasable {
 		req := wire.ReleaseRequest{AttemptRef: a.ref, Class: rel.Class()}
 		d.finish(runCtx, a, report{Release: &req}, "released")
 		return

@@ -15,6 +15,7 @@ const (
 	MsgStarted           = "runnerd_started"            // effective configuration, once
 	MsgHostTokenRefused  = "runnerd_host_token_refused" // claiming stopped; running turns go on
 	MsgLaunchFailed      = "runnerd_launch_failed"      // a launch failure (R37) and the pause it caused
+	MsgTurnAccepted      = "runnerd_turn_accepted"      // the child accepted its turn (R35: never released now)
 	MsgTurnReleased      = "runnerd_turn_released"      // a never-accepted claim was given back (R33)
 	MsgTurnEnded         = "runnerd_turn_ended"         // an accepted child ended
 	MsgTurnStopped       = "runnerd_turn_stopped"       // the daemon stopped a turn, and why

@@ -1,0 +1,301 @@
+package runner
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// These tests run the whole daemon against the real control plane, with
+// real turn children: the test binary re-entered as "turn" (fakeTurn). Real
+// processes and sockets cannot run in a synctest bubble, so they use short
+// real timings and wait on observable state, never on a fixed sleep.
+
+// running is a daemon started by startDaemon.
+type running struct {
+	d      *Daemon
+	logs   *logBuf
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startDaemon(t *testing.T, c *cp, mod func(*Config)) *running {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, logs := newTestDaemon(t, c, func(cfg *Config) {
+		cfg.Executable = exe
+		cfg.ChildStderr = os.Stderr
+		cfg.Capacity = 1
+		if mod != nil {
+			mod(cfg)
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{d: d, logs: logs, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		if err := d.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		d.Drain()
+		select {
+		case <-r.done:
+		case <-time.After(20 * time.Second):
+			cancel()
+			<-r.done
+			t.Errorf("the daemon did not drain within 20s")
+		}
+		cancel()
+	})
+	return r
+}
+
+// stopped waits for Run to return.
+func (r *running) stopped(t *testing.T, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(limit):
+		t.Fatalf("Run still running after %v", limit)
+	}
+}
+
+func ended(c *cp, id string) func() bool {
+	return func() bool {
+		s := c.job(id).State
+		return s != wire.JobQueued && s != wire.JobRunning
+	}
+}
+
+func persisted(d *Daemon) int {
+	recs, _ := d.state.load()
+	return len(recs)
+}
+
+// The RESULT the child sends is persisted, then sent; then the attempt is
+// forgotten.
+func TestTurnResultIsReported(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("result")
+	r := startDaemon(t, c, nil)
+	waitFor(t, "the job to end", 15*time.Second, ended(c, j.ID))
+	got := c.job(j.ID)
+	if got.State != wire.JobFailed || got.Attempts[0].Outcome != wire.OutcomeFailed || len(got.Attempts) != 1 {
+		t.Fatalf("job %s, attempts %+v", got.State, got.Attempts)
+	}
+	waitFor(t, "the attempt to be forgotten", 5*time.Second, func() bool { return persisted(r.d) == 0 })
+	for _, msg := range []string{"agent_attempt_claimed", MsgTurnAccepted, MsgTurnEnded, MsgReportSent} {
+		if !r.logs.has(msg) {
+			t.Errorf("no %s record", msg)
+		}
+	}
+	r.logs.noSecrets(t, c.hostToken)
+	if strings.Contains(r.logs.String(), "rdw_") {
+		t.Error("a worker token reached a record")
+	}
+}
+
+// A child that accepted and then exited without RESULT gets a report built
+// by the daemon from its last PROGRESS facts (R18: a distinct record).
+func TestChildExitWithoutResultIsReportedFailed(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("exit")
+	r := startDaemon(t, c, nil)
+	waitFor(t, "the job to end", 15*time.Second, ended(c, j.ID))
+	got := c.job(j.ID)
+	// The child's last facts say a container was recorded and nothing was
+	// admitted: the daemon abandons, so the conversation stays usable (R29).
+	if got.Attempts[0].State != wire.AttemptAbandoned && got.Attempts[0].Outcome != wire.OutcomeFailed {
+		t.Fatalf("attempt %s/%s", got.Attempts[0].State, got.Attempts[0].Outcome)
+	}
+	if c.conversation(j.ConversationID).State != wire.ConversationUsable {
+		t.Fatal("conversation not usable after a failure before admission")
+	}
+	if !strings.Contains(r.logs.String(), `"exit_code":3`) {
+		t.Fatalf("no turn_ended record with the exit code:\n%s", r.logs)
+	}
+}
+
+// R33, R37: a child that declines is released (requeued); consecutive
+// declines pause claiming and show as launch_error in Admin → Servers; a
+// good launch clears it.
+func TestR37DeclinesReleaseAndPauseClaims(t *testing.T) {
+	c := newCP(t)
+	bad := c.enqueue("decline")
+	r := startDaemon(t, c, func(cfg *Config) {
+		cfg.LaunchFailures = 2
+		cfg.LaunchBackoff = 700 * time.Millisecond
+		cfg.LaunchBackoffMax = 700 * time.Millisecond
+	})
+	waitFor(t, "three released attempts", 20*time.Second, func() bool { return len(c.job(bad.ID).Attempts) >= 3 })
+	got := c.job(bad.ID)
+	for _, a := range got.Attempts[:2] {
+		if a.State != wire.AttemptReleased || a.CountsAsAttempt {
+			t.Fatalf("attempt %s, counted %v", a.State, a.CountsAsAttempt)
+		}
+	}
+	// The second failure paused claiming: the third claim came at least
+	// the backoff (less its jitter) after the second attempt ended.
+	gap := got.Attempts[2].ClaimedAt.Sub(*got.Attempts[1].EndedAt)
+	if gap < 500*time.Millisecond {
+		t.Fatalf("third claim %v after the second release: no launch backoff", gap)
+	}
+	waitFor(t, "launch_error in Admin → Servers", 5*time.Second, func() bool {
+		le := c.server(t, "host-a").LaunchError
+		return le != nil && le.Class == "declined:preflight_failed" && le.Consecutive >= 2
+	})
+	if !r.logs.has(MsgLaunchFailed) || !r.logs.has(MsgTurnReleased) {
+		t.Fatal("no launch failure or release record")
+	}
+
+	// A good launch clears it.
+	if _, err := c.st.CancelJob(context.Background(), bad.ID, c.now()); err != nil {
+		t.Fatal(err)
+	}
+	good := c.enqueue("result")
+	waitFor(t, "the good job to end", 15*time.Second, ended(c, good.ID))
+	waitFor(t, "launch_error to clear", 5*time.Second, func() bool { return c.server(t, "host-a").LaunchError == nil })
+}
+
+func (c *cp) server(t *testing.T, name string) wire.Server {
+	t.Helper()
+	ss, err := c.st.ListServers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ss {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no server %s", name)
+	return wire.Server{}
+}
+
+// waitAccepted waits for the child of the job to accept.
+func waitAccepted(t *testing.T, r *running) {
+	t.Helper()
+	waitFor(t, "the child to accept", 15*time.Second, func() bool { return r.logs.has(MsgTurnAccepted) })
+}
+
+// R8, R10: when the lease is lost the turn is stopped at once and nothing
+// more is written about the attempt.
+func TestLeaseLossStopsTurnAndWritesNothing(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("hang")
+	r := startDaemon(t, c, nil)
+	waitAccepted(t, r)
+	c.advance(time.Hour) // the control plane's lease has expired: renewal answers 409
+	waitFor(t, "the turn to be stopped", 10*time.Second, func() bool {
+		return r.logs.has(MsgTurnEnded) && persisted(r.d) == 0
+	})
+	if !r.logs.has("agent_lease_lost") {
+		t.Fatalf("no lease lost record:\n%s", r.logs)
+	}
+	a := c.job(j.ID).Attempts[0]
+	if a.State != wire.AttemptRunning || a.Outcome != "" {
+		t.Fatalf("the daemon wrote about a lost lease: attempt %s/%s", a.State, a.Outcome)
+	}
+	if r.logs.has(MsgReportSent) {
+		t.Fatal("a report was sent after the lease was lost")
+	}
+}
+
+// R13, P7: the user's cancel arrives in a renewal answer; the turn is
+// stopped and reported cancelled.
+func TestR13CancelStopsTurn(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("hang")
+	r := startDaemon(t, c, nil)
+	waitAccepted(t, r)
+	if _, err := c.st.CancelJob(context.Background(), j.ID, c.now()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the job to end", 10*time.Second, ended(c, j.ID))
+	if got := c.job(j.ID); got.Attempts[0].Outcome != wire.OutcomeCancelled {
+		t.Fatalf("attempt outcome %s", got.Attempts[0].Outcome)
+	}
+	if !r.logs.has("agent_turn_cancelled") {
+		t.Fatal("no cancel record")
+	}
+}
+
+// Drain: claiming stops, the running turn keeps its lease renewed until
+// the drain timeout, then it is stopped and reported as worker lost (the
+// host ended it): never admitted, so the job is queued again, uncounted.
+func TestDrainRenewsThenStopsTurns(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("hang")
+	const drain = 1500 * time.Millisecond
+	r := startDaemon(t, c, func(cfg *Config) { cfg.DrainTimeout = drain })
+	waitAccepted(t, r)
+	before := c.job(j.ID).Attempts[0].LeaseExpiresAt
+	start := time.Now()
+	r.d.Drain()
+	r.stopped(t, 15*time.Second)
+	if el := time.Since(start); el < drain {
+		t.Fatalf("drained in %v, before the drain timeout", el)
+	}
+	got := c.job(j.ID)
+	if !got.Attempts[0].LeaseExpiresAt.After(before) {
+		t.Fatal("the lease was not renewed during the drain")
+	}
+	if got.State != wire.JobQueued || got.WorkerLostCount != 1 || got.AttemptCount != 0 {
+		t.Fatalf("job %s, worker lost %d, counted %d", got.State, got.WorkerLostCount, got.AttemptCount)
+	}
+	for _, msg := range []string{MsgDrainStarted, MsgDrainTimeout, MsgStopped} {
+		if !r.logs.has(msg) {
+			t.Errorf("no %s record", msg)
+		}
+	}
+	if c.server(t, "host-a").Draining != true {
+		t.Error("the host heartbeat did not report draining")
+	}
+}
+
+// A hard stop (the second signal) stops the turn at once and sends
+// nothing; what the next start needs stays persisted.
+func TestHardStopKeepsStateForRestart(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("hang")
+	r := startDaemon(t, c, nil)
+	waitAccepted(t, r)
+	r.cancel()
+	r.stopped(t, 10*time.Second)
+	if persisted(r.d) != 1 {
+		t.Fatal("the attempt was not kept for the next start")
+	}
+	if a := c.job(j.ID).Attempts[0]; a.State != wire.AttemptRunning {
+		t.Fatalf("attempt %s after a hard stop", a.State)
+	}
+}
+
+// A refused host token stops claiming with one record; the daemon keeps
+// running (its turns would go on with their own tokens).
+func TestHostTokenRefusedStopsClaiming(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("result")
+	r := startDaemon(t, c, func(cfg *Config) { cfg.HostToken = "rdh_not-a-real-token" })
+	waitFor(t, "the refusal record", 5*time.Second, func() bool { return r.logs.has(MsgHostTokenRefused) })
+	if n := r.logs.count(MsgHostTokenRefused); n != 1 {
+		t.Fatalf("%d refusal records", n)
+	}
+	if got := c.job(j.ID); got.State != wire.JobQueued {
+		t.Fatalf("job %s: claimed with a refused token", got.State)
+	}
+	select {
+	case <-r.done:
+		t.Fatal("the daemon exited")
+	default:
+	}
+	r.logs.noSecrets(t, "rdh_not-a-real-token")
+}
