@@ -94,7 +94,7 @@ type sup struct {
 
 // startServe runs a supervisor in this process (so the race detector sees
 // it) and returns once it listens.
-func startServe(t *testing.T) *sup {
+func startServe(t *testing.T, opts ...func(*Config)) *sup {
 	t.Helper()
 	dir := t.TempDir()
 	s := &sup{ws: filepath.Join(dir, "workspace"), sock: filepath.Join(dir, "s.sock"), rec: newRecorder()}
@@ -102,15 +102,17 @@ func startServe(t *testing.T) *sup {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		done <- Serve(ctx, Config{
-			Socket:    s.sock,
-			Workspace: s.ws,
-			ID:        "test-sandbox",
-			Logger:    slog.New(s.rec),
-			Ready:     func() { close(ready) },
-		})
-	}()
+	cfg := Config{
+		Socket:    s.sock,
+		Workspace: s.ws,
+		ID:        "test-sandbox",
+		Logger:    slog.New(s.rec),
+		Ready:     func() { close(ready) },
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	go func() { done <- Serve(ctx, cfg) }()
 	select {
 	case <-ready:
 	case err := <-done:

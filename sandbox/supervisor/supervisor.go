@@ -66,7 +66,9 @@ type Config struct {
 	// Default 10 s.
 	RequestTimeout time.Duration
 	// DrainTimeout bounds reading what is left of the agent's stdout after
-	// the agent exited and its process group was killed. Default 2 s.
+	// the agent exited and its process group was killed, and writing to a
+	// driving connection that stopped reading once its turn is stopped.
+	// Default 2 s.
 	DrainTimeout time.Duration
 	// MaxConns bounds concurrent connections; more are refused. Default 32.
 	MaxConns int

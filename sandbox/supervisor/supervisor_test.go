@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
@@ -512,5 +513,33 @@ func TestSubreaperReapsWhatAgentsLeaveBehind(t *testing.T) {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", bg)); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("orphan %d still in the process table: %v", bg, err)
 		}
+	}
+}
+
+// A driver that stopped reading (a frozen turn child) does not hold up the
+// newer activation that fences it: writes to it are cut off after the
+// drain timeout, and the agent is dead when Activate returns.
+func TestFencingDoesNotWaitForStalledDriver(t *testing.T) {
+	s := startServe(t, func(c *Config) { c.DrainTimeout = 200 * time.Millisecond })
+	ctx := context.Background()
+	act, err := s.c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// yes(1) writes far faster than anyone reads: the socket and pipe
+	// buffers are full long before the test asks for the next activation.
+	turn, err := s.c.Run(ctx, act.ID, []string{"yes", `{"type":"flood"}`}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	nextEvent(t, turn)
+	actx, cancel := context.WithTimeout(ctx, waitLimit)
+	defer cancel()
+	if _, err := s.c.Activate(actx); err != nil {
+		t.Fatalf("activation behind a stalled driver: %v", err)
+	}
+	if st, err := s.c.Status(ctx); err != nil || st.Busy {
+		t.Fatalf("status after fencing: %+v, %v", st, err)
 	}
 }

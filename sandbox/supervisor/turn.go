@@ -46,6 +46,8 @@ func (r stopReason) String() string {
 type agentTurn struct {
 	cancel context.CancelFunc // kills the agent's process group
 	done   chan struct{}      // closed once the agent is reaped and the turn recorded
+	conn   net.Conn           // the driving connection
+	grace  time.Duration      // how long a stopped turn may still write to it
 
 	mu     sync.Mutex
 	reason stopReason
@@ -58,6 +60,9 @@ func (t *agentTurn) stop(why stopReason) {
 	}
 	t.mu.Unlock()
 	t.cancel()
+	// A driver that stopped reading must not hold up whoever stops the
+	// turn (a newer activation waits for it): writes to it end after grace.
+	_ = t.conn.SetWriteDeadline(time.Now().Add(t.grace))
 }
 
 func (t *agentTurn) stopReason() stopReason {
@@ -74,7 +79,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		_ = writeMsg(conn, errReply(fmt.Errorf("%w: empty agent command", sandbox.ErrProtocol)))
 		return
 	}
-	a, t, cmd, stdout, stdin, err := s.start(ctx, req)
+	a, t, cmd, stdout, stdin, err := s.start(ctx, conn, req)
 	if err != nil {
 		recordRefused(s.log, sandbox.OpRun, sandbox.CodeOf(err))
 		_ = writeMsg(conn, errReply(err))
@@ -193,7 +198,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 // start checks the token, spends the activation and starts the agent, all
 // under the lock so that an activation cannot slip between the check and
 // the start unnoticed.
-func (s *server) start(ctx context.Context, req sandbox.Request) (*activation, *agentTurn, *exec.Cmd, *os.File, *os.File, error) {
+func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) (*activation, *agentTurn, *exec.Cmd, *os.File, *os.File, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a, err := s.lookup(req.Activation)
@@ -241,7 +246,7 @@ func (s *server) start(ctx context.Context, req sandbox.Request) (*activation, *
 		stdoutR.Close()
 		return nil, nil, nil, nil, nil, fmt.Errorf("%w: %v", sandbox.ErrStartFailed, err)
 	}
-	t := &agentTurn{cancel: cancel, done: make(chan struct{})}
+	t := &agentTurn{cancel: cancel, done: make(chan struct{}), conn: conn, grace: s.cfg.DrainTimeout}
 	a.state = actRunning
 	a.turn = t
 	s.running = t
