@@ -43,7 +43,7 @@
 //
 // Who may import: runner (and the turn child it runs), the backends
 // (sandbox/process, sandbox/docker) and sandbox/supervisor. sandbox imports
-// only wire.
+// only wire (and golang.org/x/sys).
 package sandbox
 
 import (

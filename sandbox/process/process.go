@@ -53,8 +53,12 @@ type Config struct {
 	// StateDir is the daemon's state directory. Required; it must exist.
 	StateDir string
 	// Command is the argv prefix that starts a supervisor, e.g.
-	// ["/usr/bin/runnerd", "supervise"]. Required. The backend appends
-	// --socket, --workspace, --id and --ready-fd.
+	// [os.Executable(), "supervise"]. Required; the executable is an
+	// absolute path. The backend appends --socket, --workspace, --id and
+	// --ready-fd. The supervisor inherits only stdin (/dev/null), its log
+	// as stdout and stderr, and the ready pipe: a starter must keep its
+	// other descriptors close-on-exec (an inherited handover descriptor
+	// would outlive the turn child in the supervisor).
 	Command []string
 	// Env is the supervisor's whole environment, which its agents inherit
 	// in part (PATH is searched for the agent command). Default: PATH and
