@@ -96,6 +96,9 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if o.version {
+		return o, nil
+	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var envErrs []string
@@ -112,9 +115,6 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	if len(envErrs) > 0 {
 		sort.Strings(envErrs)
 		return o, errors.New(envErrs[0])
-	}
-	if o.version {
-		return o, nil
 	}
 
 	// R12 and the renewal timings, checked together.

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/runner"
+)
+
+func env(kv ...string) func(string) string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		m[kv[i]] = kv[i+1]
+	}
+	return func(k string) string { return m[k] }
+}
+
+// Flag > environment > default, for every kind of flag.
+func TestConfigPrecedence(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   func(string) string
+		check func(t *testing.T, o options)
+	}{
+		{"defaults", nil, env(), func(t *testing.T, o options) {
+			c := o.cfg
+			if c.Capacity != runner.DefaultCapacity || c.Sandbox != "process" || c.ExecTimeout != 3600*time.Second ||
+				c.Timings != (heartbeat.Timings{LeaseTTL: 120 * time.Second, Interval: 30 * time.Second, RequestTimeout: 10 * time.Second, RetryDelay: 5 * time.Second}) ||
+				c.DrainTimeout != runner.DefaultDrainTimeout || c.StateDir != "/var/lib/runnerd" || o.logFormat != "json" ||
+				o.tokenFile != "/etc/runnerd/host-token" || c.ControlPlaneURL != "http://127.0.0.1:8080" || o.metricsListen != "" ||
+				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 {
+				t.Fatalf("defaults %+v", o)
+			}
+		}},
+		{"environment over default", nil, env("RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s",
+			"RUNNERD_LOG_FORMAT", "text", "RUNNERD_DOCKER_CPUS", "0.5", "RUNNERD_METRICS_LISTEN", ":9464", "RUNNERD_HOST_NAME", "h1"),
+			func(t *testing.T, o options) {
+				if o.cfg.Capacity != 5 || o.cfg.Sandbox != "docker" || o.cfg.Timings.Interval != 20*time.Second ||
+					o.logFormat != "text" || o.cfg.Docker.NanoCPUs != 5e8 || o.metricsListen != ":9464" || o.cfg.HostName != "h1" {
+					t.Fatalf("%+v", o)
+				}
+			}},
+		{"flag over environment", []string{"--capacity=7", "--sandbox", "process", "--renew-interval=25s", "--host-name", "h2"},
+			env("RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s", "RUNNERD_HOST_NAME", "h1"),
+			func(t *testing.T, o options) {
+				if o.cfg.Capacity != 7 || o.cfg.Sandbox != "process" || o.cfg.Timings.Interval != 25*time.Second || o.cfg.HostName != "h2" {
+					t.Fatalf("%+v", o)
+				}
+			}},
+		{"scaled timings for tests", []string{"--lease-ttl=1.2s", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, env(),
+			func(t *testing.T, o options) {
+				want := heartbeat.Timings{LeaseTTL: 1200 * time.Millisecond, Interval: 300 * time.Millisecond, RequestTimeout: 100 * time.Millisecond, RetryDelay: 50 * time.Millisecond}
+				if o.cfg.Timings != want {
+					t.Fatalf("timings %+v", o.cfg.Timings)
+				}
+			}},
+		{"R12: a short AGENT_LEASE_TTL is ignored with a warning", nil, env("AGENT_LEASE_TTL", "20"),
+			func(t *testing.T, o options) {
+				if o.cfg.Timings.LeaseTTL != 120*time.Second || len(o.warnings) != 1 || o.warnings[0].Setting != "AGENT_LEASE_TTL" || o.warnings[0].Given != 20*time.Second {
+					t.Fatalf("lease %v, warnings %+v", o.cfg.Timings.LeaseTTL, o.warnings)
+				}
+			}},
+		{"AGENT_LEASE_TTL long enough is used", nil, env("AGENT_LEASE_TTL", "90"),
+			func(t *testing.T, o options) {
+				if o.cfg.Timings.LeaseTTL != 90*time.Second || len(o.warnings) != 0 {
+					t.Fatalf("lease %v, warnings %+v", o.cfg.Timings.LeaseTTL, o.warnings)
+				}
+			}},
+		{"--lease-ttl over AGENT_LEASE_TTL", []string{"--lease-ttl=60s"}, env("AGENT_LEASE_TTL", "90"),
+			func(t *testing.T, o options) {
+				if o.cfg.Timings.LeaseTTL != 60*time.Second {
+					t.Fatalf("lease %v", o.cfg.Timings.LeaseTTL)
+				}
+			}},
+		{"RUNNERD_LEASE_TTL over AGENT_LEASE_TTL", nil, env("RUNNERD_LEASE_TTL", "45s", "AGENT_LEASE_TTL", "90"),
+			func(t *testing.T, o options) {
+				if o.cfg.Timings.LeaseTTL != 45*time.Second {
+					t.Fatalf("lease %v", o.cfg.Timings.LeaseTTL)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o, err := parseRun(tt.args, tt.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, o)
+		})
+	}
+}
+
+// Bad configuration: one clear line naming the setting, exit status 2.
+// R12: a --lease-ttl (or RUNNERD_LEASE_TTL) shorter than one interval plus
+// one request timeout is refused at start-up.
+func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  func(string) string
+		want string
+	}{
+		{"R12 short --lease-ttl", []string{"--lease-ttl=30s"}, env(), "--lease-ttl 30s is shorter than"},
+		{"R12 short --lease-ttl for scaled timings", []string{"--lease-ttl=350ms", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, env(), "--lease-ttl 350ms is shorter than"},
+		{"R12 short RUNNERD_LEASE_TTL", nil, env("RUNNERD_LEASE_TTL", "39s"), "--lease-ttl 39s is shorter than"},
+		{"retry longer than interval", []string{"--renew-retry=40s"}, env(), "--renew-retry 40s is longer than --renew-interval 30s"},
+		{"zero interval", []string{"--renew-interval=0s"}, env(), "--renew-interval 0s: must be positive"},
+		{"bad env value", nil, env("RUNNERD_CAPACITY", "many"), `RUNNERD_CAPACITY: invalid value "many" for --capacity`},
+		{"bad flag value", []string{"--drain-timeout=soon"}, env(), `invalid value "soon" for flag -drain-timeout`},
+		{"unknown flag", []string{"--capacty=2"}, env(), "flag provided but not defined: -capacty"},
+		{"capacity zero", []string{"--capacity=0"}, env(), "--capacity 0: must be at least 1"},
+		{"bad sandbox", nil, env("RUNNERD_SANDBOX", "vm"), `--sandbox "vm": want process or docker`},
+		{"bad log format", []string{"--log-format=xml"}, env(), `--log-format "xml": want json or text`},
+		{"bad URL", []string{"--control-plane=cp:8080"}, env(), `--control-plane "cp:8080": want an http:// or https:// URL`},
+		{"missing token file", []string{"--host-token-file=/nonexistent/token"}, env(), "--host-token-file: no such file or directory"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := runDaemon(tt.args, tt.env, &stdout, &stderr)
+			out := stderr.String()
+			if code != 2 {
+				t.Fatalf("exit %d, want 2; stderr %q", code, out)
+			}
+			if strings.Count(out, "\n") != 1 || !strings.HasPrefix(out, "runnerd: ") || !strings.Contains(out, tt.want) {
+				t.Fatalf("stderr %q, want one line containing %q", out, tt.want)
+			}
+		})
+	}
+}
+
+// The token file must hold one token; its content never reaches an error.
+func TestHostTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	f := filepath.Join(dir, "tok")
+	if err := os.WriteFile(f, []byte("rdh_secret one two\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := runDaemon([]string{"--host-token-file", f, "--state-dir", dir}, env(), &stdout, &stderr)
+	if code != 2 || strings.Contains(stderr.String(), "secret") || !strings.Contains(stderr.String(), "one token on one line") {
+		t.Fatalf("exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+func TestVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := runDaemon([]string{"--version"}, env("RUNNERD_CAPACITY", "bad-but-ignored"), &stdout, &stderr); code != 0 || stdout.String() != "runnerd dev\n" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+)
+
+// syncBuf is the daemon's stderr, read while it runs.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// systemd, end to end through `runnerd run`: with NOTIFY_SOCKET pointing at
+// a unixgram socket of the test and WATCHDOG_USEC set, the daemon sends
+// READY=1 after its first acknowledged host heartbeat, WATCHDOG=1 at half
+// the watchdog period, and STOPPING=1 when SIGTERM starts the drain; the
+// drain of an idle host ends the process with status 0. The effective
+// configuration is logged once, without the host token.
+func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), MinLeaseTTL: time.Second, ClaimWaitMax: time.Second})
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	token := controlplane.NewToken(controlplane.HostTokenPrefix)
+	if _, err := st.CreateHost(context.Background(), "host-sd", controlplane.HashToken(token), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+
+	dir, err := os.MkdirTemp("", "sd") // short: a socket path has at most 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "notify")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NOTIFY_SOCKET", sock)
+	t.Setenv("WATCHDOG_USEC", "400000") // WATCHDOG=1 every 200 ms
+
+	args := []string{
+		"--control-plane", hs.URL, "--host-token-file", tokenFile, "--host-name", "host-sd",
+		"--state-dir", filepath.Join(dir, "state"), "--lease-ttl=1.2s", "--renew-interval=300ms",
+		"--renew-timeout=100ms", "--renew-retry=50ms", "--host-heartbeat-interval=200ms", "--claim-wait=300ms",
+		"--watchdog-interval=1h", // WATCHDOG_USEC wins
+	}
+	stderr := &syncBuf{}
+	exit := make(chan int, 1)
+	go func() { exit <- runDaemon(args, os.Getenv, io.Discard, stderr) }()
+
+	got := make(chan string, 64)
+	go func() {
+		defer close(got)
+		buf := make([]byte, 512)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	exitC := (<-chan int)(exit) // nil once the exit was seen
+	next := func(want string) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case s := <-got:
+				if s == want {
+					return
+				}
+			case code := <-exitC:
+				if code != 0 {
+					t.Fatalf("runnerd exited %d before %s:\n%s", code, want, stderr)
+				}
+				exitC = nil // an idle drain may end first; the datagram is still queued
+			case <-timeout:
+				t.Fatalf("no %s within 10s:\n%s", want, stderr)
+			}
+		}
+	}
+	next("READY=1")
+	if srvs, err := st.ListServers(context.Background()); err != nil || len(srvs) != 1 || srvs[0].LastHeartbeat == nil {
+		t.Fatalf("READY=1 before an acknowledged heartbeat: %+v %v", srvs, err)
+	}
+	next("WATCHDOG=1")
+	next("WATCHDOG=1")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	next("STOPPING=1")
+	if exitC != nil {
+		select {
+		case code := <-exitC:
+			if code != 0 {
+				t.Fatalf("exit %d:\n%s", code, stderr)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("runnerd did not exit after the drain:\n%s", stderr)
+		}
+	}
+	logs := stderr.String()
+	if strings.Count(logs, `"msg":"runnerd_started"`) != 1 || strings.Contains(logs, token) {
+		t.Fatalf("want one runnerd_started record and no token:\n%s", logs)
+	}
+	if !strings.Contains(logs, `"watchdog_ms":200`) {
+		t.Fatalf("watchdog period not taken from WATCHDOG_USEC:\n%s", logs)
+	}
+}
