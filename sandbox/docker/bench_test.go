@@ -20,29 +20,7 @@ import (
 // container (running, supervisor up).
 func BenchmarkDockerTurnStartWarm(b *testing.B) {
 	be, _ := newBackend(b, nil)
-	ctx := context.Background()
-	spec := newSpec()
-	sb, err := be.Ensure(ctx, spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	runTurn(b, ctx, sb, spec.AgentCommand, "warm up")
-	samples := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for range b.N {
-		start := time.Now()
-		sb, err := be.Ensure(ctx, spec)
-		if err != nil {
-			b.Fatal(err)
-		}
-		turn, act := startTurn(b, ctx, sb, spec.AgentCommand)
-		samples = append(samples, time.Since(start))
-		b.StopTimer()
-		finishTurn(b, ctx, sb, turn, act)
-		b.StartTimer()
-	}
-	b.StopTimer()
-	reportPercentiles(b, samples)
+	benchTurnStart(b, be, func() sandbox.Spec { return newSpec() }, true)
 }
 
 // BenchmarkDockerColdStart measures turn start for a conversation with no
@@ -50,11 +28,33 @@ func BenchmarkDockerTurnStartWarm(b *testing.B) {
 // supervisor answering, activation, agent started. Removal is not timed.
 func BenchmarkDockerColdStart(b *testing.B) {
 	be, _ := newBackend(b, nil)
+	benchTurnStart(b, be, func() sandbox.Spec { return newSpec() }, false)
+}
+
+// benchTurnStart times turn start on be. Warm: one conversation, made and
+// run once before the clock starts. Cold: a new conversation each time,
+// removed after its turn with the clock stopped.
+func benchTurnStart(b *testing.B, be sandbox.Backend, mkSpec func() sandbox.Spec, warm bool) {
 	ctx := context.Background()
+	spec := mkSpec()
+	if warm {
+		b.Cleanup(func() {
+			if err := be.Remove(context.Background(), spec.ConversationID); err != nil {
+				b.Error(err)
+			}
+		})
+		sb, err := be.Ensure(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		runTurn(b, ctx, sb, spec.AgentCommand, "warm up")
+	}
 	samples := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for range b.N {
-		spec := newSpec()
+		if !warm {
+			spec = mkSpec()
+		}
 		start := time.Now()
 		sb, err := be.Ensure(ctx, spec)
 		if err != nil {
@@ -63,12 +63,14 @@ func BenchmarkDockerColdStart(b *testing.B) {
 		turn, act := startTurn(b, ctx, sb, spec.AgentCommand)
 		samples = append(samples, time.Since(start))
 		b.StopTimer()
-		if !sb.Created {
-			b.Fatal("cold start found an existing sandbox")
+		if sb.Created == warm {
+			b.Fatalf("warm=%v but Created=%v", warm, sb.Created)
 		}
 		finishTurn(b, ctx, sb, turn, act)
-		if err := be.Remove(ctx, spec.ConversationID); err != nil {
-			b.Fatal(err)
+		if !warm {
+			if err := be.Remove(ctx, spec.ConversationID); err != nil {
+				b.Fatal(err)
+			}
 		}
 		b.StartTimer()
 	}

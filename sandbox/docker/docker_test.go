@@ -35,6 +35,21 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
+// ensured is the common start of a test: a backend of its own (modified by
+// modify, if not nil), a conversation running agent (the demo agent if
+// none is given), and its sandbox, made.
+func ensured(t *testing.T, modify func(*docker.Config), agent ...string) (*docker.Backend, docker.Config, context.Context, sandbox.Spec, sandbox.Sandbox) {
+	t.Helper()
+	b, cfg := newBackend(t, modify)
+	ctx := testCtx(t)
+	spec := newSpec(agent...)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatalf("ensure: %v", err)
+	}
+	return b, cfg, ctx, spec, sb
+}
+
 type turnOut struct {
 	act     sandbox.Activation
 	events  []sandbox.Event
@@ -148,13 +163,7 @@ func TestDockerTurnReusesRetainedContainer(t *testing.T) {
 // A missing container at the next turn of a usable conversation is made
 // anew over the workspace volume, and the native session continues.
 func TestDockerMissingContainerRecreatedFromVolume(t *testing.T) {
-	b, cfg := newBackend(t, nil)
-	ctx := testCtx(t)
-	spec := newSpec()
-	sb1, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, cfg, ctx, spec, sb1 := ensured(t, nil)
 	if out := runTurn(t, ctx, sb1, spec.AgentCommand, "one"); out.result.NativeTurn != 1 {
 		t.Fatalf("turn 1 ended at native turn %d, want 1", out.result.NativeTurn)
 	}
@@ -247,6 +256,39 @@ func TestDockerPreflightDeclinesAndCreatesNothing(t *testing.T) {
 	}
 }
 
+// hangingTurn makes a conversation's sandbox and starts a turn in it whose
+// agent never ends, returning once the agent has spoken.
+func hangingTurn(t *testing.T, ctx context.Context, b *docker.Backend) (sandbox.Spec, sandbox.Sandbox, sandbox.Activation, *sandbox.Turn) {
+	t.Helper()
+	spec := newSpec(imgTestAgent)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	act, err := sb.Client().Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	turn, err := sb.Client().Run(ctx, act.ID, spec.AgentCommand, "work forever !hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { turn.Close() })
+	if ev, err := turn.Next(); err != nil || ev.Type != "turn.start" {
+		t.Fatalf("first event = %+v, %v; want turn.start", ev, err)
+	}
+	return spec, sb, act, turn
+}
+
+// streamEnd reads a turn's stream to its end and returns what ended it.
+func streamEnd(turn *sandbox.Turn) error {
+	for {
+		if _, err := turn.Next(); err != nil {
+			return err
+		}
+	}
+}
+
 // R35: the container killed mid-turn fails the turn closed: the stream ends
 // with ErrInterrupted, there is no receipt, the backend says the sandbox is
 // gone; the next Ensure restarts the container, whose fresh supervisor
@@ -255,33 +297,12 @@ func TestDockerPreflightDeclinesAndCreatesNothing(t *testing.T) {
 func TestDockerContainerKilledMidTurnFailsClosed(t *testing.T) {
 	b, _ := newBackend(t, nil)
 	ctx := testCtx(t)
-	spec := newSpec(imgTestAgent)
-	sb, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, sb, act, turn := hangingTurn(t, ctx, b)
 	c := sb.Client()
-	act, err := c.Activate(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	turn, err := c.Run(ctx, act.ID, spec.AgentCommand, "work forever !hang")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer turn.Close()
-	if ev, err := turn.Next(); err != nil || ev.Type != "turn.start" {
-		t.Fatalf("first event = %+v, %v; want turn.start", ev, err)
-	}
 	if err := env.engine.ContainerKill(ctx, sb.ID, "KILL"); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		_, err = turn.Next()
-		if err != nil {
-			break
-		}
-	}
+	err := streamEnd(turn)
 	if !errors.Is(err, sandbox.ErrInterrupted) {
 		t.Fatalf("stream after the kill ended with %v, want ErrInterrupted", err)
 	}
@@ -312,24 +333,8 @@ func TestDockerContainerKilledMidTurnFailsClosed(t *testing.T) {
 func TestDockerOlderActivationRefused(t *testing.T) {
 	b, _ := newBackend(t, nil)
 	ctx := testCtx(t)
-	spec := newSpec(imgTestAgent)
-	sb, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, sb, older, turn := hangingTurn(t, ctx, b)
 	c := sb.Client()
-	older, err := c.Activate(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	turn, err := c.Run(ctx, older.ID, spec.AgentCommand, "!hang")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer turn.Close()
-	if _, err := turn.Next(); err != nil {
-		t.Fatal(err)
-	}
 	newer, err := c.Activate(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -337,10 +342,7 @@ func TestDockerOlderActivationRefused(t *testing.T) {
 	if newer.ID == older.ID {
 		t.Fatal("two activations got the same token")
 	}
-	for err == nil {
-		_, err = turn.Next()
-	}
-	if !errors.Is(err, sandbox.ErrFenced) && !errors.Is(err, sandbox.ErrInterrupted) {
+	if err := streamEnd(turn); !errors.Is(err, sandbox.ErrFenced) && !errors.Is(err, sandbox.ErrInterrupted) {
 		t.Fatalf("older turn after a newer activation ended with %v, want fenced or interrupted", err)
 	}
 	if _, err := c.Run(ctx, older.ID, spec.AgentCommand, "again"); !errors.Is(err, sandbox.ErrFenced) {
@@ -355,10 +357,7 @@ func TestDockerOlderActivationRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer t2.Close()
-	for err == nil {
-		_, err = t2.Next()
-	}
-	if err != io.EOF {
+	if err := streamEnd(t2); err != io.EOF {
 		t.Fatalf("newer turn ended with %v, want a completed stream", err)
 	}
 	if _, err := c.Settle(ctx, newer.ID); err != nil {
@@ -369,13 +368,7 @@ func TestDockerOlderActivationRefused(t *testing.T) {
 // The security defaults are in force: as the engine reports them, and as
 // the agent inside experiences them.
 func TestDockerSecurityDefaults(t *testing.T) {
-	b, _ := newBackend(t, nil)
-	ctx := testCtx(t)
-	spec := newSpec(imgTestAgent, "probe")
-	sb, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, _, ctx, spec, sb := ensured(t, nil, imgTestAgent, "probe")
 	info, err := env.engine.ContainerInspect(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -589,13 +582,7 @@ func TestDockerSweepRemovesOnlyChosenAndOnlyOurs(t *testing.T) {
 // R33: preflight starts nothing either: a stopped retained container stays
 // stopped, untouched, and preflight still passes (Ensure restarts it later).
 func TestDockerPreflightLeavesStoppedContainerStopped(t *testing.T) {
-	b, cfg := newBackend(t, nil)
-	ctx := testCtx(t)
-	spec := newSpec()
-	sb, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, cfg, ctx, spec, sb := ensured(t, nil)
 	timeout := 5
 	if err := env.engine.ContainerStop(ctx, sb.ID, container.StopOptions{Timeout: &timeout}); err != nil {
 		t.Fatal(err)
@@ -697,13 +684,7 @@ func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
 // between, before handing the fresh workspace volume to the image's user)
 // is prepared and started by the next Ensure.
 func TestDockerCreatedButNeverStartedContainerIsStarted(t *testing.T) {
-	b, cfg := newBackend(t, nil)
-	ctx := testCtx(t)
-	spec := newSpec()
-	sb, err := b.Ensure(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, cfg, ctx, spec, sb := ensured(t, nil)
 	info, err := env.engine.ContainerInspect(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)

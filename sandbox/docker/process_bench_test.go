@@ -1,9 +1,7 @@
 package docker_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/process"
@@ -21,32 +19,7 @@ func BenchmarkProcessTurnStartWarm(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx := context.Background()
-	spec := sandbox.Spec{ConversationID: "bench-" + randHex(4), AgentCommand: []string{env.hostAgent}}
-	b.Cleanup(func() {
-		if err := be.Remove(context.Background(), spec.ConversationID); err != nil {
-			b.Error(err)
-		}
-	})
-	sb, err := be.Ensure(ctx, spec)
-	if err != nil {
-		b.Fatal(err)
-	}
-	runTurn(b, ctx, sb, spec.AgentCommand, "warm up")
-	samples := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for range b.N {
-		start := time.Now()
-		sb, err := be.Ensure(ctx, spec)
-		if err != nil {
-			b.Fatal(err)
-		}
-		turn, act := startTurn(b, ctx, sb, spec.AgentCommand)
-		samples = append(samples, time.Since(start))
-		b.StopTimer()
-		finishTurn(b, ctx, sb, turn, act)
-		b.StartTimer()
-	}
-	b.StopTimer()
-	reportPercentiles(b, samples)
+	benchTurnStart(b, be, func() sandbox.Spec {
+		return sandbox.Spec{ConversationID: "bench-" + randHex(4), AgentCommand: []string{env.hostAgent}}
+	}, true)
 }

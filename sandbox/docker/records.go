@@ -16,14 +16,14 @@ const (
 )
 
 func recordCreated(l *slog.Logger, conv, id string) {
-	l.LogAttrs(context.Background(), slog.LevelInfo, RecordContainerCreated,
-		slog.String("backend", "docker"),
-		slog.String("conversation_id", conv),
-		slog.String("container_id", id))
+	recordContainer(l, RecordContainerCreated, conv, id)
+}
+func recordStarted(l *slog.Logger, conv, id string) {
+	recordContainer(l, RecordContainerStarted, conv, id)
 }
 
-func recordStarted(l *slog.Logger, conv, id string) {
-	l.LogAttrs(context.Background(), slog.LevelInfo, RecordContainerStarted,
+func recordContainer(l *slog.Logger, msg, conv, id string) {
+	l.LogAttrs(context.Background(), slog.LevelInfo, msg,
 		slog.String("backend", "docker"),
 		slog.String("conversation_id", conv),
 		slog.String("container_id", id))
