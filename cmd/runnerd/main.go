@@ -31,8 +31,8 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/runner"
+	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/sandbox/supervisor"
 )
 
@@ -49,7 +49,7 @@ func main() {
 	switch os.Args[1] {
 	case "turn":
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		code := runTurn(ctx, os.Stderr)
+		code := turn.Main(ctx, os.Stderr)
 		stop()
 		os.Exit(code)
 	case "supervise":
@@ -103,7 +103,11 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "runnerd: cannot find its own executable: "+err.Error())
 		return 1
 	}
-	if cfg.Backend, err = backend(cfg, log); err != nil {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		fmt.Fprintln(stderr, "runnerd: --state-dir: "+err.Error())
+		return 1
+	}
+	if cfg.Backend, err = backend(cfg); err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 1
 	}
@@ -208,32 +212,20 @@ func readToken(path string, log *slog.Logger) (string, error) {
 	return tok, nil
 }
 
-// backend is the daemon's own handle on the sandboxes, used to remove a
-// LOST conversation's sandbox; the turn children build their own.
-func backend(cfg runner.Config, log *slog.Logger) (sandbox.Backend, error) {
-	switch cfg.Sandbox {
-	case sandbox.BackendDocker:
-		engine, err := docker.EngineFromEnv()
-		if err != nil {
-			return nil, fmt.Errorf("docker engine: %w", err)
-		}
-		b, err := docker.New(docker.Config{
-			Engine:      engine,
-			Host:        cfg.HostName,
-			StateDir:    cfg.StateDir,
-			RunnerdPath: cfg.Executable,
-			Network:     cfg.Docker.Network,
-			PidsLimit:   cfg.Docker.PidsLimit,
-			MemoryBytes: cfg.Docker.MemoryBytes,
-			NanoCPUs:    cfg.Docker.NanoCPUs,
-			Logger:      log,
-		})
-		if err != nil {
-			return nil, err
-		}
-		return b, nil
+// backend is the daemon's own handle on the sandboxes, built like the
+// turn children's, used to remove a LOST conversation's sandbox.
+func backend(cfg runner.Config) (sandbox.Backend, error) {
+	b, err := turn.OpenBackend(turn.Sandbox{
+		Backend:  cfg.Sandbox,
+		StateDir: cfg.StateDir,
+		HostName: cfg.HostName,
+		Runnerd:  cfg.Executable,
+		Docker:   cfg.Docker,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s sandbox backend: %w", cfg.Sandbox, err)
 	}
-	return processBackend(cfg, log)
+	return b, nil
 }
 
 // sdNotifier is sd_notify through go-systemd; it reads NOTIFY_SOCKET itself.
