@@ -29,7 +29,9 @@ var demoAgent string
 // re-entered) for the tests that need a real supervisor process to kill and
 // restart; otherwise it builds the demo agent and runs the tests.
 func TestMain(m *testing.M) {
-	testbin.Main(m, &demoAgent, map[string]func([]string) int{"supervise": superviseMain})
+	testbin.Main(m, &demoAgent, map[string]func([]string) int{
+		"supervise": superviseMain,
+	})
 }
 
 func superviseMain(args []string) int {

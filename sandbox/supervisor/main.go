@@ -7,7 +7,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Main is "runnerd supervise": it parses args (without the subcommand
@@ -38,6 +43,9 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: runnerd supervise --socket PATH --workspace DIR [--state DIR] [--id ID] [--ready-fd N] [--subreaper]")
 		return 2
 	}
+	// Descriptors this process inherited without close-on-exec (a
+	// starter's leak) must not reach the agents: mark them all.
+	closeInheritedOnExec()
 	cfg.Logger = slog.New(slog.NewJSONHandler(stderr, nil))
 	cfg.AgentStderr = stderr
 	if *readyFD >= 0 {
@@ -57,4 +65,21 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// closeInheritedOnExec sets close-on-exec on every descriptor above stderr.
+// Go opens its own that way already; this catches inherited ones.
+func closeInheritedOnExec() {
+	if unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return
+	}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }

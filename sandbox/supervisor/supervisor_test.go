@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -541,5 +543,62 @@ func TestFencingDoesNotWaitForStalledDriver(t *testing.T) {
 	}
 	if st, err := s.c.Status(ctx); err != nil || st.Busy {
 		t.Fatalf("status after fencing: %+v, %v", st, err)
+	}
+}
+
+// The agent gets a minimal environment — nothing of the supervisor's, where
+// a host secret might live — and no descriptor beyond stdin, stdout and
+// stderr: not the supervisor's socket, not a driving connection, and not a
+// descriptor the supervisor itself inherited without close-on-exec.
+func TestAgentInheritsNoEnvironmentOrDescriptors(t *testing.T) {
+	leak, err := syscall.Open("/dev/null", syscall.O_RDONLY, 0) // no O_CLOEXEC: a starter's leak
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(leak)
+	dir := t.TempDir()
+	ws, sock := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock")
+	t.Setenv("RUNNERD_TEST_SECRET", "do-not-leak")
+	startProc(t, ws, sock)
+	c := &sandbox.Client{Socket: sock}
+	ctx := context.Background()
+	act, err := c.Activate(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A shell, not a Go program: no runtime descriptors of its own.
+	// (The glob's own directory descriptor is closed again by the time the
+	// loop tests each entry.)
+	script := `env; echo --; for f in /proc/$$/fd/*; do [ -e "$f" ] && echo "fd ${f##*/}"; done; true`
+	turn, err := c.Run(ctx, act.ID, []string{"sh", "-c", script}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	evs, res := drain(t, turn)
+	if res.ExitCode != 0 {
+		t.Fatalf("introspection: %+v", res)
+	}
+	var lines []string
+	for _, ev := range evs {
+		var line string
+		if err := json.Unmarshal(ev.Data, &line); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, line)
+	}
+	sep := slices.Index(lines, "--")
+	if sep < 0 {
+		t.Fatalf("output %q", lines)
+	}
+	env, fds := lines[:sep], strings.Join(lines[sep+1:], " ")
+	slices.Sort(env)
+	env = slices.DeleteFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PWD=") }) // set by sh
+	want := []string{"HOME=" + ws, "LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin"}
+	if !slices.Equal(env, want) {
+		t.Fatalf("agent environment %q, want %q", env, want)
+	}
+	if fds != "fd 0 fd 1 fd 2" {
+		t.Fatalf("agent descriptors %q, want only 0, 1 and 2", fds)
 	}
 }
