@@ -96,7 +96,7 @@ type sup struct {
 
 // startServe runs a supervisor in this process (so the race detector sees
 // it) and returns once it listens.
-func startServe(t *testing.T, opts ...func(*Config)) *sup {
+func startServe(t testing.TB, opts ...func(*Config)) *sup {
 	t.Helper()
 	dir := t.TempDir()
 	s := &sup{ws: filepath.Join(dir, "workspace"), sock: filepath.Join(dir, "s.sock"), rec: newRecorder()}
