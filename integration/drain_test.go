@@ -98,5 +98,5 @@ func TestCancelFromUserAPIStopsRunningTurn(t *testing.T) {
 	if j2 := e.waitEnded(e.send(c2.ID, "still claiming").ID); j2.State != wire.JobSucceeded {
 		t.Errorf("the daemon stopped claiming after a cancel: %s", describeJob(j2))
 	}
-	e.assertPromptsOnce(c.ID, "never ends\n!hang")
+	e.assertLostPromptOnce(c.ID, "never ends\n!hang", e.job(j.ID))
 }

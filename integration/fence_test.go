@@ -109,7 +109,7 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	if conv := e.conv(c.ID); conv.State != wire.ConversationLost {
 		t.Errorf("conversation %s is %s, want lost (its prompt was admitted)", c.ID, conv.State)
 	}
-	e.assertPromptsOnce(c.ID, prompt)
+	e.assertLostPromptOnce(c.ID, prompt, job)
 }
 
 func findEvent(j wire.Job, attemptID, typ string) (wire.JobEvent, bool) {

@@ -46,7 +46,19 @@ func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
 }
 
+// envBinDir names a directory of binaries built already (`make build`
+// leaves them in bin/); unset, the test builds its own.
+const envBinDir = "RUNNERD_INTEGRATION_BIN"
+
 func buildAndRun(m *testing.M) int {
+	if dir := os.Getenv(envBinDir); dir != "" {
+		var err error
+		if bins, err = fleet.BinariesIn(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "integration:", envBinDir+":", err)
+			return 1
+		}
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "runnerd-integration-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -201,6 +213,9 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 		KillGrace:       killGrace,
 		DrainTimeout:    20 * time.Second,
 		ClaimWait:       500 * time.Millisecond,
+		ClaimBackoff:    100 * time.Millisecond,
+		ClaimBackoffMax: time.Second,
+		ControlTimeout:  time.Second,
 		HostHeartbeat:   200 * time.Millisecond,
 		Log:             e.log.prefixed("runnerd"),
 	}
@@ -359,6 +374,22 @@ func (e *env) assertPromptsOnce(convID string, prompts ...string) {
 			e.t.Errorf("conversation %s: prompt %d was %q at native turn %d, want %q at %d", convID, i+1, tr[i].Prompt, tr[i].Turn, p, i+1)
 		}
 	}
+}
+
+// assertLostPromptOnce is assertPromptsOnce for a conversation that became
+// LOST with its one prompt delivered: the daemon may have removed its
+// sandbox, transcript and all. Then the job's single attempt is the proof
+// that the prompt was not sent again, since a LOST conversation takes no
+// turn and its job was never claimed anew.
+func (e *env) assertLostPromptOnce(convID, prompt string, j wire.Job) {
+	e.t.Helper()
+	if len(j.Attempts) != 1 {
+		e.t.Errorf("the LOST conversation's turn was attempted again: %s", describeJob(j))
+	}
+	if _, err := os.Stat(fleet.SandboxDir(e.stateDir, convID)); errors.Is(err, os.ErrNotExist) {
+		return
+	}
+	e.assertPromptsOnce(convID, prompt)
 }
 
 func describeJob(j wire.Job) string {

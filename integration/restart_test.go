@@ -107,7 +107,10 @@ func TestKill9MidTurnThenRestart(t *testing.T) {
 	}
 
 	e.assertPromptsOnce(idle.ID, idleFirst, idleSecond)
-	e.assertPromptsOnce(admitted.ID, admittedPrompt)
+	e.assertLostPromptOnce(admitted.ID, admittedPrompt, e.job(admittedJob.ID))
+	if _, err := os.Stat(fleet.SandboxDir(e.stateDir, admitted.ID)); err == nil {
+		t.Errorf("the LOST conversation's sandbox is still there after its supervisor stopped")
+	}
 	e.assertPromptsOnce(preparing.ID, preparingPrompt)
 }
 

@@ -34,6 +34,9 @@ type DaemonConfig struct {
 	LaunchBackoff    time.Duration
 	LaunchBackoffMax time.Duration
 	ClaimWait        time.Duration
+	ClaimBackoff     time.Duration
+	ClaimBackoffMax  time.Duration
+	ControlTimeout   time.Duration
 	HostHeartbeat    time.Duration
 
 	// Args are appended to the command line; Env to the environment.
@@ -81,6 +84,9 @@ func (cfg DaemonConfig) args() []string {
 	args = appendDur(args, "--launch-backoff", cfg.LaunchBackoff)
 	args = appendDur(args, "--launch-backoff-max", cfg.LaunchBackoffMax)
 	args = appendDur(args, "--claim-wait", cfg.ClaimWait)
+	args = appendDur(args, "--claim-backoff", cfg.ClaimBackoff)
+	args = appendDur(args, "--claim-backoff-max", cfg.ClaimBackoffMax)
+	args = appendDur(args, "--control-timeout", cfg.ControlTimeout)
 	args = appendDur(args, "--host-heartbeat-interval", cfg.HostHeartbeat)
 	return append(args, cfg.Args...)
 }
