@@ -194,9 +194,10 @@ func (b *Backend) start(ctx context.Context, conv, id, instance string) error {
 	return b.waitSupervisor(ctx, id, instance, b.cfg.StartTimeout)
 }
 
-// waitSupervisor waits, up to timeout, until the supervisor on the
-// conversation's socket answers with the container's instance id. It gives
-// up early if the container stops.
+// waitSupervisor waits, up to timeout, until the supervisor of container
+// id answers with the container's instance id on the conversation's
+// private socket link (see adoptSocket). It gives up early if the
+// container stops.
 func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -204,18 +205,22 @@ func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeo
 	if err != nil {
 		return fmt.Errorf("inspect container: %w", err)
 	}
-	c := &sandbox.Client{Socket: b.SocketPath(info.Config.Labels[LabelConversation])}
+	conv := info.Config.Labels[LabelConversation]
+	c := &sandbox.Client{Socket: b.SocketPath(conv)}
 	delay := 10 * time.Millisecond
 	for {
 		st, err := c.Status(ctx)
-		if err == nil {
-			if st.ID != instance {
-				return fmt.Errorf("supervisor on the socket is not this container's (instance mismatch): %w", sandbox.ErrUnavailable)
-			}
+		if err == nil && st.ID == instance {
 			return nil
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("wait for the supervisor of container %.12s: %w", id, errors.Join(sandbox.ErrUnavailable, ctx.Err()))
+		}
+		if err == nil || errors.Is(err, sandbox.ErrUnavailable) {
+			// Nothing, or the wrong supervisor, behind the private link:
+			// link the socket the container's supervisor bound (once it
+			// has) and ask again.
+			_ = b.adoptSocket(conv)
 		}
 		// A container that stopped will not answer: say so now.
 		info, ierr := b.cfg.Engine.ContainerInspect(ctx, id)

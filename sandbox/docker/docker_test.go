@@ -6,9 +6,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -642,25 +647,32 @@ func TestDockerConcurrentEnsureMakesOneContainer(t *testing.T) {
 	}
 }
 
-// A running container whose supervisor does not answer (here: its socket
-// was deleted) is taken for hung and restarted over the same workspace; the
-// identity stays, the native session continues, and old activations are
-// unknown to the new supervisor (R28).
+// A running container whose supervisor does not answer (here: stopped
+// with SIGSTOP) is taken for hung and restarted over the same workspace;
+// the identity stays, the native session continues, and old activations
+// are unknown to the new supervisor (R28).
 func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
 	rec := &recorder{}
-	b, _ := newBackend(t, func(c *docker.Config) {
+	b, _, ctx, spec, sb := ensured(t, func(c *docker.Config) {
 		c.ProbeTimeout = 500 * time.Millisecond
 		c.Logger = slog.New(rec)
 	})
-	ctx := testCtx(t)
-	spec := newSpec()
-	sb, err := b.Ensure(ctx, spec)
+	out := runTurn(t, ctx, sb, spec.AgentCommand, "one")
+	top, err := env.engine.ContainerTop(ctx, sb.ID, []string{"-o", "pid,args"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := runTurn(t, ctx, sb, spec.AgentCommand, "one")
-	if err := os.Remove(sb.Socket); err != nil {
-		t.Fatal(err)
+	pid := 0
+	for _, p := range top.Processes {
+		if len(p) == 2 && strings.Contains(p[1], " supervise ") {
+			pid, _ = strconv.Atoi(p[0])
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no supervisor among the container's processes %v", top.Processes)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Skipf("cannot stop the supervisor from the test (engine on another host?): %v", err)
 	}
 	sb2, err := b.Ensure(ctx, spec)
 	if err != nil {
@@ -677,6 +689,75 @@ func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
 	}
 	if out2 := runTurn(t, ctx, sb2, spec.AgentCommand, "two"); out2.result.NativeTurn != 2 {
 		t.Fatalf("turn after the restart ended at native turn %d, want 2", out2.result.NativeTurn)
+	}
+}
+
+// The host never dials a path the container can change. The agent shares
+// the supervisor's uid, so it can replace the socket in the bind-mounted
+// run directory, e.g. by a symlink to another conversation's socket. The
+// host dials only its private link to the socket inode the supervisor
+// bound: a lost private link to the real socket is made again, the decoy
+// gets no connection, the turn goes to the real supervisor, and with the
+// private link lost too the symlink is not adopted.
+func TestDockerHostNeverDialsTheSharedSocketPath(t *testing.T) {
+	b, _, ctx, spec, sb := ensured(t, func(c *docker.Config) { c.ProbeTimeout = 500 * time.Millisecond })
+	bound := filepath.Join(filepath.Dir(sb.Socket), "run", "supervisor.sock")
+	if fi, err := os.Lstat(bound); err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("the supervisor's bound socket %s: %v, %v", bound, fi, err)
+	}
+	// A lost private link to a real socket is simply made again.
+	if err := os.Remove(sb.Socket); err != nil {
+		t.Fatal(err)
+	}
+	if sb1, err := b.Ensure(ctx, spec); err != nil || sb1.ID != sb.ID || sb1.Created {
+		t.Fatalf("ensure with the private link lost = %+v, %v; want the running %.12s, untouched", sb1, err, sb.ID)
+	}
+
+	decoyPath := filepath.Join(t.TempDir(), "decoy.sock")
+	decoy, err := net.Listen("unix", decoyPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer decoy.Close()
+	dialed := make(chan struct{}, 1)
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		if c, err := decoy.Accept(); err == nil {
+			dialed <- struct{}{}
+			c.Close()
+		}
+	}()
+	if err := os.Remove(bound); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(decoyPath, bound); err != nil {
+		t.Fatal(err)
+	}
+
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil || sb2.ID != sb.ID || sb2.Created {
+		t.Fatalf("ensure = %+v, %v; want the running %.12s, untouched", sb2, err, sb.ID)
+	}
+	if out := runTurn(t, ctx, sb2, spec.AgentCommand, "hi"); out.result.NativeTurn != 1 {
+		t.Fatalf("turn ended at native turn %d, want 1", out.result.NativeTurn)
+	}
+	// The private link lost: Ensure must not adopt the symlink.
+	if err := os.Remove(sb.Socket); err != nil {
+		t.Fatal(err)
+	}
+	// Not adoptable, so the supervisor is taken for unresponsive and its
+	// container restarted, which clears the run directory.
+	sb3, err := b.Ensure(ctx, spec)
+	if err != nil || sb3.ID != sb.ID || !sb3.Created {
+		t.Fatalf("ensure with only the symlink in place = %+v, %v; want %.12s restarted", sb3, err, sb.ID)
+	}
+	decoy.Close()
+	<-acceptDone
+	select {
+	case <-dialed:
+		t.Fatal("the host dialed the symlinked decoy socket")
+	default:
 	}
 }
 

@@ -98,9 +98,48 @@ func (b *Backend) runDir(conversationID string) string {
 	return filepath.Join(b.convDir(conversationID), "run")
 }
 
-// SocketPath is the host path of the conversation's supervisor socket.
+// SocketPath is the host path of the conversation's supervisor socket as
+// the host dials it (sandbox.Sandbox.Socket): a hard link, in the
+// conversation's private directory, to the socket the supervisor bound in
+// the shared run directory. See adoptSocket.
 func (b *Backend) SocketPath(conversationID string) string {
+	return filepath.Join(b.convDir(conversationID), socketName)
+}
+
+// boundSocket is where the supervisor binds its socket, seen from the host.
+func (b *Backend) boundSocket(conversationID string) string {
 	return filepath.Join(b.runDir(conversationID), socketName)
+}
+
+// adoptSocket hard-links the socket the supervisor bound into the
+// conversation's private directory. The run directory is shared with the
+// container, so the agent (the same uid as the supervisor) can put
+// anything there — a symlink to another conversation's socket, say. The
+// host never dials that path: it dials only a private link made here, to
+// an inode checked to be a socket. A symlink swapped in between the check
+// and the link is caught by comparing the inodes.
+func (b *Backend) adoptSocket(conversationID string) error {
+	bound, private := b.boundSocket(conversationID), b.SocketPath(conversationID)
+	fi, err := os.Lstat(bound)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("%s is not a socket", bound)
+	}
+	tmp := private + ".new"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := os.Link(bound, tmp); err != nil { // linkat without AT_SYMLINK_FOLLOW
+		return err
+	}
+	linked, err := os.Lstat(tmp)
+	if err != nil || !os.SameFile(fi, linked) || linked.Mode().Type() != os.ModeSocket {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("%s changed while it was linked", bound)
+	}
+	return os.Rename(tmp, private)
 }
 
 // ErrAmbiguous means the engine holds more than one container of this host
@@ -255,8 +294,8 @@ func (b *Backend) createContainer(ctx context.Context, conversationID, image, vo
 }
 
 // prepareRunDir makes the conversation directory (0700, ours) and the run
-// directory inside it, and removes a stale socket left by an earlier
-// container. The run directory is world-writable so that a supervisor
+// directory inside it, and removes the stale socket and private link left
+// by an earlier container. The run directory is world-writable so that a supervisor
 // running as any non-root uid can bind its socket there; the 0700 parent
 // keeps every other host user out.
 func (b *Backend) prepareRunDir(conversationID string) error {
@@ -269,8 +308,10 @@ func (b *Backend) prepareRunDir(conversationID string) error {
 	if err := ensureDir(b.runDir(conversationID), 0o777|os.ModeSticky); err != nil {
 		return fmt.Errorf("socket directory: %w", err)
 	}
-	if err := os.Remove(b.SocketPath(conversationID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove stale socket: %w", err)
+	for _, p := range []string{b.boundSocket(conversationID), b.SocketPath(conversationID)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove stale socket: %w", err)
+		}
 	}
 	return nil
 }
