@@ -109,16 +109,24 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.health.expect(loopClaim, d.cfg.Timings.LeaseTTL+d.cfg.ControlTimeout+healthSlack)
 	d.recoverAll(ctx)
 
-	wg.Go(func() { d.claimLoop(ctx, loops) })
+	// The claim loop is the only one that starts attempts: once it has
+	// returned, waiting for the attempts is safe.
+	claimExited := make(chan struct{})
+	wg.Go(func() {
+		defer close(claimExited)
+		d.claimLoop(ctx, loops)
+		d.health.done(loopClaim) // stopped on purpose: not stuck
+	})
 
-	allDone := make(chan struct{})
 	select {
 	case <-d.drainCtx.Done():
 		d.notify(notifyStopping)
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgDrainStarted,
 			slog.Int("running", d.running()), slog.Int64(diagnostics.KeyLimit, d.cfg.DrainTimeout.Milliseconds()))
-		go func() { d.attempts.Wait(); close(allDone) }() // ends when the attempts end, which the drain bounds
 		timer := time.NewTimer(d.cfg.DrainTimeout)
+		<-claimExited // a drain cancels the long poll in flight
+		allDone := make(chan struct{})
+		go func() { d.attempts.Wait(); close(allDone) }() // Run waits for the attempts below as well
 		select {
 		case <-allDone:
 		case <-timer.C:
@@ -131,6 +139,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.notify(notifyStopping)
 	}
 	d.Drain() // claiming stops in every case
+	<-claimExited
 	d.attempts.Wait()
 	stopLoops()
 	wg.Wait()
