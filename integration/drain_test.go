@@ -87,7 +87,7 @@ func TestCancelFromUserAPIStopsRunningTurn(t *testing.T) {
 	if a := got.Attempts[0]; a.State != wire.AttemptFinished {
 		t.Errorf("the cancelled attempt is %s, want finished (reported by the daemon, not reaped)", a.State)
 	}
-	gone, err := waitGone(agents[0].pid, waitFor)
+	gone, err := waitGone(agents[0].Pid, waitFor)
 	if err != nil {
 		t.Fatalf("the agent still runs after the cancel: %v", err)
 	}

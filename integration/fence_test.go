@@ -44,11 +44,11 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 
 	holedAt := time.Now()
 	e.proxy.blackhole(true)
-	agentGone, err := waitGone(agents[0].pid, waitFor)
+	agentGone, err := waitGone(agents[0].Pid, waitFor)
 	if err != nil {
 		t.Fatalf("the agent was not stopped: %v", err)
 	}
-	childGone, err := waitGone(children[0].pid, waitFor)
+	childGone, err := waitGone(children[0].Pid, waitFor)
 	if err != nil {
 		t.Fatalf("the turn child was not stopped: %v", err)
 	}

@@ -9,14 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/runnerd/runnerd/integration/fleet"
 	"github.com/runnerd/runnerd/wire"
@@ -408,60 +405,25 @@ func describeJob(j wire.Job) string {
 
 // ---- processes ----
 
-// proc is one process of this test found in /proc.
-type proc struct {
-	pid  int
-	argv []string
-	cwd  string
-}
-
-func (p proc) String() string { return fmt.Sprintf("pid %d %q", p.pid, p.argv) }
+// proc is one live process of this test.
+type proc = fleet.Proc
 
 // procs lists this test's live processes: those running its runnerd (the
 // daemon, turn children, supervisors) and those whose working directory is
 // under its state directory (agents).
 func (e *env) procs() []proc {
-	ents, err := os.ReadDir("/proc")
+	ps, err := fleet.Procs(e.runnerd, e.stateDir)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	var out []proc
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || len(raw) == 0 {
-			continue // gone, or a zombie
-		}
-		if zombie(pid) {
-			continue
-		}
-		p := proc{pid: pid, argv: strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")}
-		p.cwd, _ = os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-		if p.argv[0] == e.runnerd || strings.HasPrefix(p.cwd, e.stateDir+"/") {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-func zombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+	return ps
 }
 
 // turnChildren are this test's live `runnerd turn` processes.
 func (e *env) turnChildren() []proc {
 	var out []proc
 	for _, p := range e.procs() {
-		if p.argv[0] == e.runnerd && len(p.argv) > 1 && p.argv[1] == "turn" {
+		if p.Argv[0] == e.runnerd && len(p.Argv) > 1 && p.Argv[1] == "turn" {
 			out = append(out, p)
 		}
 	}
@@ -473,63 +435,23 @@ func (e *env) agents(convID string) []proc {
 	var out []proc
 	ws := fleet.Workspace(e.stateDir, convID)
 	for _, p := range e.procs() {
-		if p.argv[0] == bins.DemoAgent && (p.cwd == ws || strings.HasPrefix(p.cwd, ws+"/")) {
+		if p.Argv[0] == bins.DemoAgent && (p.Cwd == ws || strings.HasPrefix(p.Cwd, ws+"/")) {
 			out = append(out, p)
 		}
 	}
 	return out
 }
 
-// waitGone waits for pid to exit (pidfd) and returns when it saw it gone.
-func waitGone(pid int, timeout time.Duration) (time.Time, error) {
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return time.Now(), nil
-	}
-	if err != nil {
-		return time.Time{}, err
-	}
-	defer unix.Close(fd)
-	deadline := time.Now().Add(timeout)
-	for {
-		if zombie(pid) {
-			return time.Now(), nil
-		}
-		ms := min(int(time.Until(deadline).Milliseconds()), 50) // a zombie child of ours never signals the pidfd readable twice
-		if ms <= 0 {
-			return time.Time{}, fmt.Errorf("pid %d still running after %v", pid, timeout)
-		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return time.Time{}, err
-		}
-		if n > 0 {
-			return time.Now(), nil
-		}
-	}
-}
-
-// alive reports whether pid runs (and is not a zombie).
-func alive(pid int) bool {
-	return unix.Kill(pid, 0) == nil && !zombie(pid)
-}
+var (
+	waitGone = fleet.WaitGone
+	alive    = fleet.Alive
+)
 
 // killLeftovers kills whatever of this test still runs — supervisors
 // outlive daemons by design — and waits for each to go.
 func (e *env) killLeftovers() {
-	for range 3 {
-		ps := e.procs()
-		if len(ps) == 0 {
-			return
-		}
-		for _, p := range ps {
-			_ = unix.Kill(p.pid, unix.SIGKILL)
-		}
-		for _, p := range ps {
-			if _, err := waitGone(p.pid, 10*time.Second); err != nil {
-				e.t.Errorf("cleanup: %v", err)
-			}
-		}
+	if _, err := fleet.StopProcs(e.runnerd, e.stateDir, 5*time.Second); err != nil {
+		e.t.Errorf("cleanup: %v", err)
 	}
 }
 

@@ -70,7 +70,7 @@ func TestKill9MidTurnThenRestart(t *testing.T) {
 	}
 	unlock() // the orphaned child may go on now; it must not get far
 	e.waitNoTurnChild()
-	if _, err := waitGone(admittedAgents[0].pid, waitFor); err != nil {
+	if _, err := waitGone(admittedAgents[0].Pid, waitFor); err != nil {
 		t.Errorf("the admitted turn's agent outlived its turn child: %v", err)
 	}
 
@@ -157,7 +157,7 @@ func (e *env) waitLockWaiter(convID string) {
 	err := fleet.Poll(ctx, tick, "a turn child to wait on the sandbox lock", func(context.Context) (bool, error) {
 		children := map[int]bool{}
 		for _, p := range e.turnChildren() {
-			children[p.pid] = true
+			children[p.Pid] = true
 		}
 		f, err := os.Open("/proc/locks")
 		if err != nil {

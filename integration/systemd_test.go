@@ -88,8 +88,8 @@ func TestSystemdNotify(t *testing.T) {
 	e.waitPrompts(c.ID, 1)
 	var checked int
 	for _, p := range e.procs() {
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.pid))
-		if err != nil || p.pid == d.Pid() {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.Pid))
+		if err != nil || p.Pid == d.Pid() {
 			continue
 		}
 		checked++

@@ -1,0 +1,463 @@
+// Command demo is runnerd's one-command demo (`make demo`). Given the
+// directory of the built binaries (default ./bin), it starts the reference
+// control plane on SQLite in a temporary directory and one host daemon
+// with the process sandbox backend and the demo agent, runs three
+// conversations through three turns each — one turn declined on its first
+// try as a failed preflight would be, so that it is released and runs
+// again; one silent for several renewal intervals — prints a table of the
+// turns, shuts everything down (SIGTERM, wait) and exits 0, or 1 if any
+// turn ended other than expected.
+//
+// With --dev it starts the same two programs, prints the Admin → Servers
+// address and how to send a message, and keeps them up until interrupted
+// (`make dev`).
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Demo timings: short enough that the demo takes seconds, long enough that
+// the silent turn spans several renewals (R9).
+const (
+	renewInterval = 2 * time.Second
+	renewTimeout  = time.Second
+	renewRetry    = 500 * time.Millisecond
+	leaseTTL      = 6 * time.Second
+	stopGrace     = time.Second
+	killGrace     = time.Second
+	reaperGrace   = 3 * time.Second // at least stopGrace + killGrace (P3)
+	silentFor     = 5 * time.Second // two and a half renewal intervals
+	turnsDeadline = 2 * time.Minute
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+type options struct {
+	bin, listen, sandbox string
+	dev, keep            bool
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.bin, "bin", "bin", "directory of the built runnerd, controlplane and demoagent")
+	fs.BoolVar(&o.dev, "dev", false, "start the control plane and one daemon, print their addresses and keep them up until interrupted")
+	fs.StringVar(&o.listen, "listen", "", "control plane address (default 127.0.0.1:0 for the demo, 127.0.0.1:8080 with --dev)")
+	fs.StringVar(&o.sandbox, "sandbox", "process", "sandbox backend of the daemon: process or docker")
+	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (database, logs, workspaces) afterwards")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "demo: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if o.listen == "" {
+		o.listen = "127.0.0.1:0"
+		if o.dev {
+			o.listen = "127.0.0.1:8080"
+		}
+	}
+	bins, err := fleet.BinariesIn(o.bin)
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 2
+	}
+	dir, err := os.MkdirTemp("", "runnerd-demo-")
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		return 1
+	}
+	keep := o.keep || o.dev
+	defer func() {
+		if keep {
+			fmt.Fprintf(stdout, "\nEverything (database, logs, workspaces) is kept in %s\n", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+
+	f, err := up(ctx, o, bins, dir, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		keep = true
+		if f != nil {
+			f.down(stdout)
+		}
+		return 1
+	}
+	if o.dev {
+		f.printDev(stdout)
+		<-ctx.Done()
+		fmt.Fprintln(stdout, "\nstopping…")
+		if err := f.down(stdout); err != nil {
+			fmt.Fprintln(stderr, "demo:", err)
+			return 1
+		}
+		return 0
+	}
+
+	turns, runErr := runConversations(ctx, f, bins)
+	printTable(stdout, turns)
+	downErr := f.down(stdout)
+	bad := 0
+	for _, t := range turns {
+		if t.problem != "" {
+			bad++
+		}
+	}
+	switch {
+	case runErr != nil:
+		fmt.Fprintln(stderr, "demo:", runErr)
+	case bad > 0:
+		fmt.Fprintf(stderr, "demo: %d turn(s) did not end as expected (see the last column)\n", bad)
+	case downErr != nil:
+		fmt.Fprintln(stderr, "demo:", downErr)
+	default:
+		explain(stdout)
+		return 0
+	}
+	keep = true
+	fmt.Fprintf(stderr, "demo: logs: %s\n", filepath.Join(dir, "*.log"))
+	return 1
+}
+
+// running is the demo's fleet: one control plane, one daemon.
+type running struct {
+	dir       string
+	bins      fleet.Binaries
+	cp        *fleet.ControlPlane
+	d         *fleet.Daemon
+	stateDir  string
+	host      string
+	logs      []*os.File
+	tokenFile string
+}
+
+func up(ctx context.Context, o options, bins fleet.Binaries, dir string, stdout io.Writer) (*running, error) {
+	f := &running{dir: dir, bins: bins, stateDir: filepath.Join(dir, "state"), host: "demo-host"}
+	cpLog, err := f.logFile("controlplane.log")
+	if err != nil {
+		return nil, err
+	}
+	f.cp, err = fleet.StartControlPlane(ctx, fleet.ControlPlaneConfig{
+		Bin:            bins.ControlPlane,
+		DataDir:        filepath.Join(dir, "controlplane"),
+		Listen:         o.listen,
+		LeaseTTL:       leaseTTL,
+		MinLeaseTTL:    renewInterval + renewTimeout,
+		ReaperInterval: 500 * time.Millisecond,
+		ReaperGrace:    reaperGrace,
+		ClaimWaitMax:   5 * time.Second,
+		Log:            cpLog,
+	})
+	if err != nil {
+		return f, err
+	}
+	f.tokenFile, err = f.cp.AddHost(ctx, f.host)
+	if err != nil {
+		return f, err
+	}
+	dLog, err := f.logFile("runnerd.log")
+	if err != nil {
+		return f, err
+	}
+	f.d, err = fleet.StartDaemon(ctx, fleet.DaemonConfig{
+		Bin:             bins.Runnerd,
+		ControlPlaneURL: f.cp.URL,
+		HostTokenFile:   f.tokenFile,
+		HostName:        f.host,
+		StateDir:        f.stateDir,
+		Capacity:        3,
+		Sandbox:         o.sandbox,
+		LeaseTTL:        leaseTTL,
+		RenewInterval:   renewInterval,
+		RenewTimeout:    renewTimeout,
+		RenewRetry:      renewRetry,
+		ReceiptTimeout:  2 * time.Second,
+		ReceiptRetry:    500 * time.Millisecond,
+		StopGrace:       stopGrace,
+		KillGrace:       killGrace,
+		DrainTimeout:    30 * time.Second,
+		ClaimWait:       5 * time.Second,
+		ClaimBackoff:    500 * time.Millisecond,
+		ClaimBackoffMax: 5 * time.Second,
+		LaunchBackoff:   2 * time.Second,
+		ControlTimeout:  5 * time.Second,
+		HostHeartbeat:   time.Second,
+		Log:             dLog,
+	})
+	if err != nil {
+		return f, err
+	}
+	fmt.Fprintf(stdout, "runnerd demo: control plane %s on SQLite (%s), one host daemon (%s sandbox, the demo agent)\n",
+		f.cp.URL, filepath.Join(dir, "controlplane"), o.sandbox)
+	fmt.Fprintf(stdout, "timings: lease %v, renewed every %v (%v timeout, %v retry)\n", leaseTTL, renewInterval, renewTimeout, renewRetry)
+
+	// Up means the host's first heartbeat has arrived.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	err = fleet.Poll(wctx, 100*time.Millisecond, "the daemon's first host heartbeat", func(ctx context.Context) (bool, error) {
+		select {
+		case <-f.d.Done():
+			return false, fmt.Errorf("runnerd exited: %v (see %s)", f.d.Err(), dLog.Name())
+		default:
+		}
+		s, ok, err := f.cp.User.Server(ctx, f.host)
+		return ok && s.LastHeartbeat != nil, err
+	})
+	return f, err
+}
+
+func (f *running) logFile(name string) (*os.File, error) {
+	l, err := os.OpenFile(filepath.Join(f.dir, name), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err == nil {
+		f.logs = append(f.logs, l)
+	}
+	return l, err
+}
+
+// down stops the daemon (SIGTERM: it drains), then the control plane, then
+// whatever supervisors remain (they outlive a daemon by design).
+func (f *running) down(stdout io.Writer) error {
+	var errs []error
+	var done []string
+	if f.d != nil {
+		errs = append(errs, f.d.Stop(syscall.SIGTERM, 45*time.Second))
+		if code := f.d.ExitCode(); code != 0 {
+			errs = append(errs, fmt.Errorf("runnerd exited with status %d", code))
+		}
+		done = append(done, fmt.Sprintf("runnerd drained and exited %d", f.d.ExitCode()))
+	}
+	if f.cp != nil {
+		errs = append(errs, f.cp.Stop(syscall.SIGTERM, 15*time.Second))
+		done = append(done, fmt.Sprintf("the control plane exited %d", f.cp.ExitCode()))
+	}
+	if n, err := fleet.StopProcs(f.bins.Runnerd, f.stateDir, 5*time.Second); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		done = append(done, fmt.Sprintf("%d retained sandbox supervisor(s) stopped", n))
+	}
+	fmt.Fprintf(stdout, "\nshutdown (SIGTERM, wait): %s\n", strings.Join(done, "; "))
+	for _, l := range f.logs {
+		l.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func (f *running) printDev(stdout io.Writer) {
+	tok := filepath.Join(f.dir, "controlplane", "user-token")
+	fmt.Fprintf(stdout, `
+Admin → Servers: %s/admin/servers   (any user name; the password is the token in %s)
+Send a message:  %s submit --server %s --user-token-file %s --new --agent %s --prompt 'hello'
+Logs:            %s
+Interrupt (Ctrl-C) to stop both.
+`, f.cp.URL, tok, f.bins.ControlPlane, f.cp.URL, tok, f.bins.DemoAgent, filepath.Join(f.dir, "*.log"))
+}
+
+// ---- the scripted conversations ----
+
+// script is one turn: the prompt and what the demo expects of it.
+type script struct {
+	prompt   string
+	attempts int    // attempts expected, released ones included
+	note     string // what the turn shows
+}
+
+var conversations = []struct {
+	title string
+	turns []script
+}{
+	{"alpha", []script{
+		{prompt: "Hello, alpha.\n!events 3", attempts: 1, note: "3 events streamed"},
+		{prompt: "Second turn.\n!decline-first\n!events 2", attempts: 2, note: "first try declined before ACCEPT, released, run again (R33)"},
+		{prompt: "Third turn.\n!events 2", attempts: 1, note: "native session continues"},
+	}},
+	{"bravo", []script{
+		{prompt: "Hello, bravo.\n!events 2", attempts: 1, note: "2 events streamed"},
+		{prompt: fmt.Sprintf("A quiet turn.\n!silent %v\n!events 1", silentFor), attempts: 1,
+			note: fmt.Sprintf("silent %v, over %d renewals: the lease held (R9)", silentFor, int(silentFor/renewInterval))},
+		{prompt: "Third turn.\n!events 1", attempts: 1, note: "native session continues"},
+	}},
+	{"charlie", []script{
+		{prompt: "Hello, charlie.\n!events 1", attempts: 1, note: "1 event streamed"},
+		{prompt: "Second turn.\n!events 4", attempts: 1, note: "4 events streamed"},
+		{prompt: "Third turn.\n!events 1", attempts: 1, note: "native session continues"},
+	}},
+}
+
+// turnRow is one line of the table.
+type turnRow struct {
+	conversation string
+	seq          int64
+	outcome      string
+	attempts     int
+	released     int
+	took         time.Duration
+	nativeTurn   int64
+	note         string
+	problem      string
+}
+
+// runConversations sends every message up front — the control plane runs
+// one turn of a conversation at a time, in order — and waits for them.
+func runConversations(ctx context.Context, f *running, bins fleet.Binaries) ([]turnRow, error) {
+	ctx, cancel := context.WithTimeout(ctx, turnsDeadline)
+	defer cancel()
+	u := f.cp.User
+	type sent struct {
+		conv   wire.Conversation
+		job    wire.Job
+		script script
+	}
+	var all []sent
+	convs := make([]wire.Conversation, len(conversations))
+	for i, c := range conversations {
+		conv, err := u.CreateConversation(ctx, c.title, bins.DemoAgent)
+		if err != nil {
+			return nil, fmt.Errorf("create conversation %s: %w", c.title, err)
+		}
+		convs[i] = conv
+	}
+	for k := range 3 {
+		for i, c := range conversations {
+			j, err := u.Send(ctx, convs[i].ID, c.turns[k].prompt)
+			if err != nil {
+				return nil, fmt.Errorf("send turn %d of %s: %w", k+1, c.title, err)
+			}
+			all = append(all, sent{conv: convs[i], job: j, script: c.turns[k]})
+		}
+	}
+
+	rows := make([]turnRow, 0, len(all))
+	for i, s := range all {
+		title := conversations[i%len(conversations)].title
+		j, err := u.WaitEnded(ctx, s.job.ID, 100*time.Millisecond)
+		if err != nil {
+			return rows, fmt.Errorf("%s turn %d: %w", title, s.job.Seq, err)
+		}
+		rows = append(rows, row(title, j, s.script))
+	}
+	// Every prompt reached its agent once, in order (the demo agent's transcript).
+	for i, c := range convs {
+		tr, err := fleet.Transcript(f.stateDir, c.ID)
+		if err != nil {
+			return rows, err
+		}
+		for k, want := range conversations[i].turns {
+			if k >= len(tr) || tr[k].Prompt != want.prompt || tr[k].Turn != int64(k+1) || len(tr) != len(conversations[i].turns) {
+				markProblem(rows, conversations[i].title, int64(k+1), "the agent's transcript differs: a prompt missing or repeated")
+			}
+		}
+	}
+	sortRows(rows)
+	return rows, nil
+}
+
+func row(title string, j wire.Job, s script) turnRow {
+	r := turnRow{conversation: title, seq: j.Seq, outcome: j.State, attempts: len(j.Attempts), note: s.note}
+	for _, a := range j.Attempts {
+		if a.State == wire.AttemptReleased {
+			r.released++
+		}
+	}
+	if len(j.Attempts) > 0 && j.EndedAt != nil {
+		r.took = j.EndedAt.Sub(j.Attempts[0].ClaimedAt)
+	}
+	for _, ev := range j.Events {
+		if ev.Type == "settled" {
+			var b struct {
+				NativeTurn int64 `json:"native_turn"`
+			}
+			if json.Unmarshal(ev.Data, &b) == nil {
+				r.nativeTurn = b.NativeTurn
+			}
+		}
+	}
+	switch {
+	case j.State != wire.JobSucceeded:
+		r.problem = "expected succeeded: " + j.Reason
+	case r.attempts != s.attempts:
+		r.problem = fmt.Sprintf("expected %d attempt(s)", s.attempts)
+	case r.nativeTurn != j.Seq:
+		r.problem = fmt.Sprintf("settled at native turn %d, expected %d", r.nativeTurn, j.Seq)
+	}
+	return r
+}
+
+func markProblem(rows []turnRow, conv string, seq int64, problem string) {
+	for i := range rows {
+		if rows[i].conversation == conv && rows[i].seq == seq && rows[i].problem == "" {
+			rows[i].problem = problem
+		}
+	}
+}
+
+func sortRows(rows []turnRow) {
+	order := map[string]int{}
+	for i, c := range conversations {
+		order[c.title] = i
+	}
+	for i := 1; i < len(rows); i++ {
+		for k := i; k > 0; k-- {
+			a, b := rows[k-1], rows[k]
+			if order[a.conversation] < order[b.conversation] || order[a.conversation] == order[b.conversation] && a.seq <= b.seq {
+				break
+			}
+			rows[k-1], rows[k] = b, a
+		}
+	}
+}
+
+func printTable(w io.Writer, rows []turnRow) {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONVERSATION\tTURN\tOUTCOME\tATTEMPTS\tTIME\tNATIVE TURN\tWHAT IT SHOWS")
+	for _, r := range rows {
+		att := fmt.Sprint(r.attempts)
+		if r.released > 0 {
+			att += fmt.Sprintf(" (%d released)", r.released)
+		}
+		note := r.note
+		if r.problem != "" {
+			note = "UNEXPECTED: " + r.problem
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%.1fs\t%d\t%s\n", r.conversation, r.seq, r.outcome, att, r.took.Seconds(), r.nativeTurn, note)
+	}
+	tw.Flush()
+}
+
+func explain(w io.Writer) {
+	fmt.Fprint(w, `
+All nine turns ended as expected. Each ran in its own child process
+("runnerd turn") under a lease the daemon renewed on its own schedule; each
+conversation kept one supervisor and one native agent session across its
+three turns, so the native turn ordinal went 1, 2, 3; every prompt reached
+the agent exactly once (the agent's own transcript says so).
+`)
+}
