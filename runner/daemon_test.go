@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -101,6 +103,26 @@ func TestTurnResultIsReported(t *testing.T) {
 	r.logs.noSecrets(t, c.hostToken)
 	if strings.Contains(r.logs.String(), "rdw_") {
 		t.Error("a worker token reached a record")
+	}
+	// The daemon's series moved with the turn.
+	m := r.d.m
+	var h dto.Metric
+	if err := m.ClaimToAccept.Write(&h); err != nil {
+		t.Fatal(err)
+	}
+	var turns dto.Metric
+	if err := m.Turns.WithLabelValues(wire.OutcomeFailed).Write(&turns); err != nil {
+		t.Fatal(err)
+	}
+	if got := turns.GetCounter().GetValue(); got != 1 {
+		t.Errorf("runnerd_turns_total{outcome=failed} = %v", got)
+	}
+	waitFor(t, "runnerd_leases_held back to 0", 5*time.Second, func() bool {
+		var held dto.Metric
+		return m.LeasesHeld.Write(&held) == nil && held.GetGauge().GetValue() == 0
+	})
+	if got := h.GetHistogram().GetSampleCount(); got != 1 {
+		t.Errorf("claim-to-accept samples = %d", got)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -80,6 +81,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 		"--state-dir", filepath.Join(dir, "state"), "--lease-ttl=1.2s", "--renew-interval=300ms",
 		"--renew-timeout=100ms", "--renew-retry=50ms", "--host-heartbeat-interval=200ms", "--claim-wait=300ms",
 		"--watchdog-interval=1h", // WATCHDOG_USEC wins
+		"--metrics-listen=127.0.0.1:0",
 	}
 	stderr := &syncBuf{}
 	exit := make(chan int, 1)
@@ -123,6 +125,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 	}
 	next("WATCHDOG=1")
 	next("WATCHDOG=1")
+	checkMetrics(t, stderr.String())
 	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -143,5 +146,27 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 	}
 	if !strings.Contains(logs, `"watchdog_ms":200`) {
 		t.Fatalf("watchdog period not taken from WATCHDOG_USEC:\n%s", logs)
+	}
+}
+
+// checkMetrics fetches /metrics from the address the daemon logged.
+func checkMetrics(t *testing.T, logs string) {
+	t.Helper()
+	const key = `"msg":"runnerd_metrics_listening","addr":"`
+	i := strings.Index(logs, key)
+	if i < 0 {
+		t.Fatalf("no metrics address logged:\n%s", logs)
+	}
+	addr, _, _ := strings.Cut(logs[i+len(key):], `"`)
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, series := range []string{"runnerd_leases_held 0", "runnerd_claim_to_accept_seconds_count 0", "go_goroutines"} {
+		if !strings.Contains(string(b), series) {
+			t.Errorf("/metrics has no %q", series)
+		}
 	}
 }
