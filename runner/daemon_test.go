@@ -84,11 +84,13 @@ func persisted(d *Daemon) int {
 }
 
 // The RESULT the child sends is persisted, then sent; then the attempt is
-// forgotten.
+// forgotten. The child sees none of systemd's variables (it would decline).
 func TestTurnResultIsReported(t *testing.T) {
 	c := newCP(t)
 	j := c.enqueue("result")
-	r := startDaemon(t, c, nil)
+	r := startDaemon(t, c, func(cfg *Config) {
+		cfg.ChildEnv = append(os.Environ(), "NOTIFY_SOCKET=/run/systemd/notify", "WATCHDOG_USEC=60000000", "WATCHDOG_PID=1")
+	})
 	waitFor(t, "the job to end", 15*time.Second, ended(c, j.ID))
 	got := c.job(j.ID)
 	if got.State != wire.JobFailed || got.Attempts[0].Outcome != wire.OutcomeFailed || len(got.Attempts) != 1 {

@@ -43,6 +43,12 @@ func fakeTurn() int {
 		_ = ch.Decline("bad_payload")
 		return 91
 	}
+	for _, v := range []string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", handover.EnvFD} {
+		if _, ok := os.LookupEnv(v); ok {
+			_ = ch.Decline("env_leak") // systemd's variables are the daemon's alone
+			return 94
+		}
+	}
 	ref := wire.AttemptRef{AttemptID: p.Claim.AttemptID, LeaseGeneration: p.Claim.LeaseGeneration}
 	switch p.Claim.Turn.Prompt {
 	case "decline":
