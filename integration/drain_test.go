@@ -59,8 +59,9 @@ func TestDrainOnSIGTERMKeepsRenewing(t *testing.T) {
 	e.assertPromptsOnce(c.ID, prompt)
 }
 
-// TestCancelFromUserAPIStopsRunningTurn cancels a turn whose agent would
-// hang for ever. The cancel reaches the daemon in a renewal answer (P7);
+// TestCancelFromUserAPIStopsRunningTurn first cancels a turn still queued
+// behind another: it ends at once, never claimed (P7). Then it cancels the
+// running turn, whose agent would hang for ever. The cancel reaches the daemon in a renewal answer (P7);
 // the daemon stops the turn while it still holds the lease (R13), the
 // agent and the turn child are gone, and the job ends cancelled on its one
 // attempt. The daemon goes on claiming.
@@ -76,6 +77,12 @@ func TestCancelFromUserAPIStopsRunningTurn(t *testing.T) {
 	if len(agents) != 1 {
 		t.Fatalf("want one agent running, got %v", agents)
 	}
+	// P7: a turn that has not started is cancelled at once.
+	next := e.send(c.ID, "queued behind the hanging turn")
+	if got, err := e.user.Cancel(e.ctx, next.ID); err != nil || got.State != wire.JobCancelled || len(got.Attempts) != 0 {
+		t.Errorf("cancel of a queued turn: want cancelled at once with no attempt; got %s, %v", describeJob(got), err)
+	}
+
 	cancelAt := time.Now()
 	if _, err := e.user.Cancel(e.ctx, j.ID); err != nil {
 		t.Fatal(err)

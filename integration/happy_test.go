@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"syscall"
 	"testing"
@@ -55,6 +56,11 @@ func TestHappyPathSeveralConversations(t *testing.T) {
 			if len(got.Attempts) == 1 && got.Attempts[0].LeaseOwner != e.host {
 				t.Errorf("job %s: lease owner %q, want %q", j.ID, got.Attempts[0].LeaseOwner, e.host)
 			}
+			// The control plane's settled boundary carries the agent's own
+			// native ordinal (R27): turn k of the conversation settles at k.
+			if n, ok := settledNativeTurn(got); !ok || n != int64(k+1) {
+				t.Errorf("conversation %d turn %d settled at native turn %d (found %v), want %d", c+1, k+1, n, ok, k+1)
+			}
 		}
 		// In order: turn k+1 was claimed only after turn k had ended.
 		for k := 1; k < nTurns; k++ {
@@ -81,6 +87,18 @@ func TestHappyPathSeveralConversations(t *testing.T) {
 	if code := d.ExitCode(); code != 0 {
 		t.Errorf("runnerd exited %d after SIGTERM, want 0", code)
 	}
+}
+
+// settledNativeTurn is the native turn ordinal of the job's "settled" event.
+func settledNativeTurn(j wire.Job) (int64, bool) {
+	ev, ok := findEvent(j, "", "settled")
+	if !ok {
+		return 0, false
+	}
+	var b struct {
+		NativeTurn int64 `json:"native_turn"`
+	}
+	return b.NativeTurn, json.Unmarshal(ev.Data, &b) == nil
 }
 
 // waitNoTurnChild waits until no `runnerd turn` of this test runs: each
