@@ -2,9 +2,11 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -153,5 +155,50 @@ func TestVersion(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := runDaemon([]string{"--version"}, env("RUNNERD_CAPACITY", "bad-but-ignored"), &stdout, &stderr); code != 0 || stdout.String() != "runnerd dev\n" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
+
+// R12 at start-up, the environment side: a too-short AGENT_LEASE_TTL does
+// not stop the daemon; it runs with the default lease and says so in an
+// agent_config_ignored record (never the raw value's text).
+func TestR12ShortAgentLeaseTTLIsIgnoredWithRecord(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte("rdh_test-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--control-plane", "http://127.0.0.1:1", "--host-token-file", tok, "--state-dir", filepath.Join(dir, "state"), "--host-name", "h"}
+	stderr := &syncBuf{}
+	exit := make(chan int, 1)
+	go func() { exit <- runDaemon(args, env("AGENT_LEASE_TTL", "20"), io.Discard, stderr) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(stderr.String(), `"msg":"runnerd_started"`) { // logged after the signal handler is in place
+		if time.Now().After(deadline) {
+			t.Fatalf("no runnerd_started:\n%s", stderr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Fatalf("exit %d:\n%s", code, stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no exit after SIGTERM:\n%s", stderr)
+	}
+	logs := stderr.String()
+	for _, want := range []string{
+		`"msg":"agent_config_ignored","setting":"AGENT_LEASE_TTL","given_ms":20000,"used_ms":120000`,
+		`"lease_ttl_ms":120000`,
+	} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("records lack %s:\n%s", want, logs)
+		}
+	}
+	if strings.Contains(logs, "rdh_test-token") {
+		t.Error("the host token reached a record")
 	}
 }
