@@ -151,7 +151,7 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	}
 	var conv wire.Conversation
 	if err := call(http.MethodGet, "/v1/conversations/"+url.PathEscape(*convID), nil, &conv); err == nil && conv.State == wire.ConversationLost {
-		fmt.Fprintf(stdout, "conversation %s is no longer available: %s\n", conv.ID, conv.LostReason)
+		fmt.Fprintf(stdout, "conversation %s: %s\n", conv.ID, conv.LostReason)
 	}
 	return errTurnFailed
 }

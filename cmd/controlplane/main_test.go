@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/wire"
+)
+
+func noEnv(string) string { return "" }
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func runCmd(t *testing.T, env func(string) string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, env, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// Bad flags and arguments end with one clear line and exit 2.
+func TestBadFlagsOneLine(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"no command", nil, nil, "usage: controlplane"},
+		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", nil, []string{"serve", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"short lease", nil, []string{"serve", "--lease-ttl", "39s"}, "--lease-ttl 39s must be between 40s"},
+		{"short lease from env", map[string]string{"RUNNERD_LEASE_TTL": "10s"}, []string{"serve"}, "--lease-ttl 10s must be between 40s"},
+		{"bad env value", map[string]string{"RUNNERD_REAPER_INTERVAL": "soon"}, []string{"serve"}, `RUNNERD_REAPER_INTERVAL="soon" is not a valid --reaper-interval`},
+		{"bad db", nil, []string{"serve", "--db", "mysql://x"}, "--db must be sqlite:PATH or postgres://"},
+		{"bad synchronous", nil, []string{"serve", "--sqlite-synchronous", "off"}, "--sqlite-synchronous must be normal or full"},
+		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, "--log-level must be"},
+		{"zero worker lost", nil, []string{"serve", "--max-worker-lost", "0"}, "--max-worker-lost must be at least 1"},
+		{"stray argument", nil, []string{"serve", "now"}, `unexpected argument "now"`},
+		{"host without add", nil, []string{"host", "remove", "x"}, `"host" takes the subcommand "add"`},
+		{"host add without name", nil, []string{"host", "add", "--data-dir", dir}, "missing the host's NAME"},
+		{"host add bad name", nil, []string{"host", "add", "a b", "--data-dir", dir}, "may hold only letters"},
+		{"submit without target", nil, []string{"submit", "--prompt", "x"}, "give either --conversation ID or --new"},
+		{"submit new without agent", nil, []string{"submit", "--new", "--prompt", "x"}, "--new needs --agent"},
+		{"submit without prompt", nil, []string{"submit", "--conversation", "c"}, "--prompt is required"},
+		{"submit bad server", nil, []string{"submit", "--conversation", "c", "--prompt", "x", "--server", "ftp://x"}, "--server must be an http://"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runCmd(t, envOf(tc.env), tc.args...)
+			if code != exitUsage {
+				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, stderr)
+			}
+			if !strings.Contains(stderr, tc.want) {
+				t.Fatalf("stderr %q lacks %q", stderr, tc.want)
+			}
+			if tc.args != nil && strings.Count(stderr, "\n") != 1 {
+				t.Fatalf("stderr is not one line: %q", stderr)
+			}
+		})
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Fatalf("refused commands created files: %v", entries)
+	}
+}
+
+// A flag beats its environment variable, which beats the default.
+func TestFlagEnvPrecedence(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"default", nil, nil, "127.0.0.1:8080"},
+		{"env", map[string]string{"RUNNERD_LISTEN": ":9000"}, nil, ":9000"},
+		{"flag over env", map[string]string{"RUNNERD_LISTEN": ":9000"}, []string{"--listen", ":9001"}, ":9001"},
+		{"blank env is unset", map[string]string{"RUNNERD_LISTEN": "  "}, nil, "127.0.0.1:8080"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFlags("serve", envOf(tc.env), io.Discard)
+			listen := f.fs.String("listen", "127.0.0.1:8080", "")
+			f.env("listen", "RUNNERD_LISTEN")
+			if err := f.parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if *listen != tc.want {
+				t.Fatalf("listen %q, want %q", *listen, tc.want)
+			}
+		})
+	}
+}
+
+// host add prints the token once and stores only its hash; --token-file
+// writes it 0600 and never replaces a file; a second host of the same name
+// is refused.
+func TestHostAdd(t *testing.T) {
+	dir := t.TempDir()
+	code, stdout, stderr := runCmd(t, noEnv, "host", "add", "host-1", "--data-dir", dir)
+	if code != exitOK {
+		t.Fatalf("host add: exit %d, %s", code, stderr)
+	}
+	token := strings.TrimSpace(stdout)
+	if !strings.HasPrefix(token, controlplane.HostTokenPrefix) || strings.Contains(stderr, token) {
+		t.Fatalf("stdout %q, stderr %q", stdout, stderr)
+	}
+	file := filepath.Join(dir, "h2.token")
+	code, stdout, stderr = runCmd(t, envOf(map[string]string{"RUNNERD_DATA_DIR": dir}), "host", "add", "--token-file", file, "host-2")
+	if code != exitOK || stdout != "" {
+		t.Fatalf("host add --token-file: exit %d, stdout %q, stderr %s", code, stdout, stderr)
+	}
+	fi, err := os.Stat(file)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v, mode %v", err, fi.Mode())
+	}
+	b, _ := os.ReadFile(file)
+	token2 := strings.TrimSpace(string(b))
+
+	code, _, stderr = runCmd(t, noEnv, "host", "add", "host-1", "--data-dir", dir)
+	if code != exitFail || !strings.Contains(stderr, `a host named "host-1" already exists`) {
+		t.Fatalf("duplicate host: exit %d, %q", code, stderr)
+	}
+	code, _, _ = runCmd(t, noEnv, "host", "add", "host-3", "--data-dir", dir, "--token-file", file)
+	if code != exitFail {
+		t.Fatalf("host add over an existing token file: exit %d", code)
+	}
+	if b2, _ := os.ReadFile(file); !bytes.Equal(b, b2) {
+		t.Fatal("an existing token file was replaced")
+	}
+
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(dir, "controlplane.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for name, tok := range map[string]string{"host-1": token, "host-2": token2} {
+		h, err := st.HostByTokenHash(context.Background(), controlplane.HashToken(tok))
+		if err != nil || h.Name != name {
+			t.Fatalf("host by %s's token hash: %+v, %v", name, h, err)
+		}
+	}
+	if hs, _ := st.ListServers(context.Background()); len(hs) != 2 {
+		t.Fatalf("hosts %+v, want host-1 and host-2 (host-3 failed)", hs)
+	}
+	matches, _ := filepath.Glob(filepath.Join(dir, "controlplane.db*"))
+	for _, m := range matches {
+		raw, _ := os.ReadFile(m)
+		if bytes.Contains(raw, []byte(token)) || bytes.Contains(raw, []byte(token2)) {
+			t.Fatalf("%s holds a host token in clear", m)
+		}
+	}
+}
+
+// syncBuffer is a serve's stderr, written by its goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// serve runs, submit drives two turns through it while the test plays the
+// runner, and a cancelled context (the signal) stops serve cleanly.
+func TestServeAndSubmit(t *testing.T) {
+	dir := t.TempDir()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	pr, pw := io.Pipe()
+	served := make(chan int, 1)
+	go func() {
+		served <- run(ctx, []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dir}, noEnv, io.Discard, pw)
+		pw.Close()
+	}()
+	// The first line names the address; the rest is drained into logs.
+	sc := bufio.NewScanner(pr)
+	if !sc.Scan() {
+		t.Fatalf("serve printed nothing: %v", sc.Err())
+	}
+	first := sc.Text()
+	_, addr, ok := strings.Cut(first, "serving ")
+	if !ok {
+		t.Fatalf("first line %q does not name the address", first)
+	}
+	addr, _, _ = strings.Cut(addr, " ")
+	logs := &syncBuffer{}
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		for sc.Scan() {
+			logs.Write([]byte(sc.Text() + "\n"))
+		}
+	}()
+
+	fi, err := os.Stat(filepath.Join(dir, "user-token"))
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("user token file: %v, %v", err, fi)
+	}
+	code, stdout, stderr := runCmd(t, noEnv, "host", "add", "host-1", "--data-dir", dir)
+	if code != exitOK {
+		t.Fatalf("host add: %d %s", code, stderr)
+	}
+	hostToken := strings.TrimSpace(stdout)
+	wc := &wire.Client{BaseURL: addr}
+
+	// worker claims the next turn and ends it: succeeded, or failed after
+	// admission (which loses the conversation).
+	worker := func(succeed bool) error {
+		c, err := wc.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 10_000})
+		if err != nil {
+			return err
+		}
+		r := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
+		if _, err := wc.Events(ctx, c.WorkerToken, c.JobID, wire.EventsRequest{AttemptRef: r,
+			Events: []wire.Event{{Seq: 1, Time: time.Now(), Type: "agent.output"}}}); err != nil {
+			return err
+		}
+		if _, err := wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: r, ActivationID: "a1"}); err != nil {
+			return err
+		}
+		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "agent_exit"}
+		if succeed {
+			if _, err := wc.Settlement(ctx, c.WorkerToken, c.JobID, wire.SettlementRequest{AttemptRef: r, ActivationID: "a1",
+				Supervisor: wire.SupervisorReceipt{ActivationID: "a1", ReceiptID: "r1", NativeTurn: 1}}); err != nil {
+				return err
+			}
+			fin.Outcome = wire.OutcomeSucceeded
+		}
+		_, err = wc.Finish(ctx, c.WorkerToken, c.JobID, fin)
+		return err
+	}
+	submitEnv := envOf(map[string]string{"RUNNERD_SERVER": addr, "RUNNERD_DATA_DIR": dir})
+
+	done := make(chan error, 1)
+	go func() { done <- worker(true) }()
+	code, stdout, stderr = runCmd(t, submitEnv, "submit", "--new", "--image", "demo", "--agent", "demoagent --fast", "--prompt", "hi")
+	if err := <-done; err != nil {
+		t.Fatalf("worker: %v", err)
+	}
+	if code != exitOK || !strings.Contains(stdout, "agent.output") || !strings.Contains(stdout, "turn 1: succeeded") {
+		t.Fatalf("submit of a succeeding turn: exit %d\n%s%s", code, stdout, stderr)
+	}
+	conv := strings.TrimPrefix(strings.SplitN(stdout, "\n", 2)[0], "conversation ")
+
+	go func() { done <- worker(false) }()
+	code, stdout, stderr = runCmd(t, submitEnv, "submit", "--conversation", conv, "--prompt", "again")
+	if err := <-done; err != nil {
+		t.Fatalf("worker: %v", err)
+	}
+	if code != exitFail || !strings.Contains(stdout, "turn 2: failed") || !strings.Contains(stdout, "no longer available") {
+		t.Fatalf("submit of a failing turn: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, _, stderr = runCmd(t, submitEnv, "submit", "--conversation", conv, "--prompt", "still there?")
+	if code != exitFail || !strings.Contains(stderr, "no longer available") {
+		t.Fatalf("submit to a lost conversation: exit %d, %q", code, stderr)
+	}
+
+	stop()
+	if code := <-served; code != exitOK {
+		t.Fatalf("serve after the signal: exit %d\n%s", code, logs.String())
+	}
+	<-drained
+	if !strings.Contains(logs.String(), "controlplane: stopped") {
+		t.Fatalf("serve did not say it stopped:\n%s", logs.String())
+	}
+	userToken, _ := os.ReadFile(filepath.Join(dir, "user-token"))
+	for _, secret := range []string{hostToken, strings.TrimSpace(string(userToken))} {
+		if strings.Contains(logs.String(), secret) {
+			t.Fatal("serve's output holds a token")
+		}
+	}
+}
