@@ -98,6 +98,7 @@ type env struct {
 	cp       *fleet.ControlPlane
 	user     *fleet.User
 	proxy    *proxy
+	faults   *faultProxy
 	runnerd  string
 	stateDir string
 	host     string
@@ -106,8 +107,9 @@ type env struct {
 }
 
 type envOpts struct {
-	proxy bool
-	cp    func(*fleet.ControlPlaneConfig)
+	proxy  bool // a TCP proxy that can black-hole
+	faults bool // an HTTP proxy that can refuse an operation
+	cp     func(*fleet.ControlPlaneConfig)
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -154,6 +156,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if o.proxy {
 		e.proxy = startProxy(t, strings.TrimPrefix(cp.URL, "http://"))
 	}
+	if o.faults {
+		e.faults = startFaultProxy(t, cp.URL)
+	}
 	return e
 }
 
@@ -189,8 +194,11 @@ func sanitize(s string) string {
 // daemonConfig is the scaled configuration of this test's daemon.
 func (e *env) daemonConfig() fleet.DaemonConfig {
 	url := e.cp.URL
-	if e.proxy != nil {
+	switch {
+	case e.proxy != nil:
 		url = e.proxy.URL()
+	case e.faults != nil:
+		url = e.faults.URL()
 	}
 	return fleet.DaemonConfig{
 		Bin:             e.runnerd,

@@ -1,11 +1,21 @@
 package integration
 
 import (
+	"encoding/json"
 	"io"
+	"log"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
 )
 
 // proxy is a TCP proxy between a daemon (and its turn children) and the
@@ -128,4 +138,99 @@ func (p *proxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// faultProxy is an HTTP reverse proxy between a daemon and the control
+// plane that can answer one attempt-scoped operation itself with a given
+// status (and the wire error code that goes with it), and that counts the
+// requests it sees per job and operation, with their times.
+type faultProxy struct {
+	srv *httptest.Server
+
+	mu     sync.Mutex
+	op     string // e.g. wire.OpRenew
+	status int
+	seen   []proxied
+}
+
+type proxied struct {
+	at      time.Time
+	job, op string
+	refused bool
+}
+
+func startFaultProxy(t *testing.T, target string) *faultProxy {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ErrorLog = log.New(io.Discard, "", 0)
+	f := &faultProxy{}
+	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		job, op := attemptCall(r.URL.Path)
+		f.mu.Lock()
+		refuse := op != "" && op == f.op
+		status := f.status
+		f.seen = append(f.seen, proxied{at: time.Now(), job: job, op: op, refused: refuse})
+		f.mu.Unlock()
+		if refuse {
+			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, wire.MaxBodyBytes))
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_ = json.NewEncoder(w).Encode(wire.ErrorBody{Code: codeOf(status), Message: "refused by the test's proxy"})
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// URL is the base address the daemon is given.
+func (f *faultProxy) URL() string { return f.srv.URL }
+
+// refuse makes the proxy answer every call of op with status from now on.
+func (f *faultProxy) refuse(op string, status int) {
+	f.mu.Lock()
+	f.op, f.status = op, status
+	f.mu.Unlock()
+}
+
+// calls returns the requests seen of job's op (any job if job is empty).
+func (f *faultProxy) calls(job, op string) []proxied {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []proxied
+	for _, p := range f.seen {
+		if (job == "" || p.job == job) && p.op == op {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// attemptCall splits /v1/agent/worker/jobs/{job}/{op}.
+func attemptCall(path string) (job, op string) {
+	rest, ok := strings.CutPrefix(path, "/v1/agent/worker/jobs/")
+	if !ok {
+		return "", ""
+	}
+	job, op, _ = strings.Cut(rest, "/")
+	return job, op
+}
+
+func codeOf(status int) string {
+	switch status {
+	case http.StatusConflict:
+		return wire.CodeLeaseLost
+	case http.StatusUnauthorized:
+		return wire.CodeUnauthorized
+	case http.StatusForbidden:
+		return wire.CodeForbidden
+	case http.StatusNotFound:
+		return wire.CodeNotFound
+	}
+	return wire.CodeInternal
 }
