@@ -129,16 +129,7 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 	for {
 		d.health.expect(loopBeat, d.cfg.ControlTimeout+d.cfg.HostHeartbeatInterval*2+healthSlack)
 		if !d.isHostRefused() {
-			hb := wire.HostHeartbeat{
-				Capacity:    d.cfg.Capacity,
-				Running:     d.running(),
-				Draining:    d.draining(),
-				LaunchError: d.gate.report(),
-				Version:     d.cfg.Version,
-			}
-			rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
-			_, err := d.control.HostHeartbeat(rctx, d.cfg.HostToken, hb)
-			cancel()
+			err := d.sendHostBeat(ctx)
 			status := diagnostics.Status(err)
 			switch {
 			case err == nil:
@@ -171,4 +162,19 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+// sendHostBeat sends one host heartbeat with the host's status now.
+func (d *Daemon) sendHostBeat(ctx context.Context) error {
+	hb := wire.HostHeartbeat{
+		Capacity:    d.cfg.Capacity,
+		Running:     d.running(),
+		Draining:    d.draining(),
+		LaunchError: d.gate.report(),
+		Version:     d.cfg.Version,
+	}
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
+	defer cancel()
+	_, err := d.control.HostHeartbeat(ctx, d.cfg.HostToken, hb)
+	return err
 }

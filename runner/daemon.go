@@ -143,6 +143,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.attempts.Wait()
 	stopLoops()
 	wg.Wait()
+	if ctx.Err() == nil && !d.isHostRefused() {
+		// Admin → Servers shows the drained host with nothing running.
+		_ = d.sendHostBeat(context.Background())
+	}
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool("hard", ctx.Err() != nil))
 	return nil
 }

@@ -281,8 +281,8 @@ func TestDrainRenewsThenStopsTurns(t *testing.T) {
 			t.Errorf("no %s record", msg)
 		}
 	}
-	if c.server(t, "host-a").Draining != true {
-		t.Error("the host heartbeat did not report draining")
+	if srv := c.server(t, "host-a"); !srv.Draining || srv.Running != 0 {
+		t.Errorf("last host heartbeat: draining %v, running %d", srv.Draining, srv.Running)
 	}
 }
 
