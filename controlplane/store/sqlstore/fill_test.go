@@ -1,0 +1,107 @@
+package sqlstore
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Internal test helpers: stores of both dialects, and bulk fills that
+// write rows the way the store itself would, thousands at a time.
+
+var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+
+func openSQLiteT(tb testing.TB, opts ...Option) *Store {
+	tb.Helper()
+	s, err := OpenSQLite(context.Background(), filepath.Join(tb.TempDir(), "cp.db"), opts...)
+	if err != nil {
+		tb.Fatalf("OpenSQLite: %v", err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+// openPostgresT opens a store in a fresh schema, or skips without a DSN
+// (fails under RUNNERD_REQUIRE_POSTGRES=1).
+func openPostgresT(tb testing.TB, opts ...Option) *Store {
+	tb.Helper()
+	dsn := os.Getenv("RUNNERD_TEST_POSTGRES")
+	if dsn == "" {
+		if os.Getenv("RUNNERD_REQUIRE_POSTGRES") == "1" {
+			tb.Fatal("RUNNERD_REQUIRE_POSTGRES=1 but RUNNERD_TEST_POSTGRES is not set")
+		}
+		tb.Skip("PostgreSQL skipped: set RUNNERD_TEST_POSTGRES to a DSN (see .ci/run)")
+	}
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { admin.Close() })
+	schema := "b_" + strings.ToLower(rand.Text())
+	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
+	u, err := url.Parse(dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	s, err := OpenPostgres(context.Background(), u.String(), opts...)
+	if err != nil {
+		tb.Fatalf("OpenPostgres: %v", err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
+// series is a CTE of the integers 1..? that both dialects understand.
+const series = `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) `
+
+// fill adds count conversations with one job each, named by prefix. With
+// running, each job has a running attempt of host "host_bench" whose
+// lease expires at exp, and whose worker token hash is prefix+i.
+func fill(tb testing.TB, s *Store, prefix string, count int, running bool, exp time.Time) {
+	tb.Helper()
+	ctx := context.Background()
+	now := ns(t0)
+	state, head, gen := "queued", 1, 0
+	if running {
+		state, gen = "running", 1
+	}
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		if _, err := s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES ('host_bench', 'bench', 'bench', ?)
+			ON CONFLICT DO NOTHING`, now); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `INSERT INTO conversations (id, agent_command, state, next_seq, created_at, updated_at) `+series+
+			`SELECT ? || 'c' || i, '["agent"]', 'usable', 1, ?, ? FROM n`, count, prefix, now, now); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, generation, attempt_count,
+			live_attempt_id, created_at) `+series+`SELECT ? || 'j' || i, ? || 'c' || i, 1, 'p', ?, ?, ?, ?,
+			CASE WHEN ? = 1 THEN ? || 'a' || i END, ? FROM n`,
+			count, prefix, prefix, state, head, gen, gen, gen, prefix, now); err != nil {
+			return err
+		}
+		if !running {
+			return nil
+		}
+		_, err := s.exec(ctx, tx, `INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner, lease_ttl,
+			lease_expires_at, claimed_at, token_hash) `+series+`SELECT ? || 'a' || i, ? || 'j' || i, 1, 'running',
+			'host_bench', 'bench', ?, ?, ?, ? || 'a' || i FROM n`,
+			count, prefix, prefix, int64(120*time.Second), ns(exp), now, prefix)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("fill: %v", err)
+	}
+}

@@ -1,0 +1,87 @@
+package sqlstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The claim query must walk an index in the order of its ORDER BY: a scan
+// of the jobs table, or a sort, turns tens of thousands of claims per
+// second into about a thousand. The same holds for the reaper's query.
+func TestQueryPlansUseIndexes(t *testing.T) {
+	reapQuery := `SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?`
+	for _, tc := range []struct {
+		name string
+		open func(testing.TB, ...Option) *Store
+	}{
+		{"sqlite", openSQLiteT},
+		{"postgres", openPostgresT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.open(t)
+			// Enough rows that a cost-based planner would not scan: done
+			// jobs and live attempts around the queued ones.
+			fill(t, s, "run", 5000, true, t0.Add(time.Hour))
+			fill(t, s, "q", 5000, false, time.Time{})
+			for _, q := range []struct {
+				name, query, index string
+				args                []any
+			}{
+				{"claim", claimQuery + s.lockSkip(), "jobs_claim", nil},
+				{"reap", reapQuery + s.lockSkip(), "attempts_expiry", []any{ns(t0), 256}},
+			} {
+				plan := s.explain(t, q.query, q.args...)
+				t.Logf("%s plan:\n%s", q.name, plan)
+				if !strings.Contains(plan, q.index) {
+					t.Errorf("%s does not use index %s:\n%s", q.name, q.index, plan)
+				}
+				for _, bad := range []string{"Seq Scan", "Sort", "TEMP B-TREE", "SCAN jobs\n", "SCAN attempts\n"} {
+					if strings.Contains(plan+"\n", bad) {
+						t.Errorf("%s plan has %q:\n%s", q.name, bad, plan)
+					}
+				}
+			}
+		})
+	}
+}
+
+func (s *Store) explain(t *testing.T, query string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	if s.d == postgres {
+		if _, err := s.w.ExecContext(ctx, "ANALYZE"); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := s.w.QueryContext(ctx, "EXPLAIN "+s.q(query), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var lines []string
+		for rows.Next() {
+			var l string
+			if err := rows.Scan(&l); err != nil {
+				t.Fatal(err)
+			}
+			lines = append(lines, l)
+		}
+		return strings.Join(lines, "\n")
+	}
+	rows, err := s.r.QueryContext(ctx, "EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var lines []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, detail)
+	}
+	return strings.Join(lines, "\n")
+}
