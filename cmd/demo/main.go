@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -122,9 +123,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	turns, runErr := runConversations(ctx, f, bins)
+	sb, err := prepareSandbox(ctx, o.sandbox, bins, f, stdout)
+	if err != nil {
+		fmt.Fprintln(stderr, "demo:", err)
+		keep = true
+		f.down(stdout)
+		return 1
+	}
+	turns, convIDs, runErr := runConversations(ctx, f, sb)
 	printTable(stdout, turns)
 	downErr := f.down(stdout)
+	if sb.cleanup != nil {
+		downErr = errors.Join(downErr, sb.cleanup(context.WithoutCancel(ctx), convIDs))
+	}
 	bad := 0
 	for _, t := range turns {
 		if t.problem != "" {
@@ -139,7 +150,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case downErr != nil:
 		fmt.Fprintln(stderr, "demo:", downErr)
 	default:
-		explain(stdout)
+		explain(stdout, sb.transcripts)
 		return 0
 	}
 	keep = true
@@ -324,9 +335,55 @@ type turnRow struct {
 	problem      string
 }
 
+// sandboxSetup is what a conversation needs on one backend.
+type sandboxSetup struct {
+	image string
+	agent []string
+	// transcripts: the agent's workspace is a host directory the demo can read.
+	transcripts bool
+	// cleanup removes what the backend keeps after the daemon is gone.
+	cleanup func(ctx context.Context, conversationIDs []string) error
+}
+
+// prepareSandbox readies the backend: nothing for process; for docker, the
+// demo agent's image, built FROM scratch (no registry needed), and a
+// cleanup of the retained containers and volumes.
+func prepareSandbox(ctx context.Context, backend string, bins fleet.Binaries, f *running, stdout io.Writer) (sandboxSetup, error) {
+	if backend != "docker" {
+		return sandboxSetup{image: "demo", agent: []string{bins.DemoAgent}, transcripts: true}, nil
+	}
+	engine, err := docker.EngineFromEnv()
+	if err != nil {
+		return sandboxSetup{}, fmt.Errorf("docker: %w", err)
+	}
+	const tag = "runnerd-demo/agent:dev"
+	if err := docker.BuildScratchImage(ctx, engine, docker.ScratchImage{
+		Tag:   tag,
+		Files: []docker.ImageFile{{Path: "/demoagent", Source: bins.DemoAgent, Exec: true}},
+	}); err != nil {
+		return sandboxSetup{}, err
+	}
+	fmt.Fprintf(stdout, "docker: built %s FROM scratch with the demo agent\n", tag)
+	be, err := docker.New(docker.Config{Engine: engine, Host: f.host, StateDir: f.stateDir, RunnerdPath: bins.Runnerd})
+	if err != nil {
+		return sandboxSetup{}, err
+	}
+	return sandboxSetup{image: tag, agent: []string{"/demoagent"}, cleanup: func(ctx context.Context, ids []string) error {
+		var errs []error
+		for _, id := range ids {
+			errs = append(errs, be.Remove(ctx, id))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("remove the demo's containers: %w", err)
+		}
+		fmt.Fprintf(stdout, "docker: removed the %d conversations' containers and volumes\n", len(ids))
+		return nil
+	}}, nil
+}
+
 // runConversations sends every message up front — the control plane runs
 // one turn of a conversation at a time, in order — and waits for them.
-func runConversations(ctx context.Context, f *running, bins fleet.Binaries) ([]turnRow, error) {
+func runConversations(ctx context.Context, f *running, sb sandboxSetup) ([]turnRow, []string, error) {
 	ctx, cancel := context.WithTimeout(ctx, turnsDeadline)
 	defer cancel()
 	u := f.cp.User
@@ -336,19 +393,21 @@ func runConversations(ctx context.Context, f *running, bins fleet.Binaries) ([]t
 		script script
 	}
 	var all []sent
+	var ids []string
 	convs := make([]wire.Conversation, len(conversations))
 	for i, c := range conversations {
-		conv, err := u.CreateConversation(ctx, c.title, bins.DemoAgent)
+		conv, err := u.Create(ctx, wire.CreateConversationRequest{Title: c.title, Image: sb.image, AgentCommand: sb.agent})
 		if err != nil {
-			return nil, fmt.Errorf("create conversation %s: %w", c.title, err)
+			return nil, ids, fmt.Errorf("create conversation %s: %w", c.title, err)
 		}
 		convs[i] = conv
+		ids = append(ids, conv.ID)
 	}
 	for k := range 3 {
 		for i, c := range conversations {
 			j, err := u.Send(ctx, convs[i].ID, c.turns[k].prompt)
 			if err != nil {
-				return nil, fmt.Errorf("send turn %d of %s: %w", k+1, c.title, err)
+				return nil, ids, fmt.Errorf("send turn %d of %s: %w", k+1, c.title, err)
 			}
 			all = append(all, sent{conv: convs[i], job: j, script: c.turns[k]})
 		}
@@ -359,15 +418,19 @@ func runConversations(ctx context.Context, f *running, bins fleet.Binaries) ([]t
 		title := conversations[i%len(conversations)].title
 		j, err := u.WaitEnded(ctx, s.job.ID, 100*time.Millisecond)
 		if err != nil {
-			return rows, fmt.Errorf("%s turn %d: %w", title, s.job.Seq, err)
+			return rows, ids, fmt.Errorf("%s turn %d: %w", title, s.job.Seq, err)
 		}
 		rows = append(rows, row(title, j, s.script))
+	}
+	sortRows(rows)
+	if !sb.transcripts {
+		return rows, ids, nil
 	}
 	// Every prompt reached its agent once, in order (the demo agent's transcript).
 	for i, c := range convs {
 		tr, err := fleet.Transcript(f.stateDir, c.ID)
 		if err != nil {
-			return rows, err
+			return rows, ids, err
 		}
 		for k, want := range conversations[i].turns {
 			if k >= len(tr) || tr[k].Prompt != want.prompt || tr[k].Turn != int64(k+1) || len(tr) != len(conversations[i].turns) {
@@ -375,8 +438,7 @@ func runConversations(ctx context.Context, f *running, bins fleet.Binaries) ([]t
 			}
 		}
 	}
-	sortRows(rows)
-	return rows, nil
+	return rows, ids, nil
 }
 
 func row(title string, j wire.Job, s script) turnRow {
@@ -452,12 +514,14 @@ func printTable(w io.Writer, rows []turnRow) {
 	tw.Flush()
 }
 
-func explain(w io.Writer) {
+func explain(w io.Writer, transcripts bool) {
 	fmt.Fprint(w, `
 All nine turns ended as expected. Each ran in its own child process
 ("runnerd turn") under a lease the daemon renewed on its own schedule; each
 conversation kept one supervisor and one native agent session across its
-three turns, so the native turn ordinal went 1, 2, 3; every prompt reached
-the agent exactly once (the agent's own transcript says so).
+three turns, so the native turn ordinal went 1, 2, 3.
 `)
+	if transcripts {
+		fmt.Fprintln(w, "Every prompt reached the agent exactly once: the agent's own transcripts say so.")
+	}
 }

@@ -26,11 +26,16 @@ func (u *User) call(ctx context.Context, method, path string, body, out any) err
 	return err
 }
 
-// CreateConversation starts a conversation whose agent is argv.
+// CreateConversation starts a conversation whose agent is argv, run by
+// the process backend (the image is only informational there).
 func (u *User) CreateConversation(ctx context.Context, title string, argv ...string) (wire.Conversation, error) {
+	return u.Create(ctx, wire.CreateConversationRequest{Title: title, Image: "demo", AgentCommand: argv})
+}
+
+// Create starts a conversation.
+func (u *User) Create(ctx context.Context, req wire.CreateConversationRequest) (wire.Conversation, error) {
 	var c wire.Conversation
-	err := u.call(ctx, http.MethodPost, "/v1/conversations",
-		wire.CreateConversationRequest{Title: title, Image: "demo", AgentCommand: argv}, &c)
+	err := u.call(ctx, http.MethodPost, "/v1/conversations", req, &c)
 	return c, err
 }
 
