@@ -1,0 +1,170 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/runnerd/runnerd/internal/memnet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// hostEndpoint is a simulated control plane for the host-scoped calls: a
+// real http.Handler on a memnet listener inside a synctest bubble.
+type hostEndpoint struct {
+	t0     time.Time
+	claim  func(n int) int // status of the n-th claim (from 1); 204 = none
+	mu     sync.Mutex
+	claims []time.Duration
+	beats  []wire.HostHeartbeat
+	beatAt []time.Duration
+}
+
+func (e *hostEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	at := time.Since(e.t0)
+	switch r.URL.Path {
+	case wire.PathClaim:
+		var req wire.ClaimRequest
+		if json.NewDecoder(io.LimitReader(r.Body, wire.MaxBodyBytes)).Decode(&req) != nil || r.Header.Get("Authorization") != "Bearer rdh_host" {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		e.mu.Lock()
+		e.claims = append(e.claims, at)
+		n := len(e.claims)
+		e.mu.Unlock()
+		status := e.claim(n)
+		if status == http.StatusNoContent {
+			select { // the long poll
+			case <-time.After(time.Duration(req.WaitMS) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.WriteHeader(status)
+	case wire.PathHostHeartbeat:
+		var hb wire.HostHeartbeat
+		if json.NewDecoder(io.LimitReader(r.Body, wire.MaxBodyBytes)).Decode(&hb) != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		e.mu.Lock()
+		e.beats = append(e.beats, hb)
+		e.beatAt = append(e.beatAt, at)
+		e.mu.Unlock()
+		json.NewEncoder(w).Encode(wire.HostHeartbeatResponse{ServerTime: time.Now()})
+	default:
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+func (e *hostEndpoint) claimTimes() []time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]time.Duration(nil), e.claims...)
+}
+
+// runInBubble runs a daemon against e for d of fake time, then drains it.
+func runInBubble(t *testing.T, e *hostEndpoint, stateDir string, d time.Duration) *logBuf {
+	l := memnet.Listen("cp.test")
+	srv := &http.Server{Handler: e}
+	go srv.Serve(l)
+	logs := &logBuf{}
+	dm, err := New(Config{
+		ControlPlaneURL: "http://cp.test",
+		HostToken:       "rdh_host",
+		HostName:        "host-a",
+		StateDir:        stateDir,
+		Executable:      "/bin/false",
+		ClaimWait:       10 * time.Second,
+		ClaimBackoff:    time.Second,
+		ClaimBackoffMax: 16 * time.Second,
+		Transport:       &http.Transport{DialContext: l.Dial},
+		Logger:          slog.New(slog.NewJSONHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { defer close(done); dm.Run(ctx) }()
+	time.Sleep(d)
+	dm.Drain()
+	<-done
+	srv.Close()
+	synctest.Wait() // the handlers see their connections close
+	return logs
+}
+
+// Failed claims back off exponentially with jitter (1, 2, 4, 8, 16, 16 s,
+// each ±20 %), with one agent_control_failure for the outage; an answer
+// resets the backoff; empty long polls are re-polled after a short random
+// pause. Host heartbeats go every 10 s ±20 %.
+func TestClaimBackoffWithJitter(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		e := &hostEndpoint{t0: time.Now(), claim: func(n int) int {
+			if n <= 7 {
+				return http.StatusServiceUnavailable
+			}
+			return http.StatusNoContent
+		}}
+		logs := runInBubble(t, e, dir, 100*time.Second)
+		got := e.claimTimes()
+		if len(got) < 9 {
+			t.Fatalf("%d claims: %v", len(got), got)
+		}
+		for i, base := range []float64{1, 2, 4, 8, 16, 16} {
+			gap := got[i+1] - got[i]
+			lo, hi := time.Duration(base*0.8*float64(time.Second)), time.Duration(base*1.2*float64(time.Second))
+			if gap < lo || gap > hi {
+				t.Fatalf("gap %d = %v, want %v..%v (claims at %v)", i, gap, lo, hi, got)
+			}
+		}
+		// After the 8th claim answered 204 (a 10 s long poll), the next
+		// follows within half the claim backoff.
+		if gap := got[8] - got[7]; gap < 10*time.Second || gap >= 10*time.Second+500*time.Millisecond {
+			t.Fatalf("re-poll after an empty long poll: %v", gap)
+		}
+		if n := logs.count("agent_control_failure"); n != 1 {
+			t.Fatalf("%d control failure records for one outage", n)
+		}
+		if n := logs.count(MsgControlRecovered); n != 1 {
+			t.Fatalf("%d recovered records", n)
+		}
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		for i := 1; i < len(e.beatAt); i++ {
+			gap := e.beatAt[i] - e.beatAt[i-1]
+			if gap != 0 && (gap < 8*time.Second || gap > 12*time.Second) && !e.beats[i].Draining {
+				t.Fatalf("host heartbeat gap %v", gap)
+			}
+		}
+		if len(e.beats) < 9 || e.beats[0].Capacity != DefaultCapacity || !e.beats[len(e.beats)-1].Draining {
+			t.Fatalf("%d host heartbeats, first %+v, last %+v", len(e.beats), e.beats[0], e.beats[len(e.beats)-1])
+		}
+	})
+}
+
+// A refused host token stops claiming for good, with one record, while
+// the daemon stays up.
+func TestHostTokenRefusedOnClaimStopsClaiming(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		e := &hostEndpoint{t0: time.Now(), claim: func(int) int { return http.StatusUnauthorized }}
+		logs := runInBubble(t, e, dir, 10*time.Minute)
+		if got := e.claimTimes(); len(got) != 1 {
+			t.Fatalf("%d claims after a refusal", len(got))
+		}
+		if n := logs.count(MsgHostTokenRefused); n != 1 {
+			t.Fatalf("%d refusal records", n)
+		}
+	})
+}
