@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/runnerd/runnerd/integration/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -29,7 +31,7 @@ const (
 	renewRetry     = 50 * time.Millisecond
 	stopGrace      = 200 * time.Millisecond
 	killGrace      = 200 * time.Millisecond
-	reaperGrace    = 600 * time.Millisecond
+	reaperGrace    = time.Second // stop + kill grace, and room for the supervisor to kill the agent
 	reaperInterval = 100 * time.Millisecond
 
 	tick    = 20 * time.Millisecond // polling period of the user API
@@ -54,7 +56,7 @@ func buildAndRun(m *testing.M) int {
 			fmt.Fprintln(os.Stderr, "integration:", envBinDir+":", err)
 			return 1
 		}
-		return m.Run()
+		return runChecked(m)
 	}
 	dir, err := os.MkdirTemp("", "runnerd-integration-bin-")
 	if err != nil {
@@ -72,7 +74,19 @@ func buildAndRun(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "integration: build the binaries:", err)
 		return 1
 	}
-	return m.Run()
+	return runChecked(m)
+}
+
+// runChecked runs the tests, then checks that none left a goroutine behind.
+func runChecked(m *testing.M) int {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "integration: goroutines left behind:", err)
+			return 1
+		}
+	}
+	return code
 }
 
 func moduleRoot() (string, error) {
@@ -148,6 +162,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 		if err := cp.Stop(syscall.SIGTERM, 15*time.Second); err != nil {
 			t.Errorf("control plane: %v", err)
 		}
+		cp.User.Close()
 	})
 	e.cp, e.user = cp, cp.User
 	if e.token, err = cp.AddHost(ctx, e.host); err != nil {

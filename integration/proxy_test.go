@@ -167,6 +167,8 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.ErrorLog = log.New(io.Discard, "", 0)
+	tr := &http.Transport{}
+	rp.Transport = tr
 	f := &faultProxy{}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		job, op := attemptCall(r.URL.Path)
@@ -184,7 +186,10 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 		}
 		rp.ServeHTTP(w, r)
 	}))
-	t.Cleanup(f.srv.Close)
+	t.Cleanup(func() {
+		f.srv.Close()
+		tr.CloseIdleConnections()
+	})
 	return f
 }
 

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -36,7 +37,10 @@ import (
 func TestKill9MidTurnThenRestart(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
-	d := e.startDaemon(nil)
+	// A longer lease than the other tests': the restarted daemon must find
+	// the leases of the dead one still valid, however slow the machine, to
+	// report them itself rather than leave them to the reaper.
+	d := e.startDaemon(func(c *fleet.DaemonConfig) { c.LeaseTTL = 5 * time.Second })
 
 	idle := e.conversation("idle")
 	idleFirst := "first turn of the idle conversation"

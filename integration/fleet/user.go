@@ -13,13 +13,18 @@ import (
 // User speaks the control plane's user API with its bearer token.
 type User struct {
 	c     *wire.Client
+	tr    *http.Transport
 	token string
 }
 
 // NewUser returns a user API client of the control plane at baseURL.
 func NewUser(baseURL, token string) *User {
-	return &User{c: &wire.Client{BaseURL: baseURL, HTTP: &http.Client{Timeout: 30 * time.Second}}, token: token}
+	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
+	return &User{c: &wire.Client{BaseURL: baseURL, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}, tr: tr, token: token}
 }
+
+// Close closes the client's idle connections.
+func (u *User) Close() { u.tr.CloseIdleConnections() }
 
 func (u *User) call(ctx context.Context, method, path string, body, out any) error {
 	_, err := u.c.Do(ctx, method, path, u.token, body, out)
