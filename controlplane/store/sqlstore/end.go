@@ -46,7 +46,7 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 	}
 	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous}.String()
 	var resp wire.FinishResponse
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		var admitted, settled sql.NullInt64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'finished', outcome = ?, ended_at = ?, report = ?
@@ -120,7 +120,7 @@ func outcomeOf(jobState string) string {
 
 // respond builds the answer of a terminal report and stores it on the
 // attempt for repeats (P2).
-func (s *Store) respond(ctx context.Context, tx *sql.Tx, jobID, conv, attemptID string, now time.Time) (wire.FinishResponse, error) {
+func (s *Store) respond(ctx context.Context, tx txn, jobID, conv, attemptID string, now time.Time) (wire.FinishResponse, error) {
 	resp := wire.FinishResponse{RecordedAt: fromNS(ns(now))}
 	if err := tx.QueryRowContext(ctx, s.q(`SELECT j.state, c.state FROM jobs j, conversations c WHERE j.id = ? AND c.id = ?`),
 		jobID, conv).Scan(&resp.JobState, &resp.ConversationState); err != nil {
@@ -136,7 +136,7 @@ func (s *Store) respond(ctx context.Context, tx *sql.Tx, jobID, conv, attemptID 
 
 // endJob moves a job to a terminal state and lets its conversation's next
 // turn run.
-func (s *Store) endJob(ctx context.Context, tx *sql.Tx, jobID, conv, state, outcome, reason string, now time.Time) error {
+func (s *Store) endJob(ctx context.Context, tx txn, jobID, conv, state, outcome, reason string, now time.Time) error {
 	if _, err := s.exec(ctx, tx, `UPDATE jobs SET state = ?, outcome = ?, reason = ?, head = 0, live_attempt_id = NULL, ended_at = ?
 		WHERE id = ?`, state, outcome, reason, ns(now), jobID); err != nil {
 		return err
@@ -147,7 +147,7 @@ func (s *Store) endJob(ctx context.Context, tx *sql.Tx, jobID, conv, state, outc
 // requeueLost puts a never-admitted job whose host was lost back in the
 // queue without counting the attempt (P6), unless it was cancelled or has
 // been lost more than maxLost times.
-func (s *Store) requeueLost(ctx context.Context, tx *sql.Tx, jobID, conv, attemptID string, maxLost int, now time.Time) error {
+func (s *Store) requeueLost(ctx context.Context, tx txn, jobID, conv, attemptID string, maxLost int, now time.Time) error {
 	if _, err := s.exec(ctx, tx, `UPDATE attempts SET counts_as_attempt = 0 WHERE id = ?`, attemptID); err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (s *Store) requeueLost(ctx context.Context, tx *sql.Tx, jobID, conv, attemp
 func (s *Store) Abandon(ctx context.Context, ref wire.AttemptRef, req wire.AbandonRequest, now time.Time) (wire.FinishResponse, error) {
 	rep := report{Op: wire.OpAbandon, Class: req.Class, Reason: req.Reason}.String()
 	var resp wire.FinishResponse
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'abandoned', outcome = 'failed', ended_at = ?, report = ?
 			WHERE `+guard+` AND admitted_at IS NULL RETURNING job_id`),
@@ -228,7 +228,7 @@ const releaseGuard = guard + ` AND admitted_at IS NULL
 // R36). The same release again is a no-op.
 func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error {
 	rep := report{Op: wire.OpRelease, Class: req.Class}.String()
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'released', ended_at = ?, counts_as_attempt = 0, report = ?
 			WHERE `+releaseGuard+` RETURNING job_id`),

@@ -77,7 +77,7 @@ func fill(tb testing.TB, s *Store, prefix string, count int, running bool, exp t
 	if running {
 		state, gen = "running", 1
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		if _, err := s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES ('host_bench', 'bench', 'bench', ?)
 			ON CONFLICT DO NOTHING`, now); err != nil {
 			return err

@@ -19,7 +19,7 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 		return store.Host{}, fmt.Errorf("create host: %w: name and token hash are required", store.ErrInvalid)
 	}
 	h := store.Host{ID: newID("host"), Name: name}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var n int
 		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM hosts WHERE name = ?`), name).Scan(&n); err != nil {
 			return err
@@ -57,7 +57,7 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 	if hb.LaunchError != nil {
 		class, consecutive, since = hb.LaunchError.Class, int64(hb.LaunchError.Consecutive), ns(hb.LaunchError.Since)
 	}
-	return s.write(ctx, func(tx *sql.Tx) error {
+	return s.write(ctx, func(tx txn) error {
 		n, err := s.exec(ctx, tx, `UPDATE hosts SET last_heartbeat = ?, capacity = ?, draining = ?,
 			launch_error_class = ?, launch_error_consecutive = ?, launch_error_since = ?, version = ? WHERE id = ?`,
 			ns(now), hb.Capacity, b2i(hb.Draining), class, consecutive, since, hb.Version, hostID)

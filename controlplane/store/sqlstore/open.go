@@ -29,7 +29,7 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error
 	common.Add("_pragma", "busy_timeout("+busy+")")
 	common.Add("_pragma", "foreign_keys(1)")
 
-	wq := url.Values{"_txlock": {"immediate"}}
+	wq := url.Values{}
 	wq["_pragma"] = append([]string{"journal_mode(WAL)", "synchronous(" + string(cfg.synchronous) + ")"}, common["_pragma"]...)
 	w, err := sql.Open("sqlite", path+"?"+wq.Encode())
 	if err != nil {
@@ -52,7 +52,14 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error
 	r.SetMaxOpenConns(cfg.readConns)
 	r.SetMaxIdleConns(cfg.readConns)
 
-	s := &Store{w: w, r: r, d: sqlite, cfg: cfg}
+	conn, err := w.Conn(ctx)
+	if err != nil {
+		w.Close()
+		r.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	sw := &sqliteWriter{turn: make(chan struct{}, 1), conn: conn, stmts: map[string]*sql.Stmt{}}
+	s := &Store{w: w, r: r, d: sqlite, cfg: cfg, sw: sw}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)

@@ -31,7 +31,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		}
 		var res store.ReapResult
 		var picked int
-		err := s.write(ctx, func(tx *sql.Tx) error {
+		err := s.write(ctx, func(tx txn) error {
 			res, picked = store.ReapResult{}, 0
 			rows, err := tx.QueryContext(ctx, s.q(`SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ?
 				ORDER BY lease_expires_at LIMIT ?`+s.lockSkip()), cutoff, n)
@@ -73,7 +73,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	return total, nil
 }
 
-func (s *Store) supersede(ctx context.Context, tx *sql.Tx, id string, cutoff int64, maxLost int, now time.Time, res *store.ReapResult) error {
+func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, maxLost int, now time.Time, res *store.ReapResult) error {
 	var jobID, owner string
 	var gen, exp int64
 	var admitted sql.NullInt64
@@ -127,7 +127,7 @@ func (s *Store) supersede(ctx context.Context, tx *sql.Tx, id string, cutoff int
 // now as its last sign of life.
 func (s *Store) ResumeAfterAbsence(ctx context.Context, now time.Time, maxGap time.Duration) (int, error) {
 	var extended int64
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		extended = 0
 		var last int64
 		err := tx.QueryRowContext(ctx, `SELECT last_seen FROM control_plane WHERE id = 1`+s.lockRow()).Scan(&last)

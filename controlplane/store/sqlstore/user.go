@@ -54,7 +54,7 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 		ID: newID("conv"), Title: req.Title, Image: req.Image, AgentCommand: req.AgentCommand,
 		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)),
 	}
-	err = s.write(ctx, func(tx *sql.Tx) error {
+	err = s.write(ctx, func(tx txn) error {
 		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now))
 		return err
@@ -103,7 +103,7 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 		return wire.Job{}, fmt.Errorf("enqueue turn: %w: prompt is required", store.ErrInvalid)
 	}
 	id := newID("job")
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var seq int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET next_seq = next_seq + 1, updated_at = ?
 			WHERE id = ? AND state = 'usable' RETURNING next_seq`), ns(now), conversationID).Scan(&seq)
@@ -234,7 +234,7 @@ func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit 
 // CancelJob ends a queued job at once; for a running one it sets the flag
 // that the next renewal answer carries (P7). ErrGone if the job has ended.
 func (s *Store) CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error) {
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var state, conv string
 		var already int64
 		err := tx.QueryRowContext(ctx, s.q(`SELECT state, conversation_id, cancel_requested FROM jobs WHERE id = ?`+s.lockRow()), id).Scan(&state, &conv, &already)
@@ -281,7 +281,7 @@ func (s *Store) lockRow() string {
 }
 
 // event appends a control-plane event to a job.
-func (s *Store) event(ctx context.Context, tx *sql.Tx, jobID, attemptID string, now time.Time, typ string, data any) error {
+func (s *Store) event(ctx context.Context, tx txn, jobID, attemptID string, now time.Time, typ string, data any) error {
 	var body string
 	if data != nil {
 		b, err := json.Marshal(data)
@@ -298,7 +298,7 @@ func (s *Store) event(ctx context.Context, tx *sql.Tx, jobID, attemptID string, 
 // advance makes the oldest unfinished job of a conversation its head, if
 // none is running. Called by every transition that ends or requeues a job.
 // Updating the conversation row first orders it against EnqueueTurn.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, conversationID string, now time.Time) error {
+func (s *Store) advance(ctx context.Context, tx txn, conversationID string, now time.Time) error {
 	if _, err := s.exec(ctx, tx, `UPDATE conversations SET updated_at = ? WHERE id = ?`, ns(now), conversationID); err != nil {
 		return err
 	}
@@ -309,7 +309,7 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, conversationID string, 
 
 // loseConversation marks a conversation LOST (R30, R35) with a plain reason
 // (R32) and fails its queued turns: a LOST conversation never runs again.
-func (s *Store) loseConversation(ctx context.Context, tx *sql.Tx, conversationID, reason string, now time.Time) error {
+func (s *Store) loseConversation(ctx context.Context, tx txn, conversationID, reason string, now time.Time) error {
 	if _, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'lost', lost_reason = ?, updated_at = ?
 		WHERE id = ? AND state = 'usable'`, reason, ns(now), conversationID); err != nil {
 		return err

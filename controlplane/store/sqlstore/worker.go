@@ -36,7 +36,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	}
 	var c wire.Claim
 	var found bool
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		found = false
 		var owner string
 		err := tx.QueryRowContext(ctx, s.q(`SELECT name FROM hosts WHERE id = ?`), p.HostID).Scan(&owner)
@@ -135,7 +135,7 @@ func (a attemptRow) live(ref wire.AttemptRef, now time.Time) bool {
 	return a.generation == ref.LeaseGeneration && a.state == wire.AttemptRunning && a.expires > ns(now)
 }
 
-func (s *Store) loadAttempt(ctx context.Context, tx *sql.Tx, id string) (attemptRow, error) {
+func (s *Store) loadAttempt(ctx context.Context, tx txn, id string) (attemptRow, error) {
 	var a attemptRow
 	var admitted, settled sql.NullInt64
 	err := tx.QueryRowContext(ctx, s.q(`SELECT job_id, generation, state, lease_expires_at, admitted_at,
@@ -150,7 +150,7 @@ func (s *Store) loadAttempt(ctx context.Context, tx *sql.Tx, id string) (attempt
 
 // stale records a refused attempt-scoped write as a lease.stale_report
 // event and returns ErrLeaseLost, keeping the transaction (P1).
-func (s *Store) stale(ctx context.Context, tx *sql.Tx, op string, ref wire.AttemptRef, a attemptRow, now time.Time) error {
+func (s *Store) stale(ctx context.Context, tx txn, op string, ref wire.AttemptRef, a attemptRow, now time.Time) error {
 	why := "lease_expired"
 	switch {
 	case a.generation != ref.LeaseGeneration:
@@ -169,7 +169,7 @@ func (s *Store) stale(ctx context.Context, tx *sql.Tx, op string, ref wire.Attem
 // refused explains a guarded write that changed nothing: ErrNotFound for an
 // unknown attempt, the live attempt's row (for the caller's own verdict),
 // or ErrLeaseLost with a stale report.
-func (s *Store) refused(ctx context.Context, tx *sql.Tx, op string, ref wire.AttemptRef, now time.Time) (attemptRow, error) {
+func (s *Store) refused(ctx context.Context, tx txn, op string, ref wire.AttemptRef, now time.Time) (attemptRow, error) {
 	a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
 	if err != nil {
 		return a, err
@@ -187,7 +187,7 @@ func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duratio
 	}
 	exp := now.Add(ttl)
 	var resp wire.RenewResponse
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+` RETURNING job_id`),
 			args([]any{int64(ttl), ns(exp)}, guardArgs(ref, now)...)...).Scan(&jobID)
@@ -222,7 +222,7 @@ func (s *Store) AppendEvents(ctx context.Context, ref wire.AttemptRef, events []
 		}
 	}
 	var resp wire.EventsResponse
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = lease_ttl WHERE `+guard+` RETURNING job_id`),
 			guardArgs(ref, now)...).Scan(&jobID)
@@ -262,7 +262,7 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 	if req.ContainerID == "" || (req.Backend != "process" && req.Backend != "docker") {
 		return fmt.Errorf("record container: %w: backend process|docker and container_id are required", store.ErrInvalid)
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET container_backend = ?, container_id = ? WHERE `+guard+` RETURNING job_id`),
 			args([]any{req.Backend, req.ContainerID}, guardArgs(ref, now)...)...).Scan(&jobID)
@@ -298,7 +298,7 @@ func (s *Store) Admit(ctx context.Context, ref wire.AttemptRef, activationID str
 	}
 	newReceipt := newID("adm")
 	var r wire.AdmissionReceipt
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var at int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET admitted_at = COALESCE(admitted_at, ?),
 			activation_id = COALESCE(activation_id, ?), receipt_id = COALESCE(receipt_id, ?)
@@ -339,7 +339,7 @@ func (s *Store) Settle(ctx context.Context, ref wire.AttemptRef, req wire.Settle
 	}
 	newSnap := newID("snap")
 	var b wire.Boundary
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		var settled int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET snapshot_id = COALESCE(snapshot_id, ?), settled_at = COALESCE(settled_at, ?)
@@ -390,7 +390,7 @@ func (s *Store) Notice(ctx context.Context, ref wire.AttemptRef, req wire.Notice
 	if req.Kind != wire.NoticeSharedWorkspaceSettled {
 		return fmt.Errorf("notice: %w: unknown kind", store.ErrInvalid)
 	}
-	err := s.write(ctx, func(tx *sql.Tx) error {
+	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		var noticed int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET noticed_at = COALESCE(noticed_at, ?)
