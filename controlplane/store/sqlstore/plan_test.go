@@ -27,7 +27,7 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 			fill(t, s, "q", 5000, false, time.Time{})
 			for _, q := range []struct {
 				name, query, index string
-				args                []any
+				args               []any
 			}{
 				{"claim", claimQuery + s.lockSkip(), "jobs_claim", nil},
 				{"reap", reapQuery + s.lockSkip(), "attempts_expiry", []any{ns(t0), 256}},
