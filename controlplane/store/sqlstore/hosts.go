@@ -31,6 +31,9 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 			h.ID, name, hex.EncodeToString(tokenHash), ns(now))
 		return err
 	})
+	if err != nil && isUniqueViolation(err) {
+		err = store.ErrExists // a concurrent CreateHost of the same name
+	}
 	if err != nil {
 		return store.Host{}, fmt.Errorf("create host: %w", err)
 	}

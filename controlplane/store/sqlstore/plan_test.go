@@ -85,3 +85,30 @@ func (s *Store) explain(t *testing.T, query string, args ...any) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// A concurrent CreateHost of a taken name meets the unique index; both
+// dialects' errors must read as ErrExists.
+func TestUniqueViolationRecognised(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		open func(testing.TB, ...Option) *Store
+	}{
+		{"sqlite", openSQLiteT},
+		{"postgres", openPostgresT},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.open(t)
+			insert := func(tx txn) error {
+				_, err := s.exec(context.Background(), tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, 'dup', ?, 0)`, newID("host"), newID("tok"))
+				return err
+			}
+			if err := s.write(context.Background(), insert); err != nil {
+				t.Fatal(err)
+			}
+			err := s.write(context.Background(), insert)
+			if err == nil || !isUniqueViolation(err) {
+				t.Fatalf("duplicate insert: %v, not recognised as a unique violation", err)
+			}
+		})
+	}
+}
