@@ -54,8 +54,11 @@ type attempt struct {
 
 	fenced context.Context // done once the lease is gone
 	fence  context.CancelFunc
+	// stopChild cancels the launch: before ACCEPT the only way to stop it.
+	stopChild context.CancelFunc
 
 	mu      sync.Mutex
+	turn    *handover.Turn // set once the child accepted
 	reason  stopReason
 	facts   settlement.Facts
 	session *settlement.Session
@@ -73,6 +76,33 @@ func (a *attempt) stop(r stopReason) {
 			a.session.LeaseLost()
 		}
 	}
+}
+
+// stopClass is the STOP frame's reason class the child sees for r; the
+// turn child reports "cancelled" as a cancelled turn.
+func (r stopReason) stopClass() string {
+	switch r {
+	case stopCancel:
+		return turn.ClassCancelled
+	case stopLease:
+		return "lease_lost"
+	case stopDrain:
+		return "drain_timeout"
+	}
+	return "shutdown"
+}
+
+// stopTurn stops the child: STOP with the reason's class once it has
+// accepted, the launch's cancellation before.
+func (a *attempt) stopTurn(r stopReason) {
+	a.mu.Lock()
+	t := a.turn
+	a.mu.Unlock()
+	if t != nil {
+		t.StopWith(r.stopClass())
+		return
+	}
+	a.stopChild()
 }
 
 func (a *attempt) stopReason() stopReason {
@@ -129,11 +159,12 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	// stop of the child (launch context), whatever stage it is in.
 	launchCtx, stopChild := context.WithCancel(context.Background())
 	defer stopChild()
+	a.stopChild = stopChild
 	over := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		a.watch(runCtx, stopChild, over)
+		a.watch(runCtx, over)
 	}()
 	defer func() { close(over); <-watched }()
 
@@ -146,6 +177,9 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		d.notAccepted(runCtx, a, err)
 		return
 	}
+	a.mu.Lock()
+	a.turn = t
+	a.mu.Unlock()
 	d.gate.success()
 	d.m.ClaimToAccept.Observe(time.Since(sent).Seconds())
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
@@ -164,7 +198,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 
 // watch stops the child when the lease is lost, the user cancels, the drain
 // times out or the daemon stops hard. It ends with over.
-func (a *attempt) watch(runCtx context.Context, stopChild context.CancelFunc, over <-chan struct{}) {
+func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 	d := a.d
 	cancelled := a.renewer.CancelRequested()
 	drained := (<-chan struct{})(d.stopTurns)
@@ -175,7 +209,7 @@ func (a *attempt) watch(runCtx context.Context, stopChild context.CancelFunc, ov
 			if a.renewer.Verdict().Outcome != heartbeat.Stopped {
 				a.stop(stopLease)
 				d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopLease.String()))
-				stopChild()
+				a.stopTurn(stopLease)
 			}
 			<-over
 			return
@@ -183,17 +217,17 @@ func (a *attempt) watch(runCtx context.Context, stopChild context.CancelFunc, ov
 			cancelled = nil
 			a.stop(stopCancel)
 			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
-			stopChild() // renewal goes on while the child stops (R13)
+			a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
 		case <-drained:
 			drained = nil
 			a.stop(stopDrain)
 			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByDrain)
-			stopChild()
+			a.stopTurn(stopDrain)
 		case <-hard:
 			hard = nil
 			a.stop(stopHard)
 			d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopHard.String()))
-			stopChild()
+			a.stopTurn(stopHard)
 		case <-over:
 			return
 		}

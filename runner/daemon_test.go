@@ -234,22 +234,30 @@ func TestLeaseLossStopsTurnAndWritesNothing(t *testing.T) {
 	}
 }
 
-// R13, P7: the user's cancel arrives in a renewal answer; the turn is
-// stopped and reported cancelled.
+// R13, P7: the user's cancel arrives in a renewal answer; the child gets
+// STOP "cancelled" and reports the turn cancelled, and the daemon sends it.
 func TestR13CancelStopsTurn(t *testing.T) {
 	c := newCP(t)
-	j := c.enqueue("hang")
+	j := c.enqueue("stopped")
 	r := startDaemon(t, c, nil)
 	waitAccepted(t, r)
 	if _, err := c.st.CancelJob(context.Background(), j.ID, c.now()); err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("records:\n%s", r.logs)
+		}
+	}()
 	waitFor(t, "the job to end", 10*time.Second, ended(c, j.ID))
 	if got := c.job(j.ID); got.Attempts[0].Outcome != wire.OutcomeCancelled {
 		t.Fatalf("attempt outcome %s", got.Attempts[0].Outcome)
 	}
 	if !r.logs.has("agent_turn_cancelled") {
 		t.Fatal("no cancel record")
+	}
+	if !strings.Contains(r.logs.String(), `"msg":"runnerd_turn_ended","job_id":"`+j.ID+`","attempt_id":"`+c.job(j.ID).Attempts[0].ID+`","outcome":"result"`) {
+		t.Fatalf("the cancelled turn's report did not come from the child's RESULT:\n%s", r.logs)
 	}
 }
 

@@ -1,7 +1,9 @@
 package runner
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -31,6 +33,8 @@ func TestMain(m *testing.M) {
 //	result    ACCEPT, PROGRESS, RESULT failed/scripted, exit 0
 //	exit      ACCEPT, PROGRESS (container recorded), exit 3 without RESULT
 //	hang      ACCEPT, then wait for STOP (or the parent's end); exit 0 without RESULT
+//	stopped   ACCEPT, wait for STOP, then RESULT: cancelled for a STOP of class
+//	          "cancelled", failed with the STOP's class otherwise
 //	silent    never answer; wait for STOP
 func fakeTurn() int {
 	ch, err := handover.OpenFromEnv()
@@ -80,6 +84,20 @@ func fakeTurn() int {
 	case "hang":
 		progress(settlement.Facts{})
 		<-ch.Context().Done()
+		return 0
+	case "stopped":
+		<-ch.Context().Done()
+		var se *handover.StopError
+		if !errors.As(context.Cause(ch.Context()), &se) {
+			return 95
+		}
+		outcome := wire.OutcomeFailed
+		if se.Class == turn.ClassCancelled {
+			outcome = wire.OutcomeCancelled
+		}
+		rep := settlement.Facts{}.Report(ref, settlement.Result{Outcome: outcome, Class: se.Class})
+		b, _ := json.Marshal(turn.Result{Report: rep, Outcome: outcome, Class: se.Class})
+		_ = ch.Result(b)
 		return 0
 	}
 	return 93

@@ -52,6 +52,7 @@ func newTestDaemon(t *testing.T, c *cp, mod func(*Config)) (*Daemon, *logBuf) {
 		ControlTimeout:        5 * time.Second,
 		StopGrace:             500 * time.Millisecond,
 		KillGrace:             500 * time.Millisecond,
+		DrainTimeout:          5 * time.Second,
 		LaunchBackoff:         300 * time.Millisecond,
 		LaunchBackoffMax:      300 * time.Millisecond,
 		Logger:                slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
