@@ -91,6 +91,13 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			var b strings.Builder
+			b.WriteString("usage: runnerd run [flags]; every flag has a RUNNERD_ variable (--renew-interval: RUNNERD_RENEW_INTERVAL)\n\n")
+			fs.SetOutput(&b)
+			fs.PrintDefaults()
+			return o, &helpError{usage: b.String()}
+		}
 		return o, oneLine(err)
 	}
 	if fs.NArg() > 0 {
@@ -203,9 +210,11 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 // oneLine keeps the flag package's first line ("invalid value … for flag
 // -x: …") and drops its usage text.
 func oneLine(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return errors.New("usage: runnerd run [flags]; see docs/operations.md for every flag and its RUNNERD_ variable")
-	}
 	s, _, _ := strings.Cut(err.Error(), "\n")
 	return errors.New(s)
 }
+
+// helpError is -h or --help: the usage goes to stdout, and the exit is 0.
+type helpError struct{ usage string }
+
+func (e *helpError) Error() string { return "help requested" }

@@ -151,6 +151,13 @@ func TestHostTokenFile(t *testing.T) {
 	}
 }
 
+func TestHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := runDaemon([]string{"--help"}, env(), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "-renew-interval duration") {
+		t.Fatalf("exit %d, stdout %q", code, stdout.String())
+	}
+}
+
 func TestVersion(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := runDaemon([]string{"--version"}, env("RUNNERD_CAPACITY", "bad-but-ignored"), &stdout, &stderr); code != 0 || stdout.String() != "runnerd dev\n" {

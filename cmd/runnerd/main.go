@@ -71,6 +71,10 @@ func main() {
 // exit status 2; a failure to start is one line and status 1.
 func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	o, err := parseRun(args, getenv)
+	if he := (*helpError)(nil); errors.As(err, &he) {
+		fmt.Fprint(stdout, he.usage)
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 2
@@ -94,6 +98,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	cfg.Logger = log
 	cfg.Version = version
 	cfg.ChildStderr = stderr
+	cfg.RenewHTTP.Proxy = http.ProxyFromEnvironment // as for every other control request
 	cfg.HostToken, err = readToken(o.tokenFile, log)
 	if err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
