@@ -46,11 +46,12 @@ func (s stopReason) String() string {
 
 // attempt is one claimed attempt while the daemon holds it.
 type attempt struct {
-	d       *Daemon
-	claim   wire.Claim
-	id      diagnostics.Attempt
-	ref     wire.AttemptRef
-	renewer *heartbeat.Renewer
+	d         *Daemon
+	claim     wire.Claim
+	claimedAt time.Time // as persisted; kept when the report is added
+	id        diagnostics.Attempt
+	ref       wire.AttemptRef
+	renewer   *heartbeat.Renewer
 
 	fenced context.Context // done once the lease is gone
 	fence  context.CancelFunc
@@ -131,16 +132,17 @@ func (a *attempt) lastFacts() settlement.Facts {
 // file. runCtx is Run's: its end is the hard stop.
 func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
 	a := &attempt{
-		d:     d,
-		claim: claim,
-		id:    diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
-		ref:   wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		d:         d,
+		claim:     claim,
+		claimedAt: time.Now(),
+		id:        diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
+		ref:       wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
 
 	// 1. Persist before anything else: a restart must find every lease we hold.
-	if err := d.state.save(record{Claim: claim, ClaimedAt: time.Now()}); err != nil {
+	if err := d.state.save(record{Claim: claim, ClaimedAt: a.claimedAt}); err != nil {
 		// Nothing was launched and nothing is renewed: the lease runs out and
 		// the reaper requeues the never-admitted job without counting it (P6).
 		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist", err)

@@ -20,7 +20,7 @@ const sendBackoffMax = time.Minute
 // re-sends the same report). After a hard stop the report stays persisted
 // for the next start. outcome labels the turns metric.
 func (d *Daemon) finish(runCtx context.Context, a *attempt, rep report, outcome string) {
-	if err := d.state.save(record{Claim: a.claim, ClaimedAt: time.Now(), Report: &rep}); err != nil {
+	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, Report: &rep}); err != nil {
 		// The report can still be sent; only a restart before the answer
 		// would lose it, and then the reaper decides (R21).
 		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist_report", err)

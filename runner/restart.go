@@ -58,10 +58,11 @@ func (d *Daemon) recoverAll(ctx context.Context) {
 func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	c := r.Claim
 	a := &attempt{
-		d:     d,
-		claim: c,
-		id:    diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
-		ref:   wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
+		d:         d,
+		claim:     c,
+		claimedAt: r.ClaimedAt,
+		id:        diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
+		ref:       wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
