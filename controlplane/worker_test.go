@@ -403,3 +403,63 @@ func TestAbandonKeepsConversationUsable(t *testing.T) {
 		t.Fatalf("next turn claim %+v, want job %s with the retained container", got, next.ID)
 	}
 }
+
+// GET /v1/jobs/{id} shows every attempt with its lease owner, lease expiry
+// and generation, and the job's timestamped events, so that runner records
+// can be correlated with them (R19) — also across a superseded attempt.
+func TestJobRecordsLeaseOwnerExpiryAndEvents(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	hostB := f.addHost("host-b")
+	claimedA := f.clock.Now()
+	a := f.turn()
+
+	f.clock.Advance(30 * time.Second)
+	renewedA := f.clock.Now()
+	if _, err := f.wc.Renew(ctx, a.WorkerToken, a.JobID, wire.RenewRequest{AttemptRef: ref(a), LeaseTTLMS: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(time.Minute + controlplane.DefaultReaperGrace + time.Second)
+	swept := f.clock.Now()
+	f.srv.Sweep(ctx)
+	b, err := f.wc.Claim(ctx, hostB, wire.ClaimRequest{})
+	if err != nil || b.JobID != a.JobID {
+		t.Fatalf("host-b's claim: %+v, %v", b, err)
+	}
+
+	j := f.job(a.JobID)
+	if len(j.Attempts) != 2 {
+		t.Fatalf("attempts %+v, want 2", j.Attempts)
+	}
+	for i, want := range []struct {
+		id, owner, state string
+		gen              int64
+		claimed, expires time.Time
+	}{
+		{a.AttemptID, "host-a", wire.AttemptSuperseded, 1, claimedA, renewedA.Add(time.Minute)},
+		{b.AttemptID, "host-b", wire.AttemptRunning, 2, swept, swept.Add(controlplane.DefaultLeaseTTL)},
+	} {
+		got := j.Attempts[i]
+		if got.ID != want.id || got.LeaseOwner != want.owner || got.State != want.state || got.Generation != want.gen ||
+			!got.ClaimedAt.Equal(want.claimed) || !got.LeaseExpiresAt.Equal(want.expires) {
+			t.Fatalf("attempt %d: %+v\nwant %+v", i, got, want)
+		}
+	}
+	at := map[string]time.Time{}
+	for _, e := range j.Events {
+		if e.Type == "claimed" {
+			var d struct {
+				Owner string `json:"lease_owner"`
+			}
+			if err := json.Unmarshal(e.Data, &d); err != nil || d.Owner == "" {
+				t.Fatalf("claimed event without its lease owner: %s", e.Data)
+			}
+			at["claimed "+d.Owner] = e.Time
+			continue
+		}
+		at[e.Type] = e.Time
+	}
+	if !at["claimed host-a"].Equal(claimedA) || !at["claimed host-b"].Equal(swept) || !at["attempt_superseded"].Equal(swept) {
+		t.Fatalf("event times %v; want host-a's claim at %v, the supersession and host-b's claim at %v", at, claimedA, swept)
+	}
+}
