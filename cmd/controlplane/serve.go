@@ -89,6 +89,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	f.env("user-token-file", "RUNNERD_USER_TOKEN_FILE")
 	leaseTTL := f.fs.Duration("lease-ttl", controlplane.DefaultLeaseTTL, "lease of a claim or renewal that asks for none")
 	f.env("lease-ttl", "RUNNERD_LEASE_TTL")
+	minLeaseTTL := f.fs.Duration("min-lease-ttl", controlplane.DefaultMinLeaseTTL, "shortest lease a runner may ask for: one renewal interval plus one request timeout (lower only for tests)")
+	f.env("min-lease-ttl", "RUNNERD_MIN_LEASE_TTL")
 	maxLeaseTTL := f.fs.Duration("max-lease-ttl", controlplane.DefaultMaxLeaseTTL, "longest lease a runner may ask for")
 	f.env("max-lease-ttl", "RUNNERD_MAX_LEASE_TTL")
 	claimWait := f.fs.Duration("claim-wait-max", controlplane.DefaultClaimWaitMax, "longest hold of a claim or event long poll")
@@ -117,11 +119,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	switch {
 	case *listen == "":
 		return usagef("--listen must not be empty")
-	case *maxLeaseTTL < controlplane.DefaultMinLeaseTTL:
-		return usagef("--max-lease-ttl %v is shorter than the shortest lease, %v", *maxLeaseTTL, controlplane.DefaultMinLeaseTTL)
-	case *leaseTTL < controlplane.DefaultMinLeaseTTL || *leaseTTL > *maxLeaseTTL:
-		return usagef("--lease-ttl %v must be between %v (one renewal interval plus one request timeout) and --max-lease-ttl %v",
-			*leaseTTL, controlplane.DefaultMinLeaseTTL, *maxLeaseTTL)
+	case *minLeaseTTL <= 0:
+		return usagef("--min-lease-ttl must be positive")
+	case *maxLeaseTTL < *minLeaseTTL:
+		return usagef("--max-lease-ttl %v is shorter than --min-lease-ttl %v", *maxLeaseTTL, *minLeaseTTL)
+	case *leaseTTL < *minLeaseTTL || *leaseTTL > *maxLeaseTTL:
+		return usagef("--lease-ttl %v must be between --min-lease-ttl %v (one renewal interval plus one request timeout) and --max-lease-ttl %v",
+			*leaseTTL, *minLeaseTTL, *maxLeaseTTL)
 	case *claimWait <= 0 || *reaperInterval <= 0 || *reaperGrace <= 0:
 		return usagef("--claim-wait-max, --reaper-interval and --reaper-grace must be positive")
 	case *maxWorkerLost < 1:
@@ -150,7 +154,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 
 	srv := controlplane.New(controlplane.Config{
-		Store: st, Logger: log, LeaseTTL: *leaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
+		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
 		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost,
 		UserToken: userToken,
 	})
