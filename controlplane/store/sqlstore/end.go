@@ -81,10 +81,10 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 			err = s.endJob(ctx, tx, jobID, conv, wire.JobSucceeded, wire.OutcomeSucceeded, "", now)
 		case req.Outcome == wire.OutcomeWorkerLost && !admitted.Valid:
 			// P6: the host died before admission; not an attempt.
-			if _, err := s.exec(ctx, tx, `UPDATE attempts SET state = 'worker_lost' WHERE id = ?`, ref.AttemptID); err != nil {
+			if _, err := s.exec(ctx, tx, `UPDATE attempts SET state = 'worker_lost', counts_as_attempt = 0 WHERE id = ?`, ref.AttemptID); err != nil {
 				return err
 			}
-			err = s.requeueLost(ctx, tx, jobID, conv, ref.AttemptID, s.cfg.maxWorkerLost, now)
+			_, err = s.requeueLost(ctx, tx, jobID, ref.AttemptID, s.cfg.maxWorkerLost, now)
 		default:
 			state, reason := wire.JobFailed, reasonFailed
 			if req.Outcome == wire.OutcomeCancelled {
@@ -146,30 +146,28 @@ func (s *Store) endJob(ctx context.Context, tx txn, jobID, conv, state, outcome,
 
 // requeueLost puts a never-admitted job whose host was lost back in the
 // queue without counting the attempt (P6), unless it was cancelled or has
-// been lost more than maxLost times.
-func (s *Store) requeueLost(ctx context.Context, tx txn, jobID, conv, attemptID string, maxLost int, now time.Time) error {
-	if _, err := s.exec(ctx, tx, `UPDATE attempts SET counts_as_attempt = 0 WHERE id = ?`, attemptID); err != nil {
-		return err
-	}
+// been lost more than maxLost times. The caller has already marked the
+// attempt as not counted. It returns the job's new state.
+func (s *Store) requeueLost(ctx context.Context, tx txn, jobID, attemptID string, maxLost int, now time.Time) (string, error) {
 	var lost, cancel int64
+	var conv, state string
 	if err := tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET worker_lost_count = worker_lost_count + 1,
-		attempt_count = attempt_count - 1, live_attempt_id = NULL WHERE id = ? RETURNING worker_lost_count, cancel_requested`),
-		jobID).Scan(&lost, &cancel); err != nil {
-		return err
+		attempt_count = attempt_count - 1, live_attempt_id = NULL,
+		state = CASE WHEN cancel_requested = 0 AND worker_lost_count < ? THEN 'queued' ELSE state END
+		WHERE id = ? RETURNING worker_lost_count, cancel_requested, conversation_id, state`),
+		maxLost, jobID).Scan(&lost, &cancel, &conv, &state); err != nil {
+		return "", err
 	}
 	switch {
+	case state == wire.JobQueued:
+		return state, s.event(ctx, tx, jobID, attemptID, now, "requeued", map[string]any{"cause": "worker_lost", "worker_lost_count": lost})
 	case cancel != 0:
-		return s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonCancelled, now)
-	case lost > int64(maxLost):
-		if err := s.event(ctx, tx, jobID, attemptID, now, "worker_lost_cap", map[string]any{"worker_lost_count": lost, "max": maxLost}); err != nil {
-			return err
-		}
-		return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, fmt.Sprintf(reasonWorkerLostCap, lost), now)
+		return wire.JobCancelled, s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonCancelled, now)
 	default:
-		if _, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'queued' WHERE id = ?`, jobID); err != nil {
-			return err
+		if err := s.event(ctx, tx, jobID, attemptID, now, "worker_lost_cap", map[string]any{"worker_lost_count": lost, "max": maxLost}); err != nil {
+			return "", err
 		}
-		return s.event(ctx, tx, jobID, attemptID, now, "requeued", map[string]any{"cause": "worker_lost", "worker_lost_count": lost})
+		return wire.JobFailed, s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, fmt.Sprintf(reasonWorkerLostCap, lost), now)
 	}
 }
 

@@ -77,7 +77,8 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	var jobID, owner string
 	var gen, exp int64
 	var admitted sql.NullInt64
-	err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'superseded', ended_at = ?
+	err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'superseded', ended_at = ?,
+		counts_as_attempt = CASE WHEN admitted_at IS NULL THEN 0 ELSE counts_as_attempt END
 		WHERE id = ? AND state = 'running' AND lease_expires_at < ?
 		RETURNING job_id, generation, lease_owner, lease_expires_at, admitted_at`), ns(now), id, cutoff).Scan(
 		&jobID, &gen, &owner, &exp, &admitted)
@@ -94,32 +95,26 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	}); err != nil {
 		return err
 	}
+	if !admitted.Valid {
+		state, err := s.requeueLost(ctx, tx, jobID, id, maxLost, now)
+		switch state {
+		case wire.JobQueued:
+			res.Requeued++
+		case wire.JobFailed:
+			res.FailedWorkerLostCap++
+		}
+		return err
+	}
+	// R30, R35: the prompt may have reached the agent; never replayed.
 	var conv string
 	if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), jobID).Scan(&conv); err != nil {
 		return err
 	}
-	if admitted.Valid {
-		// R30, R35: the prompt may have reached the agent; never replayed.
-		if err := s.loseConversation(ctx, tx, conv, reasonLostHostSilent, now); err != nil {
-			return err
-		}
-		res.ConversationsLost++
-		return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonLostHostSilent, now)
-	}
-	if err := s.requeueLost(ctx, tx, jobID, conv, id, maxLost, now); err != nil {
+	if err := s.loseConversation(ctx, tx, conv, reasonLostHostSilent, now); err != nil {
 		return err
 	}
-	var state string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM jobs WHERE id = ?`), jobID).Scan(&state); err != nil {
-		return err
-	}
-	switch state {
-	case wire.JobQueued:
-		res.Requeued++
-	case wire.JobFailed:
-		res.FailedWorkerLostCap++
-	}
-	return nil
+	res.ConversationsLost++
+	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonLostHostSilent, now)
 }
 
 // ResumeAfterAbsence gives every running lease a full TTL from now when the
