@@ -29,17 +29,26 @@ func (s *Server) RunReaper(ctx context.Context) error {
 	}
 }
 
+// minAbsence is the shortest gap between sweeps that counts as the control
+// plane's own absence, so that a slow sweep on a busy machine with a short
+// interval does not hand every lease a new TTL.
+const minAbsence = 10 * time.Second
+
+// absence is the gap between two sweeps that counts as the control plane's
+// own absence (P4).
+func (s *Server) absence() time.Duration { return max(3*s.cfg.ReaperInterval, minAbsence) }
+
 // Sweep is one reaper pass (RunReaper calls it every interval).
 func (s *Server) Sweep(ctx context.Context) {
 	now := s.cfg.Now()
-	n, err := s.cfg.Store.ResumeAfterAbsence(ctx, now, 3*s.cfg.ReaperInterval)
+	n, err := s.cfg.Store.ResumeAfterAbsence(ctx, now, s.absence())
 	if err != nil {
 		s.sweepFailed(ctx, "resume_after_absence", err)
 		return
 	}
 	if n > 0 {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "controlplane_leases_resumed",
-			slog.Int("leases", n), slog.Duration("absence_over", 3*s.cfg.ReaperInterval))
+			slog.Int("leases", n), slog.Duration("absence_over", s.absence()))
 	}
 	for {
 		res, err := s.cfg.Store.Reap(ctx, store.ReapParams{

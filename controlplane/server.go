@@ -49,8 +49,9 @@ type Config struct {
 	ClaimWaitMax time.Duration
 
 	// ReaperInterval is the period of RunReaper's sweep. A gap between two
-	// sweeps longer than three intervals counts as the control plane's own
-	// absence: every running lease then gets a full TTL (P4).
+	// sweeps longer than three intervals (and at least 10 s) counts as the
+	// control plane's own absence: every running lease then gets a full
+	// TTL (P4).
 	ReaperInterval time.Duration
 	// ReaperGrace is added to a lease's expiry before the reaper
 	// supersedes its attempt (P3).
