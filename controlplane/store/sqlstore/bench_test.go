@@ -21,9 +21,9 @@ type benchStore struct {
 }
 
 var benchStores = []benchStore{
-	{"sqlite-normal", func(tb testing.TB) *Store { return openSQLiteT(tb, WithSynchronous(SyncNormal)) }},
-	{"sqlite-full", func(tb testing.TB) *Store { return openSQLiteT(tb, WithSynchronous(SyncFull)) }},
-	{"postgres", func(tb testing.TB) *Store { return openPostgresT(tb) }},
+	{"sqlite-normal", func(tb testing.TB) *Store { return OpenTestSQLite(tb, WithSynchronous(SyncNormal)) }},
+	{"sqlite-full", func(tb testing.TB) *Store { return OpenTestSQLite(tb, WithSynchronous(SyncFull)) }},
+	{"postgres", func(tb testing.TB) *Store { return OpenTestPostgres(tb) }},
 }
 
 func rate(b *testing.B, n int, unit string) {

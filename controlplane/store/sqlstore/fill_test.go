@@ -12,32 +12,32 @@ import (
 	"time"
 )
 
-// Internal test helpers: stores of both dialects, and bulk fills that
-// write rows the way the store itself would, thousands at a time.
+// Test helpers: stores of both dialects (exported to the external tests
+// of this directory), and bulk fills that write rows the way the store
+// itself would, thousands at a time.
 
 var t0 = time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
 
-func openSQLiteT(tb testing.TB, opts ...Option) *Store {
+// OpenTestSQLite opens a store in a fresh file, closed when tb ends.
+func OpenTestSQLite(tb testing.TB, opts ...Option) *Store {
 	tb.Helper()
 	s, err := OpenSQLite(context.Background(), filepath.Join(tb.TempDir(), "cp.db"), opts...)
 	if err != nil {
 		tb.Fatalf("OpenSQLite: %v", err)
 	}
-	tb.Cleanup(func() { s.Close() })
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
 	return s
 }
 
-// openPostgresT opens a store in a fresh schema, or skips without a DSN
+// OpenTestPostgres opens a store in a fresh schema, or skips without a DSN
 // (fails under RUNNERD_REQUIRE_POSTGRES=1).
-func openPostgresT(tb testing.TB, opts ...Option) *Store {
+func OpenTestPostgres(tb testing.TB, opts ...Option) *Store {
 	tb.Helper()
-	dsn := os.Getenv("RUNNERD_TEST_POSTGRES")
-	if dsn == "" {
-		if os.Getenv("RUNNERD_REQUIRE_POSTGRES") == "1" {
-			tb.Fatal("RUNNERD_REQUIRE_POSTGRES=1 but RUNNERD_TEST_POSTGRES is not set")
-		}
-		tb.Skip("PostgreSQL skipped: set RUNNERD_TEST_POSTGRES to a DSN (see .ci/run)")
-	}
+	dsn := PostgresTestDSN(tb)
 	admin, err := sql.Open("pgx", dsn)
 	if err != nil {
 		tb.Fatal(err)
@@ -47,7 +47,11 @@ func openPostgresT(tb testing.TB, opts ...Option) *Store {
 	if _, err := admin.Exec("CREATE SCHEMA " + schema); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
+	tb.Cleanup(func() {
+		if _, err := admin.Exec("DROP SCHEMA " + schema + " CASCADE"); err != nil {
+			tb.Errorf("drop schema: %v", err)
+		}
+	})
 	u, err := url.Parse(dsn)
 	if err != nil {
 		tb.Fatal(err)
@@ -59,8 +63,26 @@ func openPostgresT(tb testing.TB, opts ...Option) *Store {
 	if err != nil {
 		tb.Fatalf("OpenPostgres: %v", err)
 	}
-	tb.Cleanup(func() { s.Close() })
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
 	return s
+}
+
+// PostgresTestDSN returns RUNNERD_TEST_POSTGRES, or skips the test when
+// it is unset (fails under RUNNERD_REQUIRE_POSTGRES=1).
+func PostgresTestDSN(tb testing.TB) string {
+	tb.Helper()
+	dsn := os.Getenv("RUNNERD_TEST_POSTGRES")
+	if dsn == "" {
+		if os.Getenv("RUNNERD_REQUIRE_POSTGRES") == "1" {
+			tb.Fatal("RUNNERD_REQUIRE_POSTGRES=1 but RUNNERD_TEST_POSTGRES is not set")
+		}
+		tb.Skip("PostgreSQL skipped: set RUNNERD_TEST_POSTGRES to a DSN (see .ci/run)")
+	}
+	return dsn
 }
 
 // series is a CTE of the integers 1..? that both dialects understand.

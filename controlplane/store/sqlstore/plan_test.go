@@ -16,8 +16,8 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 		name string
 		open func(testing.TB, ...Option) *Store
 	}{
-		{"sqlite", openSQLiteT},
-		{"postgres", openPostgresT},
+		{"sqlite", OpenTestSQLite},
+		{"postgres", OpenTestPostgres},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.open(t)
@@ -93,8 +93,8 @@ func TestUniqueViolationRecognised(t *testing.T) {
 		name string
 		open func(testing.TB, ...Option) *Store
 	}{
-		{"sqlite", openSQLiteT},
-		{"postgres", openPostgresT},
+		{"sqlite", OpenTestSQLite},
+		{"postgres", OpenTestPostgres},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.open(t)

@@ -13,22 +13,13 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-func openSQLite(t testing.TB, opts ...sqlstore.Option) *sqlstore.Store {
-	t.Helper()
-	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"), opts...)
-	if err != nil {
-		t.Fatalf("OpenSQLite: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := st.Close(); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	})
-	return st
+func TestSQLiteConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store { return sqlstore.OpenTestSQLite(t) })
 }
 
-func TestSQLiteConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store { return openSQLite(t) })
+func TestPostgresConformance(t *testing.T) {
+	sqlstore.PostgresTestDSN(t)
+	storetest.Run(t, func(t *testing.T) store.Store { return sqlstore.OpenTestPostgres(t) })
 }
 
 // The receipts tests run the real store inside a testing/synctest bubble:
