@@ -34,17 +34,32 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 			} {
 				plan := s.explain(t, q.query, q.args...)
 				t.Logf("%s plan:\n%s", q.name, plan)
-				if !strings.Contains(plan, q.index) {
-					t.Errorf("%s does not use index %s:\n%s", q.name, q.index, plan)
+				if problems := planProblems(plan, q.index); len(problems) > 0 {
+					t.Errorf("%s plan: %v\n%s", q.name, problems, plan)
 				}
-				for _, bad := range []string{"Seq Scan", "Sort", "TEMP B-TREE", "SCAN jobs\n", "SCAN attempts\n"} {
-					if strings.Contains(plan+"\n", bad) {
-						t.Errorf("%s plan has %q:\n%s", q.name, bad, plan)
-					}
-				}
+			}
+			// The check itself catches a scan with a sort.
+			scan := s.explain(t, `SELECT pos FROM jobs WHERE prompt = 'p' ORDER BY created_at LIMIT 1`)
+			if len(planProblems(scan, "jobs_claim")) < 2 {
+				t.Errorf("planProblems missed the scan and sort in:\n%s", scan)
 			}
 		})
 	}
+}
+
+// planProblems lists what makes a plan a scan: not using index, a
+// sequential or full-table scan, or a sort.
+func planProblems(plan, index string) []string {
+	var out []string
+	if !strings.Contains(plan, index) {
+		out = append(out, "does not use "+index)
+	}
+	for _, bad := range []string{"Seq Scan", "Sort", "TEMP B-TREE", "SCAN jobs\n", "SCAN attempts\n"} {
+		if strings.Contains(plan+"\n", bad) {
+			out = append(out, "has "+strings.TrimSpace(bad))
+		}
+	}
+	return out
 }
 
 func (s *Store) explain(t *testing.T, query string, args ...any) string {
