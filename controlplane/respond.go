@@ -34,16 +34,19 @@ func invalid(format string, args ...any) *apiError {
 }
 
 var (
-	errNoRoute       = refuse(http.StatusNotFound, wire.CodeNotFound, "There is no such endpoint.")
-	errEmptyBody     = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is empty; send one JSON object.")
-	errBadJSON       = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is not valid JSON.")
-	errTrailingData  = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body has data after its JSON value.")
-	errUnknownField  = refuse(http.StatusBadRequest, wire.CodeUnknownField, "The request body has a field this server does not know.")
-	errBodyTooLarge  = refuse(http.StatusBadRequest, wire.CodeBodyTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", wire.MaxBodyBytes))
-	errNoToken       = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "This call needs a bearer token.")
-	errBadToken      = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "The token is not valid for this call.")
-	errOtherAttempt  = refuse(http.StatusForbidden, wire.CodeForbidden, "The worker token belongs to another attempt.")
-	errInternal      = refuse(http.StatusInternalServerError, wire.CodeInternal, "The control plane failed; try again.")
+	errNoRoute      = refuse(http.StatusNotFound, wire.CodeNotFound, "There is no such endpoint.")
+	errEmptyBody    = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is empty; send one JSON object.")
+	errBadJSON      = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is not valid JSON.")
+	errTrailingData = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body has data after its JSON value.")
+	errUnknownField = refuse(http.StatusBadRequest, wire.CodeUnknownField, "The request body has a field this server does not know.")
+	errBodyTooLarge = refuse(http.StatusBadRequest, wire.CodeBodyTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", wire.MaxBodyBytes))
+	errNoToken      = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "This call needs a bearer token.")
+	errBadToken     = refuse(http.StatusUnauthorized, wire.CodeUnauthorized, "The token is not valid for this call.")
+	errOtherAttempt = refuse(http.StatusForbidden, wire.CodeForbidden, "The worker token belongs to another attempt.")
+	// A failure the store did not decide (its database unreachable, a
+	// restart) is 503, which every caller retries within its own policy:
+	// every write is fenced and idempotent, so trying again is safe.
+	errInternal      = refuse(http.StatusServiceUnavailable, wire.CodeInternal, "The control plane could not complete this; try again.")
 	errUnavailable   = refuse(http.StatusServiceUnavailable, wire.CodeInternal, "The control plane is shutting down; try again.")
 	errConvLostPlain = refuse(http.StatusConflict, wire.CodeConversationLost,
 		"This conversation is no longer available: an earlier response was interrupted and could not be recovered. Start a new conversation to continue.")
@@ -83,7 +86,7 @@ func fromStore(err error) (*apiError, bool) {
 	return nil, false
 }
 
-// fail answers err. A store failure or anything undecided is a 500 and one
+// fail answers err. A store failure or anything undecided is a 503 and one
 // record with the operation and the error's type, never its text.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err error) {
 	var ae *apiError
@@ -101,7 +104,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err err
 		return
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelError, "controlplane_request_failed",
-		slog.String("op", op), slog.Int("status", http.StatusInternalServerError),
+		slog.String("op", op), slog.Int("status", errInternal.status),
 		slog.String("class", errorClass(err)))
 	writeError(w, errInternal)
 }

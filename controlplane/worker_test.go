@@ -463,3 +463,39 @@ func TestJobRecordsLeaseOwnerExpiryAndEvents(t *testing.T) {
 		t.Fatalf("event times %v; want host-a's claim at %v, the supersession and host-b's claim at %v", at, claimedA, swept)
 	}
 }
+
+// A failure the store did not decide (here its database is closed) answers
+// 503, which runners retry, and leaves one record with the operation and a
+// class — no error text, no token.
+func TestStoreFailureIsRetryable(t *testing.T) {
+	f := newFixture(t)
+	c := f.turn()
+	if err := f.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := f.wc.Renew(context.Background(), c.WorkerToken, c.JobID, wire.RenewRequest{AttemptRef: ref(c)})
+	if st, code := statusOf(err); st != http.StatusServiceUnavailable || code != wire.CodeInternal || wire.Classify(err) != wire.Transient {
+		t.Fatalf("renew on a failed store: %v, want 503 internal (transient)", err)
+	}
+	var rec struct {
+		Msg    string `json:"msg"`
+		Op     string `json:"op"`
+		Status int    `json:"status"`
+		Class  string `json:"class"`
+	}
+	var found bool
+	for _, line := range strings.Split(strings.TrimSpace(f.logs.String()), "\n") {
+		if strings.Contains(line, `"controlplane_request_failed"`) {
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatal(err)
+			}
+			found = true
+			if strings.Contains(line, "closed") || strings.Contains(line, c.WorkerToken) {
+				t.Fatalf("the record holds error text or a token: %s", line)
+			}
+		}
+	}
+	if !found || rec.Op != wire.OpRenew || rec.Status != http.StatusServiceUnavailable || rec.Class == "" {
+		t.Fatalf("failure record %+v (found %v) in\n%s", rec, found, f.logs.String())
+	}
+}
