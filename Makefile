@@ -18,5 +18,13 @@ test: lint
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
+SANDBOX ?= process
+
+demo: build
+	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX)
+
+dev: build
+	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX) --dev
+
 clean:
 	rm -rf $(BIN)
