@@ -30,13 +30,17 @@ func rate(b *testing.B, n int, unit string) {
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), unit)
 }
 
-// Claim with a deep queue: every claim takes the oldest runnable job.
+// Claim with a deep queue: every claim takes the oldest runnable job,
+// passing over turns that must wait for their conversation.
 func BenchmarkClaim(b *testing.B) {
 	for _, bs := range benchStores {
 		for _, queued := range []int{10_000, 100_000} {
 			b.Run(fmt.Sprintf("%s/queued=%d", bs.name, queued), func(b *testing.B) {
 				s := bs.open(b)
-				// The queue holds at least `queued` jobs through the whole run.
+				// The queue holds at least `queued` jobs through the whole
+				// run, and as many again that wait behind a running turn of
+				// their conversation, ahead of them in the queue.
+				fillBlocked(b, s, "blocked", queued)
 				fill(b, s, "q", queued+b.N, false, time.Time{})
 				ctx := context.Background()
 				b.ResetTimer()

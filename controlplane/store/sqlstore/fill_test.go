@@ -127,3 +127,25 @@ func fill(tb testing.TB, s *Store, prefix string, count int, running bool, exp t
 		tb.Fatalf("fill: %v", err)
 	}
 }
+
+// fillBlocked adds one conversation whose first turn is running and whose
+// count later turns wait behind it, ahead in the queue of anything filled
+// after.
+func fillBlocked(tb testing.TB, s *Store, prefix string, count int) {
+	tb.Helper()
+	ctx := context.Background()
+	now := ns(t0)
+	err := s.write(ctx, func(tx txn) error {
+		if _, err := s.exec(ctx, tx, `INSERT INTO conversations (id, agent_command, state, next_seq, created_at, updated_at)
+			VALUES (? || 'conv', '["agent"]', 'usable', ?, ?, ?)`, prefix, count+1, now, now); err != nil {
+			return err
+		}
+		_, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, created_at) `+series+
+			`SELECT ? || 'j' || i, ? || 'conv', i, 'p', CASE WHEN i = 1 THEN 'running' ELSE 'queued' END,
+			CASE WHEN i = 1 THEN 1 ELSE 0 END, ? FROM n`, count+1, prefix, prefix, now)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("fillBlocked: %v", err)
+	}
+}

@@ -24,6 +24,7 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 			// Enough rows that a cost-based planner would not scan: done
 			// jobs and live attempts around the queued ones.
 			fill(t, s, "run", 5000, true, t0.Add(time.Hour))
+			fillBlocked(t, s, "blocked", 5000)
 			fill(t, s, "q", 5000, false, time.Time{})
 			for _, q := range []struct {
 				name, query, index string

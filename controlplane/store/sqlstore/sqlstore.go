@@ -9,6 +9,18 @@
 // generation, state running and lease expiry (P1); what follows in the same
 // transaction only applies its consequences.
 //
+// Callers: OpenSQLite(ctx, path, opts...) or OpenPostgres(ctx, dsn, opts...),
+// then the store.Store methods, then Close. Claim leaves wire.Claim's
+// WorkerToken empty: the server makes the token and passes only its hash.
+// The server calls ResumeAfterAbsence before each reaper sweep (P4).
+//
+// Known limit: on PostgreSQL, job event ids come from a sequence, and two
+// transactions may commit their events out of id order; a follower that
+// pages by "after id" could miss an event written concurrently with a
+// later one of the same job. Writes of one job are mostly serialized by
+// its attempt and job rows, so this needs a refused (stale) write racing
+// another write of that job.
+//
 // Only the controlplane packages import sqlstore. It starts no goroutines of
 // its own (database/sql keeps one per pool, ended by Close), so a store
 // opened and closed inside a testing/synctest bubble does not outlive it.
