@@ -67,7 +67,7 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 	if err != nil {
 		return nil, err
 	}
-	m, err := out.await(servingLine, cfg.StartTimeout)
+	m, err := out.await(0, servingLine, cfg.StartTimeout)
 	if err != nil {
 		_ = p.Stop(syscall.SIGKILL, time.Second)
 		return nil, fmt.Errorf("controlplane serve: %w\n%s", err, out.text())
@@ -80,6 +80,10 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 	url := m[1]
 	return &ControlPlane{Process: p, cfg: cfg, URL: url, User: NewUser(url, strings.TrimSpace(string(tok)))}, nil
 }
+
+// Config is the configuration the server was started with, to start it
+// again (give Listen the old address to keep it).
+func (c *ControlPlane) Config() ControlPlaneConfig { return c.cfg }
 
 // AddHost registers a host with `controlplane host add` on the same
 // database and returns the path of its new token file (0600).

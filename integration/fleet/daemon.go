@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"time"
 )
@@ -105,6 +106,15 @@ func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
 
 // Output is what the daemon (and its turn children) wrote so far.
 func (d *Daemon) Output() string { return d.out.text() }
+
+// Mark names the present end of the daemon's output, for AwaitOutput.
+func (d *Daemon) Mark() int { return d.out.mark() }
+
+// AwaitOutput waits up to timeout for a line of the daemon's output (its
+// records, and its turn children's) after mark that matches re.
+func (d *Daemon) AwaitOutput(mark int, re *regexp.Regexp, timeout time.Duration) ([]string, error) {
+	return d.out.await(mark, re, timeout)
+}
 
 // Restart starts a new daemon with the same configuration, after this one
 // has exited.

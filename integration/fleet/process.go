@@ -171,12 +171,19 @@ func (w *lineWatch) copy(r io.Reader, out io.Writer) {
 	w.mu.Unlock()
 }
 
-// await returns the submatches of the first line matching re, waiting up
-// to timeout for it.
-func (w *lineWatch) await(re *regexp.Regexp, timeout time.Duration) ([]string, error) {
+// mark is the number of lines read so far.
+func (w *lineWatch) mark() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.lines)
+}
+
+// await returns the submatches of the first line from line number from
+// on that matches re, waiting up to timeout for it.
+func (w *lineWatch) await(from int, re *regexp.Regexp, timeout time.Duration) ([]string, error) {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	seen := 0
+	seen := from
 	for {
 		w.mu.Lock()
 		for ; seen < len(w.lines); seen++ {
