@@ -25,6 +25,7 @@ type Binaries struct {
 	Runnerd      string
 	ControlPlane string
 	DemoAgent    string
+	Demo         string // cmd/demo; "" when the directory has none
 }
 
 // BinariesIn returns the executables in dir (as `make build` leaves them in
@@ -40,19 +41,26 @@ func BinariesIn(dir string) (Binaries, error) {
 		DemoAgent:    filepath.Join(abs, "demoagent"),
 	}
 	for _, p := range []string{b.Runnerd, b.ControlPlane, b.DemoAgent} {
-		st, err := os.Stat(p)
-		if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		if !isExecutable(p) {
 			return Binaries{}, fmt.Errorf("%s is not an executable (build the binaries first)", p)
 		}
+	}
+	if demo := filepath.Join(abs, "demo"); isExecutable(demo) {
+		b.Demo = demo
 	}
 	return b, nil
 }
 
-// Build builds the three binaries of module root into dir, statically
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// Build builds the binaries of module root into dir, statically
 // (CGO_ENABLED=0), as the Makefile does.
 func Build(ctx context.Context, root, dir string) (Binaries, error) {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", dir+"/",
-		"./cmd/runnerd", "./cmd/controlplane", "./cmd/demoagent")
+		"./cmd/runnerd", "./cmd/controlplane", "./cmd/demoagent", "./cmd/demo")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
