@@ -60,6 +60,7 @@ var tests = []test{
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
 	{"Race_ReaperVsLateFinish", testRaceReaperVsLateFinish},
+	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 }
 
 type test struct {
