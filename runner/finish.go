@@ -47,7 +47,7 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep report, outcome 
 			}
 			d.forget(a, "")
 			return
-		case a.stopReason() == stopLease || errors.Is(err, settlement.ErrLeaseRejected) || rejectsLease(err):
+		case a.stopReason() == stopLease || errors.Is(err, settlement.ErrLeaseRejected) || settlement.RejectsLease(err):
 			d.forget(a, "lease_lost")
 			return
 		case runCtx.Err() != nil:
@@ -67,21 +67,10 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep report, outcome 
 	}
 }
 
-// send sends one report under the receipt policy: finish and abandon
-// through a settlement.Session (which fences on lease loss), a release with
-// the same policy here.
+// send sends one report under the receipt policy (R24) through a
+// settlement.Session, which fences every write once the lease is lost:
+// release, finish or abandon.
 func (d *Daemon) send(ctx context.Context, a *attempt, rep report) (wire.FinishResponse, error) {
-	if rep.Release != nil {
-		err := d.release(ctx, a.id, a.claim.WorkerToken, *rep.Release)
-		if err != nil && isAdmittedRefusal(err) {
-			// The control plane says the job was admitted: the child did
-			// accept after all. Never requeue it (R36); fail it instead.
-			f := settlement.Facts{Admitted: true}.Report(a.ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: ClassReleaseRefused})
-			rep = fromSettlement(f)
-		} else {
-			return wire.FinishResponse{JobState: wire.JobQueued}, err
-		}
-	}
 	s, err := settlement.New(settlement.Config{
 		BaseURL:     d.cfg.ControlPlaneURL,
 		Transport:   d.cfg.Transport,
@@ -107,58 +96,21 @@ func (d *Daemon) send(ctx context.Context, a *attempt, rep report) (wire.FinishR
 		a.session = nil
 		a.mu.Unlock()
 	}()
-	return s.Send(ctx, settlement.Report{Finish: rep.Finish, Abandon: rep.Abandon})
-}
-
-// release gives a never-accepted claim back (R33, R36) under the receipt
-// policy: up to Tries tries of TryTimeout, Wait apart; only transient
-// failures are retried. settlement has no release call, so it lives here.
-func (d *Daemon) release(ctx context.Context, id diagnostics.Attempt, token string, req wire.ReleaseRequest) error {
-	p := d.cfg.Receipts
-	tries, wait, timeout := p.Tries, p.Wait, p.TryTimeout
-	if tries <= 0 {
-		tries = settlement.DefaultTries
-	}
-	if wait <= 0 {
-		wait = settlement.DefaultWait
-	}
-	if timeout <= 0 {
-		timeout = settlement.DefaultTryTimeout
-	}
-	for try := 1; ; try++ {
-		tctx, cancel := context.WithTimeout(ctx, timeout)
-		err := d.control.Release(tctx, token, id.JobID, req)
-		cancel()
+	if rep.Release != nil {
+		err := s.Release(ctx, rep.Release.Class)
 		if err == nil {
-			d.logAttempt(slog.LevelInfo, MsgTurnReleased, id, slog.String(diagnostics.KeyClass, req.Class))
-			return nil
+			d.logAttempt(slog.LevelInfo, MsgTurnReleased, a.id, slog.String(diagnostics.KeyClass, rep.Release.Class))
+			return wire.FinishResponse{JobState: wire.JobQueued}, nil
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
+		if !isAdmittedRefusal(err) {
+			return wire.FinishResponse{}, err
 		}
-		d.rec.ControlFailure(context.Background(), wire.OpRelease, id, err)
-		if wire.Classify(err) != wire.Transient || try >= tries {
-			return err
-		}
-		if !sleep(ctx.Done(), wait) {
-			return ctx.Err()
-		}
+		// The control plane says the job was admitted: the child did
+		// accept after all. Never requeue it (R36); fail it instead.
+		f := settlement.Facts{Admitted: true}.Report(a.ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: ClassReleaseRefused})
+		rep = fromSettlement(f)
 	}
-}
-
-// rejectsLease: an answer that means this attempt's lease is gone.
-func rejectsLease(err error) bool {
-	var se *wire.StatusError
-	if !errors.As(err, &se) {
-		return false
-	}
-	switch wire.ClassifyStatus(se.Status) {
-	case wire.CredentialRefused:
-		return true
-	case wire.Definitive:
-		return se.Code != wire.CodeAdmitted && se.Code != wire.CodeNotAdmitted && se.Code != wire.CodeConversationLost
-	}
-	return false
+	return s.Send(ctx, settlement.Report{Finish: rep.Finish, Abandon: rep.Abandon})
 }
 
 func isAdmittedRefusal(err error) bool {
