@@ -392,22 +392,29 @@ func (s *Store) Notice(ctx context.Context, ref wire.AttemptRef, req wire.Notice
 	}
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
-		var noticed int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET noticed_at = COALESCE(noticed_at, ?)
-			WHERE `+guard+` AND settled_at IS NOT NULL RETURNING job_id, noticed_at`),
-			args([]any{ns(now)}, guardArgs(ref, now)...)...).Scan(&jobID, &noticed)
+			WHERE `+guard+` AND settled_at IS NOT NULL RETURNING job_id`),
+			args([]any{ns(now)}, guardArgs(ref, now)...)...).Scan(&jobID)
 		if errors.Is(err, sql.ErrNoRows) {
 			if _, err := s.refused(ctx, tx, wire.OpNotices, ref, now); err != nil {
 				return err
 			}
 			return store.ErrNotAdmitted // live but not settled
 		}
-		if err != nil || noticed != ns(now) {
+		if err != nil {
 			return err
 		}
-		return s.event(ctx, tx, jobID, ref.AttemptID, now, wire.NoticeSharedWorkspaceSettled, map[string]any{
-			"workspace_epoch": req.Boundary.WorkspaceEpoch, "snapshot_id": req.Boundary.SnapshotID,
-		})
+		data, err := json.Marshal(map[string]any{"workspace_epoch": req.Boundary.WorkspaceEpoch, "snapshot_id": req.Boundary.SnapshotID})
+		if err != nil {
+			return err
+		}
+		// Once per attempt; the guarded UPDATE above orders repeats.
+		_, err = s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data)
+			SELECT ?, ?, ?, 'control', ?, ? WHERE NOT EXISTS (
+				SELECT 1 FROM job_events WHERE job_id = ? AND attempt_id = ? AND type = ?)`,
+			jobID, ref.AttemptID, ns(now), wire.NoticeSharedWorkspaceSettled, string(data),
+			jobID, ref.AttemptID, wire.NoticeSharedWorkspaceSettled)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("notice: %w", err)
