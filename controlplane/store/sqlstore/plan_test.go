@@ -30,7 +30,7 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 				name, query, index string
 				args               []any
 			}{
-				{"claim", claimQuery + s.lockSkip(), "jobs_claim", nil},
+				{"claim", s.claimStatement(), "jobs_claim", []any{"att_x"}},
 				{"reap", reapQuery + s.lockSkip(), "attempts_expiry", []any{ns(t0), 256}},
 			} {
 				plan := s.explain(t, q.query, q.args...)

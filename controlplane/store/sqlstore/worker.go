@@ -38,36 +38,27 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	var found bool
 	err := s.write(ctx, func(tx txn) error {
 		found = false
-		var owner string
-		err := tx.QueryRowContext(ctx, s.q(`SELECT name FROM hosts WHERE id = ?`), p.HostID).Scan(&owner)
-		if errors.Is(err, sql.ErrNoRows) {
-			return store.ErrNotFound
-		}
-		if err != nil {
-			return err
-		}
-		var pos int64
-		err = tx.QueryRowContext(ctx, claimQuery+s.lockSkip()).Scan(&pos)
+		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
+		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID).Scan(
+			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
-		err = tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET state = 'running', generation = generation + 1,
-			attempt_count = attempt_count + 1, live_attempt_id = ? WHERE pos = ? AND state = 'queued'
-			RETURNING id, conversation_id, seq, prompt, generation`), c.AttemptID, pos).Scan(
-			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
-		if err != nil {
-			return err
-		}
 		exp := p.Now.Add(ttl)
 		c.LeaseExpiresAt = fromNS(ns(exp))
-		if _, err := s.exec(ctx, tx, `INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
-			lease_ttl, lease_expires_at, claimed_at, token_hash) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)`,
-			c.AttemptID, c.JobID, c.LeaseGeneration, p.HostID, owner, int64(ttl), ns(exp), ns(p.Now),
-			hex.EncodeToString(p.WorkerTokenHash)); err != nil {
+		var owner string
+		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
+			lease_ttl, lease_expires_at, claimed_at, token_hash)
+			SELECT ?, ?, ?, 'running', id, name, ?, ?, ?, ? FROM hosts WHERE id = ? RETURNING lease_owner`),
+			c.AttemptID, c.JobID, c.LeaseGeneration, int64(ttl), ns(exp), ns(p.Now),
+			hex.EncodeToString(p.WorkerTokenHash), p.HostID).Scan(&owner)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound // no such host; the job stays queued
+		}
+		if err != nil {
 			return err
 		}
 		var cmd string
@@ -90,9 +81,16 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	return c, found, nil
 }
 
-// claimQuery picks the next job. Kept as a constant so that the query-plan
-// test checks the very text Claim runs.
-const claimQuery = `SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 ORDER BY pos LIMIT 1`
+// claimStatement takes the next job: the oldest queued head of its
+// conversation, an ordered walk of the partial index jobs_claim. The
+// query-plan test explains this very text.
+func (s *Store) claimStatement() string {
+	return `UPDATE jobs SET state = 'running', generation = generation + 1,
+		attempt_count = attempt_count + 1, live_attempt_id = ?
+		WHERE pos = (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 ORDER BY pos LIMIT 1` + s.lockSkip() + `)
+		AND state = 'queued'
+		RETURNING id, conversation_id, seq, prompt, generation`
+}
 
 // AuthorizeAttempt maps a worker token hash to its attempt.
 func (s *Store) AuthorizeAttempt(ctx context.Context, jobID string, tokenHash []byte) (store.AttemptAuth, error) {

@@ -78,7 +78,14 @@ func testInvalidInput(t *testing.T, st store.Store) {
 	_, err = st.GetConversation(f.ctx, "conv_nope")
 	wantErr(t, "GetConversation(unknown)", err, store.ErrNotFound)
 	f.enqueue(conv.ID, "p")
-	c := f.claim(T0)
+	_, _, err = st.Claim(f.ctx, store.ClaimParams{HostID: "host_nope", LeaseTTL: TTL, WorkerTokenHash: Hash("w"), Now: T0})
+	wantErr(t, "claim by an unknown host", err, store.ErrNotFound)
+	_, _, err = st.Claim(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: T0})
+	wantErr(t, "claim without a token hash", err, store.ErrInvalid)
+	c := f.claim(T0) // the refused claims left the job queued
+	if c.LeaseGeneration != 1 {
+		t.Fatalf("generation after refused claims = %d, want 1", c.LeaseGeneration)
+	}
 	_, err = st.Finish(f.ctx, ref(c), wire.FinishRequest{AttemptRef: ref(c), Outcome: "great"}, T0)
 	wantErr(t, "unknown outcome", err, store.ErrInvalid)
 	_, err = st.AppendEvents(f.ctx, ref(c), []wire.Event{{Seq: 0, Type: "x"}}, T0)
