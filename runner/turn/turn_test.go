@@ -1,0 +1,91 @@
+package turn
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/settlement"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// fakeBackend stands in only for Preflight's answer; the real backends are
+// exercised through real turn children in the runner and integration tests.
+type fakeBackend struct {
+	sandbox.Backend
+	err   error
+	calls int
+}
+
+func (b *fakeBackend) Preflight(context.Context, sandbox.Spec) error { b.calls++; return b.err }
+
+func TestPreflightDeclineClasses(t *testing.T) {
+	claim := func(gen int64, prompt string) wire.Claim {
+		return wire.Claim{LeaseGeneration: gen, Turn: wire.Turn{Prompt: prompt}}
+	}
+	tests := []struct {
+		name      string
+		claim     wire.Claim
+		err       error
+		want      string
+		preflight bool // whether the backend's preflight was asked
+	}{
+		{"healthy", claim(1, "hello"), nil, "", true},
+		{"demo directive declines the first attempt", claim(1, "!decline-first\nhi"), nil, ClassDemoDecline, false},
+		{"demo directive lets the second attempt run", claim(2, "!decline-first\nhi"), nil, "", true},
+		{"backend class is the decline class", claim(1, "hi"), &sandbox.PreflightError{Class: sandbox.ClassImageMissing}, sandbox.ClassImageMissing, true},
+		{"unclassified failure", claim(1, "hi"), errors.New("boom"), "preflight_failed", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := &fakeBackend{err: tt.err}
+			if got := preflight(context.Background(), b, sandbox.Spec{}, tt.claim); got != tt.want {
+				t.Fatalf("preflight = %q, want %q", got, tt.want)
+			}
+			if (b.calls == 1) != tt.preflight {
+				t.Fatalf("backend preflight called %d times, want called=%v", b.calls, tt.preflight)
+			}
+		})
+	}
+}
+
+// The RESULT's report follows settlement's rules from the facts the turn
+// established: abandon before admission with a container, LOST-making
+// failure after admission, success only when settled.
+func TestResultFollowsFacts(t *testing.T) {
+	ref := wire.AttemptRef{AttemptID: "att_1", LeaseGeneration: 1}
+	tests := []struct {
+		name        string
+		facts       settlement.Facts
+		outcome     string
+		class       string
+		wantAbandon bool
+		wantOutcome string
+		wantAmbig   bool
+	}{
+		{"settled success", settlement.Facts{ContainerRecorded: true, Admitted: true, PromptSent: true, Settled: true}, wire.OutcomeSucceeded, "", false, wire.OutcomeSucceeded, false},
+		{"unsettled success is a failure", settlement.Facts{ContainerRecorded: true, Admitted: true, PromptSent: true}, wire.OutcomeSucceeded, "", false, wire.OutcomeFailed, false},
+		{"failure before admission with a container abandons", settlement.Facts{ContainerRecorded: true}, wire.OutcomeFailed, ClassActivation, true, "", false},
+		{"failure before the container is a plain failure", settlement.Facts{}, wire.OutcomeFailed, ClassSandboxUnavailable, false, wire.OutcomeFailed, false},
+		{"ambiguous admission", settlement.Facts{ContainerRecorded: true, Ambiguous: true}, wire.OutcomeFailed, settlement.ClassAdmissionAmbiguous, false, wire.OutcomeFailed, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := result(tt.facts, ref, tt.outcome, tt.class)
+			if tt.wantAbandon {
+				if r.Report.Abandon == nil || r.Report.Finish != nil {
+					t.Fatalf("report = %+v, want an abandon", r.Report)
+				}
+				return
+			}
+			f := r.Report.Finish
+			if f == nil || r.Report.Abandon != nil {
+				t.Fatalf("report = %+v, want a finish", r.Report)
+			}
+			if f.Outcome != tt.wantOutcome || r.Outcome != tt.wantOutcome || f.Ambiguous != tt.wantAmbig || f.AttemptRef != ref {
+				t.Fatalf("finish = %+v (result outcome %q), want outcome %q ambiguous %v", f, r.Outcome, tt.wantOutcome, tt.wantAmbig)
+			}
+		})
+	}
+}
