@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,7 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/volume"
+
 	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/sandbox/docker"
 )
 
 // TestDemo runs `make demo`'s program on the binaries of this run, as the
@@ -23,15 +29,7 @@ import (
 // address, which answers, and stops cleanly on SIGINT.
 func TestDemo(t *testing.T) {
 	t.Parallel()
-	if bins.Demo == "" {
-		t.Fatalf("no demo binary beside %s", bins.Runnerd)
-	}
-	tmp := t.TempDir()
-	t.Cleanup(func() {
-		if _, err := fleet.StopProcs(bins.Runnerd, tmp, 5*time.Second); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	bins, tmp := privateBins(t)
 	env := append(os.Environ(), "TMPDIR="+tmp)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -131,4 +129,87 @@ func TestDemo(t *testing.T) {
 		t.Errorf("demo --dev after SIGINT: %v", err)
 	}
 	devDone <- nil // for the cleanup
+}
+
+// privateBins links the binaries into a directory of the test's own, so
+// that the processes of this test's demo are told apart from every other
+// test's by their executable, and returns them with the directory to use as
+// TMPDIR. t.Cleanup stops whatever of them is left.
+func privateBins(t *testing.T) (fleet.Binaries, string) {
+	t.Helper()
+	if bins.Demo == "" {
+		t.Fatalf("no demo binary beside %s", bins.Runnerd)
+	}
+	dir := t.TempDir()
+	binDir := filepath.Join(dir, "bin")
+	if err := os.Mkdir(binDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{bins.Runnerd, bins.ControlPlane, bins.DemoAgent, bins.Demo} {
+		if err := linkOrCopy(p, filepath.Join(binDir, filepath.Base(p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, err := fleet.BinariesIn(binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := fleet.StopProcs(own.Runnerd, tmp, 5*time.Second); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return own, tmp
+}
+
+// TestDemoDocker runs `make demo SANDBOX=docker`'s program against the
+// real engine: the demo agent's image is built FROM scratch, the nine
+// turns run in three retained containers as expected, and afterwards no
+// container or volume of the demo is left. It skips when no engine answers,
+// unless RUNNERD_REQUIRE_DOCKER=1.
+func TestDemoDocker(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	eng, err := docker.EngineFromEnv()
+	if err == nil {
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err = eng.Ping(pctx)
+		pcancel()
+	}
+	if err != nil {
+		if os.Getenv("RUNNERD_REQUIRE_DOCKER") == "1" {
+			t.Fatalf("RUNNERD_REQUIRE_DOCKER=1 but no Docker engine answers: %v", err)
+		}
+		t.Skipf("no Docker engine answers (%v); set RUNNERD_REQUIRE_DOCKER=1 to make this a failure", err)
+	}
+	defer eng.Close()
+	bins, tmp := privateBins(t)
+	host := fmt.Sprintf("demo-test-%d", os.Getpid())
+	cmd := exec.CommandContext(ctx, bins.Demo, "--bin", filepath.Dir(bins.Demo), "--sandbox", "docker", "--host-name", host)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo --sandbox docker: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "All nine turns ended as expected") || !strings.Contains(string(out), "removed the 3 conversations' containers and volumes") {
+		t.Errorf("unexpected output:\n%s", out)
+	}
+	// Everything the docker backend made is labelled with the host name.
+	own := filters.NewArgs(filters.Arg("label", docker.LabelHost+"="+host))
+	cs, err := eng.ContainerList(ctx, container.ListOptions{All: true, Filters: own})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs, err := eng.VolumeList(ctx, volume.ListOptions{Filters: own})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 0 || len(vs.Volumes) != 0 {
+		t.Errorf("the demo left %d container(s) and %d volume(s) labelled %s", len(cs), len(vs.Volumes), host)
+	}
 }

@@ -55,8 +55,8 @@ func main() {
 }
 
 type options struct {
-	bin, listen, sandbox string
-	dev, keep            bool
+	bin, listen, sandbox, host string
+	dev, keep                  bool
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -67,6 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.dev, "dev", false, "start the control plane and one daemon, print their addresses and keep them up until interrupted")
 	fs.StringVar(&o.listen, "listen", "", "control plane address (default 127.0.0.1:0 for the demo, 127.0.0.1:8080 with --dev)")
 	fs.StringVar(&o.sandbox, "sandbox", "process", "sandbox backend of the daemon: process or docker")
+	fs.StringVar(&o.host, "host-name", "demo-host", "the daemon's host name (the docker backend labels its containers with it)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (database, logs, workspaces) afterwards")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -171,7 +172,7 @@ type running struct {
 }
 
 func up(ctx context.Context, o options, bins fleet.Binaries, dir string, stdout io.Writer) (*running, error) {
-	f := &running{dir: dir, bins: bins, stateDir: filepath.Join(dir, "state"), host: "demo-host"}
+	f := &running{dir: dir, bins: bins, stateDir: filepath.Join(dir, "state"), host: o.host}
 	cpLog, err := f.logFile("controlplane.log")
 	if err != nil {
 		return nil, err
