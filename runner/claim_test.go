@@ -24,6 +24,10 @@ type hostEndpoint struct {
 	claims []time.Duration
 	beats  []wire.HostHeartbeat
 	beatAt []time.Duration
+	// hangBeats makes every host heartbeat hang until the client gives up;
+	// gaveUp has when each hung request's context ended.
+	hangBeats bool
+	gaveUp    []time.Duration
 }
 
 func (e *hostEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -58,6 +62,13 @@ func (e *hostEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.beats = append(e.beats, hb)
 		e.beatAt = append(e.beatAt, at)
 		e.mu.Unlock()
+		if e.hangBeats {
+			<-r.Context().Done()
+			e.mu.Lock()
+			e.gaveUp = append(e.gaveUp, time.Since(e.t0))
+			e.mu.Unlock()
+			return
+		}
 		json.NewEncoder(w).Encode(wire.HostHeartbeatResponse{ServerTime: time.Now()})
 	default:
 		w.WriteHeader(http.StatusNotFound)
@@ -165,6 +176,34 @@ func TestHostTokenRefusedOnClaimStopsClaiming(t *testing.T) {
 		}
 		if n := logs.count(MsgHostTokenRefused); n != 1 {
 			t.Fatalf("%d refusal records", n)
+		}
+	})
+}
+
+// R6: a control request other than a renewal or a receipt — here the host
+// heartbeat — is bounded by the 30 s control timeout: a hung endpoint is
+// given up exactly 30 s after the request was sent, once per outage is
+// recorded, and the next heartbeat follows one interval (±20 %) later.
+func TestR6HungHostHeartbeatGivesUpAfterControlTimeout(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		e := &hostEndpoint{t0: time.Now(), hangBeats: true, claim: func(int) int { return http.StatusNoContent }}
+		logs := runInBubble(t, e, dir, 95*time.Second)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if len(e.beatAt) < 3 || len(e.gaveUp) < 2 {
+			t.Fatalf("heartbeats sent at %v, given up at %v", e.beatAt, e.gaveUp)
+		}
+		for i := 0; i < 2; i++ {
+			if held := e.gaveUp[i] - e.beatAt[i]; held != DefaultControlTimeout {
+				t.Fatalf("heartbeat %d held %v, want the control timeout %v", i, held, DefaultControlTimeout)
+			}
+			if gap := e.beatAt[i+1] - e.gaveUp[i]; gap < 8*time.Second || gap > 12*time.Second {
+				t.Fatalf("next heartbeat %v after giving up, want 10 s ±20 %%", gap)
+			}
+		}
+		if n := logs.count("agent_control_failure"); n != 1 {
+			t.Fatalf("%d control failure records for one outage, want 1", n)
 		}
 	})
 }
