@@ -47,15 +47,16 @@ func (t Timings) MinLeaseTTL() time.Duration {
 	return t.Interval + t.RequestTimeout
 }
 
-// TimingInputs are the start-up values as cmd/ read them. Zero durations
-// mean "not given".
+// TimingInputs are the start-up values as cmd/runnerd reads them; errors
+// name the daemon's flags (--lease-ttl, --renew-interval, --renew-timeout,
+// --renew-retry). Zero durations mean "not given".
 type TimingInputs struct {
 	LeaseTTLFlag    time.Duration // --lease-ttl
 	LeaseTTLFlagSet bool          // whether --lease-ttl was given
 	LeaseTTLEnv     string        // AGENT_LEASE_TTL as read; "" when unset
-	Interval        time.Duration // --heartbeat-interval
-	RequestTimeout  time.Duration // --heartbeat-timeout
-	RetryDelay      time.Duration // --heartbeat-retry
+	Interval        time.Duration // --renew-interval
+	RequestTimeout  time.Duration // --renew-timeout
+	RetryDelay      time.Duration // --renew-retry
 }
 
 // Warning is a setting that was ignored in favour of a default. The daemon
@@ -82,9 +83,9 @@ func ResolveTimings(in TimingInputs) (Timings, []Warning, error) {
 		name string
 		v    time.Duration
 	}{
-		{"--heartbeat-interval", in.Interval},
-		{"--heartbeat-timeout", in.RequestTimeout},
-		{"--heartbeat-retry", in.RetryDelay},
+		{"--renew-interval", in.Interval},
+		{"--renew-timeout", in.RequestTimeout},
+		{"--renew-retry", in.RetryDelay},
 	} {
 		if f.v < 0 {
 			return Timings{}, nil, fmt.Errorf("%s %v: must be positive", f.name, f.v)
@@ -92,7 +93,7 @@ func ResolveTimings(in TimingInputs) (Timings, []Warning, error) {
 	}
 	t := Timings{Interval: in.Interval, RequestTimeout: in.RequestTimeout, RetryDelay: in.RetryDelay}.withDefaults()
 	if t.RetryDelay > t.Interval {
-		return Timings{}, nil, fmt.Errorf("--heartbeat-retry %v is longer than the heartbeat interval %v", t.RetryDelay, t.Interval)
+		return Timings{}, nil, fmt.Errorf("--renew-retry %v is longer than --renew-interval %v", t.RetryDelay, t.Interval)
 	}
 	minTTL := t.MinLeaseTTL()
 	if in.LeaseTTLFlagSet {

@@ -43,10 +43,10 @@ func TestR12LeaseTTLMatrix(t *testing.T) {
 		{"longer interval, env below it", heartbeat.TimingInputs{Interval: 50 * s, LeaseTTLEnv: "55"}, 120 * s, 55 * s, ""},
 		{"interval too long for the default lease", heartbeat.TimingInputs{Interval: 115 * s}, 0, -1, "default lease 2m0s is shorter"},
 		{"shorter interval and timeout allow a shorter lease", heartbeat.TimingInputs{Interval: 20 * s, RequestTimeout: 5 * s, RetryDelay: 2 * s, LeaseTTLEnv: "25"}, 25 * s, -1, ""},
-		{"negative interval", heartbeat.TimingInputs{Interval: -s}, 0, -1, "--heartbeat-interval -1s: must be positive"},
-		{"negative timeout", heartbeat.TimingInputs{RequestTimeout: -s}, 0, -1, "--heartbeat-timeout"},
-		{"negative retry", heartbeat.TimingInputs{RetryDelay: -s}, 0, -1, "--heartbeat-retry"},
-		{"retry longer than interval", heartbeat.TimingInputs{RetryDelay: 31 * s}, 0, -1, "--heartbeat-retry 31s is longer"},
+		{"negative interval", heartbeat.TimingInputs{Interval: -s}, 0, -1, "--renew-interval -1s: must be positive"},
+		{"negative timeout", heartbeat.TimingInputs{RequestTimeout: -s}, 0, -1, "--renew-timeout"},
+		{"negative retry", heartbeat.TimingInputs{RetryDelay: -s}, 0, -1, "--renew-retry"},
+		{"retry longer than interval", heartbeat.TimingInputs{RetryDelay: 31 * s}, 0, -1, "--renew-retry 31s is longer than --renew-interval 30s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -124,18 +124,26 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, errors.New(envErrs[0])
 	}
 
-	// R12 and the renewal timings, checked together.
+	// Every duration flag must be positive: a zero here was given on
+	// purpose, not left for a default.
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"renew-interval", interval}, {"renew-timeout", timeout}, {"renew-retry", retry}} {
+	}{
+		{"renew-interval", interval}, {"renew-timeout", timeout}, {"renew-retry", retry},
+		{"exec-timeout", c.ExecTimeout}, {"exec-timeout-margin", c.ExecTimeoutMargin}, {"drain-timeout", c.DrainTimeout},
+		{"stop-grace", c.StopGrace}, {"kill-grace", c.KillGrace}, {"launch-backoff", launchBackoff},
+		{"launch-backoff-max", launchBackoffMx}, {"claim-wait", c.ClaimWait}, {"claim-backoff", c.ClaimBackoff},
+		{"claim-backoff-max", c.ClaimBackoffMax}, {"host-heartbeat-interval", c.HostHeartbeatInterval},
+		{"control-timeout", c.ControlTimeout}, {"receipt-timeout", receiptTimeout}, {"receipt-retry", receiptRetry},
+		{"watchdog-interval", o.watchdog},
+	} {
 		if d.v <= 0 {
 			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)
 		}
 	}
-	if retry > interval {
-		return o, fmt.Errorf("--renew-retry %v is longer than --renew-interval %v", retry, interval)
-	}
+	// R12 and the renewal timings: heartbeat checks them together and its
+	// errors name these flags.
 	leaseSet := given["lease-ttl"] || getenv(envName("lease-ttl")) != ""
 	t, warns, err := heartbeat.ResolveTimings(heartbeat.TimingInputs{
 		LeaseTTLFlag:    leaseTTL,
@@ -150,21 +158,6 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	c.Timings, o.warnings = t, warns
 
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"exec-timeout", c.ExecTimeout}, {"exec-timeout-margin", c.ExecTimeoutMargin}, {"drain-timeout", c.DrainTimeout},
-		{"stop-grace", c.StopGrace}, {"kill-grace", c.KillGrace}, {"launch-backoff", launchBackoff},
-		{"launch-backoff-max", launchBackoffMx}, {"claim-wait", c.ClaimWait}, {"claim-backoff", c.ClaimBackoff},
-		{"claim-backoff-max", c.ClaimBackoffMax}, {"host-heartbeat-interval", c.HostHeartbeatInterval},
-		{"control-timeout", c.ControlTimeout}, {"receipt-timeout", receiptTimeout}, {"receipt-retry", receiptRetry},
-		{"watchdog-interval", o.watchdog},
-	} {
-		if d.v <= 0 {
-			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)
-		}
-	}
 	switch {
 	case c.ControlPlaneURL == "":
 		return o, errors.New("--control-plane is required")
