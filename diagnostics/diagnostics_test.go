@@ -178,6 +178,8 @@ func TestR15R18RecordsHaveFixedNamesAndFields(t *testing.T) {
 	rec.TurnCancelled(ctx, a, CancelByUser)
 	rec.AgentExit(ctx, a, 0, "")
 	rec.ConfigIgnored(ctx, "AGENT_LEASE_TTL", 20*time.Second, 120*time.Second, "shorter than interval plus request timeout")
+	rec.EventsDropped(ctx, a, 20)
+	rec.TurnFailed(ctx, a, StagePreparation, "bad_answer")
 	NewRecorder(nil).ControlFailure(ctx, "renew", a, leak) // discards, must not panic
 
 	ids := []string{KeyAttemptID, KeyJobID}
@@ -197,6 +199,8 @@ func TestR15R18RecordsHaveFixedNamesAndFields(t *testing.T) {
 		{MsgTurnCancelled, append([]string{KeySource}, ids...)},
 		{MsgAgentExit, append([]string{KeyExitCode, KeySignal}, ids...)},
 		{MsgConfigIgnored, []string{KeyGiven, KeyReason, KeySetting, KeyUsed}},
+		{MsgEventsDropped, append([]string{KeyDropped}, ids...)},
+		{MsgTurnFailed, append([]string{KeyClass, KeyStage}, ids...)},
 	}
 	recs := captured(t, &buf)
 	if len(recs) != len(want) {

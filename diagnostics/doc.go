@@ -27,6 +27,10 @@
 //	agent_turn_cancelled       the turn was cancelled (user cancel, drain)
 //	agent_exit                 the agent process exited: code or signal
 //	agent_config_ignored       a setting was ignored for its default (R12)
+//	agent_events_dropped       events were dropped (buffer full, attempt over):
+//	                           the running total
+//	agent_turn_failed          a turn or its preparation failed: stage, class;
+//	                           written whether or not the report gets through
 //
 // Each ending of a turn leaves its own record (R18): none is inferred from a
 // missing event.

@@ -20,6 +20,8 @@ const (
 	MsgTurnCancelled      = "agent_turn_cancelled"
 	MsgAgentExit          = "agent_exit"
 	MsgConfigIgnored      = "agent_config_ignored"
+	MsgEventsDropped      = "agent_events_dropped"
+	MsgTurnFailed         = "agent_turn_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON
@@ -45,6 +47,8 @@ const (
 	KeyGiven       = "given_ms"
 	KeyUsed        = "used_ms"
 	KeyReason      = "reason"
+	KeyDropped     = "dropped"
+	KeyStage       = "stage"
 )
 
 // Attempt names the attempt a record is about.
@@ -155,4 +159,23 @@ func (r Recorder) ConfigIgnored(ctx context.Context, setting string, given, used
 	}
 	r.l.LogAttrs(ctx, slog.LevelWarn, MsgConfigIgnored,
 		slog.String(KeySetting, setting), slog.Int64(KeyGiven, ms(given)), slog.Int64(KeyUsed, ms(used)), slog.String(KeyReason, reason))
+}
+
+// EventsDropped: events were dropped because the upload buffer was full or
+// the attempt was over; dropped is the attempt's running total.
+func (r Recorder) EventsDropped(ctx context.Context, a Attempt, dropped int64) {
+	r.log(ctx, slog.LevelWarn, MsgEventsDropped, a, slog.Int64(KeyDropped, dropped))
+}
+
+// Stages of TurnFailed.
+const (
+	StageTurn        = "turn"        // the turn's terminal report says failed
+	StagePreparation = "preparation" // post-claim preparation failed (R22)
+)
+
+// TurnFailed: the positive record of a failed turn or preparation, written
+// whether or not the terminal report gets through (R18, R22). stage is
+// StageTurn or StagePreparation; class is the report's failure class.
+func (r Recorder) TurnFailed(ctx context.Context, a Attempt, stage, class string) {
+	r.log(ctx, slog.LevelError, MsgTurnFailed, a, slog.String(KeyStage, stage), slog.String(KeyClass, class))
 }

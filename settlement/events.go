@@ -105,7 +105,7 @@ func (u *uploader) add(typ string, data json.RawMessage, rejected bool) bool {
 		}
 		u.mu.Unlock()
 		if first {
-			u.s.recordEventsDropped(n)
+			u.s.rec.EventsDropped(context.Background(), u.s.attempt(), n)
 		}
 		return false
 	}
@@ -239,7 +239,7 @@ func (u *uploader) stop() {
 		u.recorded = n
 		u.mu.Unlock()
 		if n > rec {
-			u.s.recordEventsDropped(n)
+			u.s.rec.EventsDropped(context.Background(), u.s.attempt(), n)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -356,7 +357,7 @@ func TestFinishWhileEventUploadDown(t *testing.T) {
 				t.Errorf("an event upload reached the handler")
 			}
 		}
-		drops := w.records(settlement.MsgEventsDropped)
+		drops := w.records(diagnostics.MsgEventsDropped)
 		if len(drops) != 2 || drops[0]["dropped"] != float64(1) || drops[1]["dropped"] != float64(20) {
 			t.Errorf("drop records %v, want the first drop and a total of 20 (12 refused, 8 never uploaded)", drops)
 		}
@@ -485,7 +486,7 @@ func TestLeaseRejectedMidTurn(t *testing.T) {
 				if ag.settles != 0 {
 					t.Errorf("the supervisor was asked to settle after the rejection")
 				}
-				if len(w.records(settlement.MsgTurnFailed)) == 0 {
+				if len(w.records(diagnostics.MsgTurnFailed)) == 0 {
 					t.Errorf("no agent_turn_failed record")
 				}
 			})
@@ -567,7 +568,7 @@ func TestPrepareOuterFailureHandler(t *testing.T) {
 			if len(atStop) != 1 || atStop[0].delivered != 200 {
 				t.Errorf("finish at renewal stop: %+v, want one delivered", atStop)
 			}
-			recs := w.records(settlement.MsgTurnFailed)
+			recs := w.records(diagnostics.MsgTurnFailed)
 			if len(recs) != 1 || recs[0]["stage"] != "preparation" || recs[0]["class"] != "bad_answer" {
 				t.Errorf("records %v", recs)
 			}
@@ -591,7 +592,7 @@ func TestPrepareOuterFailureHandler(t *testing.T) {
 			if stopped != 1 || len(w.in.Hits(wire.OpFinish)) != 3 {
 				t.Errorf("stopped %d, finish tries %d", stopped, len(w.in.Hits(wire.OpFinish)))
 			}
-			recs := w.records(settlement.MsgTurnFailed)
+			recs := w.records(diagnostics.MsgTurnFailed)
 			if len(recs) != 1 || recs[0]["class"] != settlement.ClassPanic {
 				t.Errorf("records %v", recs)
 			}
@@ -612,7 +613,7 @@ func TestPrepareOuterFailureHandler(t *testing.T) {
 			if !stopped || len(w.in.Hits("")) != n {
 				t.Errorf("stopped %v, writes %d", stopped, len(w.in.Hits(""))-n)
 			}
-			if recs := w.records(settlement.MsgTurnFailed); len(recs) != 1 {
+			if recs := w.records(diagnostics.MsgTurnFailed); len(recs) != 1 {
 				t.Errorf("records %v", recs)
 			}
 		})

@@ -85,7 +85,6 @@ type Facts struct {
 // for concurrent use; LeaseLost may come from the renewal goroutine.
 type Session struct {
 	cfg   Config
-	log   *slog.Logger
 	rec   diagnostics.Recorder
 	fence fence
 
@@ -122,7 +121,7 @@ func New(cfg Config) (*Session, error) {
 	}
 	cfg.Policy = cfg.Policy.withDefaults()
 	cfg.Events = cfg.Events.withDefaults()
-	s := &Session{cfg: cfg, log: cfg.Logger, rec: diagnostics.NewRecorder(cfg.Logger)}
+	s := &Session{cfg: cfg, rec: diagnostics.NewRecorder(cfg.Logger)}
 	s.fence = fence{s: s, base: cfg.Transport}
 	s.fenced, s.reject = context.WithCancelCause(context.Background())
 	s.ev = startUploader(s)
@@ -430,7 +429,7 @@ func (f Facts) Report(ref wire.AttemptRef, r Result) Report {
 // Finishing twice returns the first answer.
 func (s *Session) Finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
 	if rep := s.Facts().Report(s.cfg.Attempt, r); rep.failed() {
-		s.recordTurnFailed("turn", rep.class())
+		s.rec.TurnFailed(context.Background(), s.attempt(), diagnostics.StageTurn, rep.class())
 	}
 	return s.finish(ctx, r)
 }
@@ -517,7 +516,7 @@ func (s *Session) Prepare(ctx context.Context, stopRenewal func(), prep func(con
 		return nil
 	}
 	class := s.classify(err)
-	s.recordTurnFailed("preparation", class)
+	s.rec.TurnFailed(context.Background(), s.attempt(), diagnostics.StagePreparation, class)
 	if !s.Rejected() {
 		// Its failed tries are recorded by the policy; the reaper is the backstop (R21).
 		_, _ = s.finish(ctx, Result{Outcome: wire.OutcomeFailed, Class: class})
