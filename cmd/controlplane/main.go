@@ -4,8 +4,12 @@
 //	controlplane host add   register a sandbox host and print its token once
 //	controlplane submit     send a message to a conversation and follow the turn
 //
-// docs/protocol.md describes the API it serves. Every flag has an
-// environment variable; a flag beats the variable, which beats the default.
+// docs/protocol.md describes the API it serves. Most flags have an
+// environment variable, CONTROLPLANE_ and the flag's name (--lease-ttl:
+// CONTROLPLANE_LEASE_TTL); a flag beats the variable, which beats the
+// default. The prefix is not runnerd's RUNNERD_: the same names there mean
+// the daemon's settings (RUNNERD_LEASE_TTL is the lease a runner asks for),
+// and one environment may serve both programs (the demo, a dev shell).
 package main
 
 import (
@@ -123,8 +127,20 @@ func newFlags(cmd string, getenv func(string) string, out io.Writer) *flags {
 	return f
 }
 
-// env names the variable of a flag, and says so in its usage.
-func (f *flags) env(name, variable string) {
+// envPrefix starts every variable this command reads.
+const envPrefix = "CONTROLPLANE_"
+
+// envUserToken may hold the user token itself, for submit.
+const envUserToken = envPrefix + "USER_TOKEN"
+
+// envName is a flag's variable: --reaper-grace is CONTROLPLANE_REAPER_GRACE.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// env lets the flag come from its variable (envName), and says so in its usage.
+func (f *flags) env(name string) {
+	variable := envName(name)
 	f.envOf[name] = variable
 	fl := f.fs.Lookup(name)
 	fl.Usage += " (env " + variable + ")"

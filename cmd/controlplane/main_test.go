@@ -44,10 +44,11 @@ func TestBadFlagsOneLine(t *testing.T) {
 		{"unknown command", nil, []string{"frobnicate"}, `unknown command "frobnicate"`},
 		{"unknown flag", nil, []string{"serve", "--bogus"}, "flag provided but not defined: -bogus"},
 		{"short lease", nil, []string{"serve", "--lease-ttl", "39s"}, "--lease-ttl 39s must be between --min-lease-ttl 40s"},
-		{"short lease from env", map[string]string{"RUNNERD_LEASE_TTL": "10s"}, []string{"serve"}, "--lease-ttl 10s must be between --min-lease-ttl 40s"},
+		{"short lease from env", map[string]string{"CONTROLPLANE_LEASE_TTL": "10s"}, []string{"serve"}, "--lease-ttl 10s must be between --min-lease-ttl 40s"},
+		{"the daemon's RUNNERD_LEASE_TTL is not read", map[string]string{"RUNNERD_LEASE_TTL": "10s"}, []string{"serve", "--max-worker-lost", "0"}, "--max-worker-lost must be at least 1"},
 		{"lease under a lowered minimum", nil, []string{"serve", "--min-lease-ttl", "2s", "--lease-ttl", "1s"}, "--lease-ttl 1s must be between --min-lease-ttl 2s"},
 		{"max under min", nil, []string{"serve", "--max-lease-ttl", "30s"}, "--max-lease-ttl 30s is shorter than --min-lease-ttl 40s"},
-		{"bad env value", map[string]string{"RUNNERD_REAPER_INTERVAL": "soon"}, []string{"serve"}, `RUNNERD_REAPER_INTERVAL="soon" is not a valid --reaper-interval`},
+		{"bad env value", map[string]string{"CONTROLPLANE_REAPER_INTERVAL": "soon"}, []string{"serve"}, `CONTROLPLANE_REAPER_INTERVAL="soon" is not a valid --reaper-interval`},
 		{"bad db", nil, []string{"serve", "--db", "mysql://x"}, "--db must be sqlite:PATH or postgres://"},
 		{"bad synchronous", nil, []string{"serve", "--sqlite-synchronous", "off"}, "--sqlite-synchronous must be normal or full"},
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, "--log-level must be"},
@@ -88,14 +89,14 @@ func TestFlagEnvPrecedence(t *testing.T) {
 		want string
 	}{
 		{"default", nil, nil, "127.0.0.1:8080"},
-		{"env", map[string]string{"RUNNERD_LISTEN": ":9000"}, nil, ":9000"},
-		{"flag over env", map[string]string{"RUNNERD_LISTEN": ":9000"}, []string{"--listen", ":9001"}, ":9001"},
-		{"blank env is unset", map[string]string{"RUNNERD_LISTEN": "  "}, nil, "127.0.0.1:8080"},
+		{"env", map[string]string{"CONTROLPLANE_LISTEN": ":9000"}, nil, ":9000"},
+		{"flag over env", map[string]string{"CONTROLPLANE_LISTEN": ":9000"}, []string{"--listen", ":9001"}, ":9001"},
+		{"blank env is unset", map[string]string{"CONTROLPLANE_LISTEN": "  "}, nil, "127.0.0.1:8080"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFlags("serve", envOf(tc.env), io.Discard)
 			listen := f.fs.String("listen", "127.0.0.1:8080", "")
-			f.env("listen", "RUNNERD_LISTEN")
+			f.env("listen")
 			if err := f.parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +121,7 @@ func TestHostAdd(t *testing.T) {
 		t.Fatalf("stdout %q, stderr %q", stdout, stderr)
 	}
 	file := filepath.Join(dir, "h2.token")
-	code, stdout, stderr = runCmd(t, envOf(map[string]string{"RUNNERD_DATA_DIR": dir}), "host", "add", "--token-file", file, "host-2")
+	code, stdout, stderr = runCmd(t, envOf(map[string]string{"CONTROLPLANE_DATA_DIR": dir}), "host", "add", "--token-file", file, "host-2")
 	if code != exitOK || stdout != "" {
 		t.Fatalf("host add --token-file: exit %d, stdout %q, stderr %s", code, stdout, stderr)
 	}
@@ -253,7 +254,7 @@ func TestServeAndSubmit(t *testing.T) {
 		_, err = wc.Finish(ctx, c.WorkerToken, c.JobID, fin)
 		return err
 	}
-	submitEnv := envOf(map[string]string{"RUNNERD_SERVER": addr, "RUNNERD_DATA_DIR": dir})
+	submitEnv := envOf(map[string]string{"CONTROLPLANE_SERVER": addr, "CONTROLPLANE_DATA_DIR": dir})
 
 	done := make(chan error, 1)
 	go func() { done <- worker(true) }()

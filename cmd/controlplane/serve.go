@@ -31,11 +31,11 @@ type dbFlags struct {
 func addDBFlags(f *flags) *dbFlags {
 	d := &dbFlags{}
 	f.fs.StringVar(&d.dataDir, "data-dir", "data", "directory for the SQLite database and the user token")
-	f.env("data-dir", "RUNNERD_DATA_DIR")
+	f.env("data-dir")
 	f.fs.StringVar(&d.db, "db", "", "database: sqlite:PATH or postgres://… (default sqlite:DATA-DIR/controlplane.db)")
-	f.env("db", "RUNNERD_DB")
+	f.env("db")
 	f.fs.StringVar(&d.sync, "sqlite-synchronous", "normal", "SQLite synchronous level: normal or full")
-	f.env("sqlite-synchronous", "RUNNERD_SQLITE_SYNCHRONOUS")
+	f.env("sqlite-synchronous")
 	return d
 }
 
@@ -84,25 +84,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	f := newFlags("serve", getenv, stderr)
 	d := addDBFlags(f)
 	listen := f.fs.String("listen", "127.0.0.1:8080", "address to serve HTTP on")
-	f.env("listen", "RUNNERD_LISTEN")
+	f.env("listen")
 	tokenFile := f.fs.String("user-token-file", "", "file of the user API's bearer token, created 0600 on first start (default DATA-DIR/user-token)")
-	f.env("user-token-file", "RUNNERD_USER_TOKEN_FILE")
+	f.env("user-token-file")
 	leaseTTL := f.fs.Duration("lease-ttl", controlplane.DefaultLeaseTTL, "lease of a claim or renewal that asks for none")
-	f.env("lease-ttl", "RUNNERD_LEASE_TTL")
+	f.env("lease-ttl")
 	minLeaseTTL := f.fs.Duration("min-lease-ttl", controlplane.DefaultMinLeaseTTL, "shortest lease a runner may ask for: one renewal interval plus one request timeout (lower only for tests)")
-	f.env("min-lease-ttl", "RUNNERD_MIN_LEASE_TTL")
+	f.env("min-lease-ttl")
 	maxLeaseTTL := f.fs.Duration("max-lease-ttl", controlplane.DefaultMaxLeaseTTL, "longest lease a runner may ask for")
-	f.env("max-lease-ttl", "RUNNERD_MAX_LEASE_TTL")
+	f.env("max-lease-ttl")
 	claimWait := f.fs.Duration("claim-wait-max", controlplane.DefaultClaimWaitMax, "longest hold of a claim or event long poll")
-	f.env("claim-wait-max", "RUNNERD_CLAIM_WAIT_MAX")
+	f.env("claim-wait-max")
 	reaperInterval := f.fs.Duration("reaper-interval", controlplane.DefaultReaperInterval, "period of the reaper's sweep")
-	f.env("reaper-interval", "RUNNERD_REAPER_INTERVAL")
+	f.env("reaper-interval")
 	reaperGrace := f.fs.Duration("reaper-grace", controlplane.DefaultReaperGrace, "time past a lease's expiry before its attempt is superseded; at least the runner's stop grace")
-	f.env("reaper-grace", "RUNNERD_REAPER_GRACE")
+	f.env("reaper-grace")
 	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
-	f.env("max-worker-lost", "RUNNERD_MAX_WORKER_LOST")
+	f.env("max-worker-lost")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
-	f.env("log-level", "RUNNERD_LOG_LEVEL")
+	f.env("log-level")
 	if err := f.parse(args); err != nil {
 		return err
 	}

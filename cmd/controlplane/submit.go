@@ -30,11 +30,11 @@ const (
 func submit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("submit", getenv, stderr)
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	f.env("server", "RUNNERD_SERVER")
+	f.env("server")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	f.env("data-dir", "RUNNERD_DATA_DIR")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env RUNNERD_USER_TOKEN holds the token itself)")
-	f.env("user-token-file", "RUNNERD_USER_TOKEN_FILE")
+	f.env("data-dir")
+	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	f.env("user-token-file")
 	convID := f.fs.String("conversation", "", "conversation to send the message to")
 	newConv := f.fs.Bool("new", false, "start a new conversation (with --image and --agent)")
 	title := f.fs.String("title", "", "title of a new conversation")
@@ -157,11 +157,11 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 }
 
 // userToken finds the user token: --user-token-file if given, else
-// $RUNNERD_USER_TOKEN, else the file named by $RUNNERD_USER_TOKEN_FILE or
+// $CONTROLPLANE_USER_TOKEN, else the file named by $CONTROLPLANE_USER_TOKEN_FILE or
 // DATA-DIR/user-token. A token never travels in argv.
 func userToken(f *flags, file string, getenv func(string) string, dataDir string) (string, error) {
 	if !f.onCommandLine("user-token-file") {
-		if tok := strings.TrimSpace(getenv("RUNNERD_USER_TOKEN")); tok != "" {
+		if tok := strings.TrimSpace(getenv(envUserToken)); tok != "" {
 			return tok, nil
 		}
 	}
@@ -170,7 +170,7 @@ func userToken(f *flags, file string, getenv func(string) string, dataDir string
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("read the user token (set --user-token-file or RUNNERD_USER_TOKEN): %w", err)
+		return "", fmt.Errorf("read the user token (set --user-token-file or %s): %w", envUserToken, err)
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" {
