@@ -56,7 +56,7 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(text, "runnerd drained and exited 0") || !strings.Contains(text, "All nine turns ended as expected") {
 		t.Errorf("no clean shutdown or summary:\n%s", text)
 	}
-	if ps, _ := fleet.Procs(bins.Runnerd, tmp); len(ps) > 0 {
+	if ps, _ := fleet.Procs(fleet.Executable(bins.Runnerd), fleet.Under(tmp)); len(ps) > 0 {
 		t.Errorf("the demo left processes behind: %v", ps)
 	}
 
@@ -159,7 +159,7 @@ func privateBins(t *testing.T) (fleet.Binaries, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := fleet.StopProcs(own.Runnerd, tmp, 5*time.Second); err != nil {
+		if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(own.Runnerd), fleet.Under(tmp)); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

@@ -435,7 +435,7 @@ type proc = fleet.Proc
 // daemon, turn children, supervisors) and those whose working directory is
 // under its state directory (agents).
 func (e *env) procs() []proc {
-	ps, err := fleet.Procs(e.runnerd, e.stateDir)
+	ps, err := fleet.Procs(fleet.Executable(e.runnerd), fleet.Under(e.stateDir))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -473,7 +473,7 @@ var (
 // killLeftovers kills whatever of this test still runs — supervisors
 // outlive daemons by design — and waits for each to go.
 func (e *env) killLeftovers() {
-	if _, err := fleet.StopProcs(e.runnerd, e.stateDir, 5*time.Second); err != nil {
+	if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(e.runnerd), fleet.Under(e.stateDir)); err != nil {
 		e.t.Errorf("cleanup: %v", err)
 	}
 }

@@ -270,7 +270,7 @@ func (f *running) down(stdout io.Writer) error {
 		errs = append(errs, f.cp.Stop(syscall.SIGTERM, 15*time.Second))
 		done = append(done, fmt.Sprintf("the control plane exited %d", f.cp.ExitCode()))
 	}
-	if n, err := fleet.StopProcs(f.bins.Runnerd, f.stateDir, 5*time.Second); err != nil {
+	if n, err := fleet.StopProcs(5*time.Second, fleet.Under(f.stateDir)); err != nil {
 		errs = append(errs, err)
 	} else if n > 0 {
 		done = append(done, fmt.Sprintf("%d retained sandbox supervisor(s) stopped", n))

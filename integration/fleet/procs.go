@@ -20,11 +20,35 @@ type Proc struct {
 
 func (p Proc) String() string { return fmt.Sprintf("pid %d %q", p.Pid, p.Argv) }
 
-// Procs lists the live processes (zombies left out) that belong to a
-// fleet: those running the executable runnerd (a daemon, its turn
-// children, the process backend's supervisors) and those working under
-// stateDir (agents, in their workspaces).
-func Procs(runnerd, stateDir string) ([]Proc, error) {
+// Match selects processes of a fleet.
+type Match func(Proc) bool
+
+// Executable matches the processes running path: with a runnerd of its
+// own, a fleet's daemon, turn children and supervisors.
+func Executable(path string) Match {
+	return func(p Proc) bool { return p.Argv[0] == path }
+}
+
+// Under matches the processes that name dir (or a path below it) as an
+// argument or work below it: a daemon of that state directory (--state-dir),
+// its supervisors (--socket, --workspace) and its agents (their workspace).
+func Under(dir string) Match {
+	return func(p Proc) bool {
+		if strings.HasPrefix(p.Cwd, dir+"/") {
+			return true
+		}
+		for _, a := range p.Argv[1:] {
+			if a == dir || strings.HasPrefix(a, dir+"/") {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// Procs lists the live processes (zombies left out) that any of match
+// selects.
+func Procs(match ...Match) ([]Proc, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -41,8 +65,11 @@ func Procs(runnerd, stateDir string) ([]Proc, error) {
 		}
 		p := Proc{Pid: pid, Argv: strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")}
 		p.Cwd, _ = os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
-		if p.Argv[0] == runnerd || strings.HasPrefix(p.Cwd, stateDir+"/") {
-			out = append(out, p)
+		for _, m := range match {
+			if m(p) {
+				out = append(out, p)
+				break
+			}
 		}
 	}
 	return out, nil
@@ -95,13 +122,13 @@ func WaitGone(pid int, timeout time.Duration) (time.Time, error) {
 	}
 }
 
-// StopProcs ends every process of the fleet still running — supervisors
-// outlive their daemon by design — with SIGTERM, then SIGKILL after grace,
-// and waits for each. It returns how many it found.
-func StopProcs(runnerd, stateDir string, grace time.Duration) (int, error) {
+// StopProcs ends every process that match selects — supervisors outlive
+// their daemon by design — with SIGTERM, then SIGKILL after grace, and
+// waits for each. It returns how many it found.
+func StopProcs(grace time.Duration, match ...Match) (int, error) {
 	found := 0
 	for round := range 3 {
-		ps, err := Procs(runnerd, stateDir)
+		ps, err := Procs(match...)
 		if err != nil {
 			return found, err
 		}
