@@ -123,7 +123,6 @@ type env struct {
 type envOpts struct {
 	proxy  bool // a TCP proxy that can black-hole
 	faults bool // an HTTP proxy that can refuse an operation
-	cp     func(*fleet.ControlPlaneConfig)
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -141,7 +140,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err := linkOrCopy(bins.Runnerd, e.runnerd); err != nil {
 		t.Fatalf("link runnerd: %v", err)
 	}
-	cfg := fleet.ControlPlaneConfig{
+	cp, err := fleet.StartControlPlane(ctx, fleet.ControlPlaneConfig{
 		Bin:            bins.ControlPlane,
 		DataDir:        filepath.Join(dir, "cp"),
 		LeaseTTL:       leaseTTL,
@@ -150,11 +149,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 		ReaperGrace:    reaperGrace,
 		ClaimWaitMax:   time.Second,
 		Log:            e.log.prefixed("cp"),
-	}
-	if o.cp != nil {
-		o.cp(&cfg)
-	}
-	cp, err := fleet.StartControlPlane(ctx, cfg)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
