@@ -128,3 +128,35 @@ func TestUniqueViolationRecognised(t *testing.T) {
 		})
 	}
 }
+
+// The SQLite writer runs in WAL mode with the chosen synchronous level
+// and a busy timeout; readers are read-only.
+func TestSQLiteSettings(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		sync Synchronous
+		want int
+	}{{SyncNormal, 1}, {SyncFull, 2}} {
+		s := OpenTestSQLite(t, WithSynchronous(tc.sync), WithBusyTimeout(1500*time.Millisecond))
+		var mode string
+		var sync, busy int
+		err := s.write(ctx, func(tx txn) error {
+			if err := tx.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+				return err
+			}
+			if err := tx.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&sync); err != nil {
+				return err
+			}
+			return tx.QueryRowContext(ctx, "PRAGMA busy_timeout").Scan(&busy)
+		})
+		if err != nil || mode != "wal" || sync != tc.want || busy != 1500 {
+			t.Fatalf("%s: journal_mode %q synchronous %d busy_timeout %d, %v", tc.sync, mode, sync, busy, err)
+		}
+		if _, err := s.r.ExecContext(ctx, `DELETE FROM hosts`); err == nil {
+			t.Fatal("the read pool accepted a write")
+		}
+	}
+	if _, err := OpenSQLite(ctx, t.TempDir()+"/x.db", WithSynchronous("OFF")); err == nil {
+		t.Fatal("synchronous OFF was accepted")
+	}
+}

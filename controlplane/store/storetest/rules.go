@@ -633,6 +633,24 @@ func testP3ReaperWaitsForGrace(t *testing.T, st store.Store) {
 	if a := f.job(c.JobID).Attempts[0]; a.State != wire.AttemptSuperseded {
 		t.Fatalf("attempt = %+v", a)
 	}
+	// Limit bounds one sweep; the next sweep takes the rest.
+	for i := 0; i < 3; i++ {
+		f.enqueue(f.conversation().ID, "more")
+	}
+	c2 := f.claim(at(time.Hour)) // the requeued job first: it is the oldest
+	f.claim(at(time.Hour))
+	f.claim(at(time.Hour))
+	f.claim(at(time.Hour))
+	if c2.JobID != c.JobID {
+		t.Fatalf("claimed %s first, want the requeued %s", c2.JobID, c.JobID)
+	}
+	later := at(time.Hour + TTL + grace + time.Second)
+	if res, err := st.Reap(f.ctx, store.ReapParams{Now: later, Grace: grace, Limit: 3}); err != nil || res.Superseded != 3 {
+		t.Fatalf("Reap with Limit 3 = %+v, %v", res, err)
+	}
+	if res, err := st.Reap(f.ctx, store.ReapParams{Now: later, Grace: grace, Limit: 3}); err != nil || res.Superseded != 1 {
+		t.Fatalf("second Reap = %+v, %v", res, err)
+	}
 }
 
 // P6: a host lost before admission requeues the job without counting an
