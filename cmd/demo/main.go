@@ -113,23 +113,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 1
 	}
-	if o.dev {
-		f.printDev(stdout)
-		<-ctx.Done()
-		fmt.Fprintln(stdout, "\nstopping…")
-		if err := f.down(stdout); err != nil {
-			fmt.Fprintln(stderr, "demo:", err)
-			return 1
-		}
-		return 0
-	}
-
 	sb, err := prepareSandbox(ctx, o.sandbox, bins, f, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, "demo:", err)
 		keep = true
 		f.down(stdout)
 		return 1
+	}
+	if o.dev {
+		f.printDev(stdout, sb)
+		<-ctx.Done()
+		fmt.Fprintln(stdout, "\nstopping…")
+		err := f.down(stdout)
+		if sb.cleanupAll != nil {
+			err = errors.Join(err, sb.cleanupAll(context.WithoutCancel(ctx)))
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "demo:", err)
+			return 1
+		}
+		return 0
 	}
 	turns, convIDs, runErr := runConversations(ctx, f, sb)
 	printTable(stdout, turns)
@@ -282,14 +285,14 @@ func (f *running) down(stdout io.Writer) error {
 	return errors.Join(errs...)
 }
 
-func (f *running) printDev(stdout io.Writer) {
+func (f *running) printDev(stdout io.Writer, sb sandboxSetup) {
 	tok := filepath.Join(f.dir, "controlplane", "user-token")
 	fmt.Fprintf(stdout, `
 Admin → Servers: %s/admin/servers   (any user name; the password is the token in %s)
-Send a message:  %s submit --server %s --user-token-file %s --new --agent %s --prompt 'hello'
+Send a message:  %s submit --server %s --user-token-file %s --new --image %s --agent %s --prompt 'hello'
 Logs:            %s
 Interrupt (Ctrl-C) to stop both.
-`, f.cp.URL, tok, f.bins.ControlPlane, f.cp.URL, tok, f.bins.DemoAgent, filepath.Join(f.dir, "*.log"))
+`, f.cp.URL, tok, f.bins.ControlPlane, f.cp.URL, tok, sb.image, strings.Join(sb.agent, " "), filepath.Join(f.dir, "*.log"))
 }
 
 // ---- the scripted conversations ----
@@ -342,8 +345,10 @@ type sandboxSetup struct {
 	agent []string
 	// transcripts: the agent's workspace is a host directory the demo can read.
 	transcripts bool
-	// cleanup removes what the backend keeps after the daemon is gone.
-	cleanup func(ctx context.Context, conversationIDs []string) error
+	// cleanup removes what the backend keeps after the daemon is gone;
+	// cleanupAll does so for every conversation of the host (--dev).
+	cleanup    func(ctx context.Context, conversationIDs []string) error
+	cleanupAll func(ctx context.Context) error
 }
 
 // prepareSandbox readies the backend: nothing for process; for docker, the
@@ -378,6 +383,13 @@ func prepareSandbox(ctx context.Context, backend string, bins fleet.Binaries, f 
 			return fmt.Errorf("remove the demo's containers: %w", err)
 		}
 		fmt.Fprintf(stdout, "docker: removed the %d conversations' containers and volumes\n", len(ids))
+		return nil
+	}, cleanupAll: func(ctx context.Context) error {
+		res, err := be.Sweep(ctx, func(string) bool { return true })
+		if err != nil {
+			return fmt.Errorf("remove the containers of host %s: %w", f.host, err)
+		}
+		fmt.Fprintf(stdout, "docker: removed the containers and volumes of %d conversation(s) of host %s\n", len(res.Removed), f.host)
 		return nil
 	}}, nil
 }
