@@ -7,18 +7,21 @@ import (
 	"time"
 )
 
+// dialects opens a fresh store of each dialect.
+var dialects = []struct {
+	name string
+	open func(testing.TB, ...Option) *Store
+}{
+	{"sqlite", OpenTestSQLite},
+	{"postgres", OpenTestPostgres},
+}
+
 // The claim query must walk an index in the order of its ORDER BY: a scan
 // of the jobs table, or a sort, turns tens of thousands of claims per
 // second into about a thousand. The same holds for the reaper's query.
 func TestQueryPlansUseIndexes(t *testing.T) {
 	reapQuery := `SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?`
-	for _, tc := range []struct {
-		name string
-		open func(testing.TB, ...Option) *Store
-	}{
-		{"sqlite", OpenTestSQLite},
-		{"postgres", OpenTestPostgres},
-	} {
+	for _, tc := range dialects {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.open(t)
 			// Enough rows that a cost-based planner would not scan: done
@@ -105,13 +108,7 @@ func (s *Store) explain(t *testing.T, query string, args ...any) string {
 // A concurrent CreateHost of a taken name meets the unique index; both
 // dialects' errors must read as ErrExists.
 func TestUniqueViolationRecognised(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		open func(testing.TB, ...Option) *Store
-	}{
-		{"sqlite", OpenTestSQLite},
-		{"postgres", OpenTestPostgres},
-	} {
+	for _, tc := range dialects {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.open(t)
 			insert := func(tx txn) error {
