@@ -1,0 +1,138 @@
+package runner_test
+
+import (
+	"go/parser"
+	gotoken "go/token"
+	"io/fs"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// moduleImports is the one statement of which package of the module may
+// import which (style 2): cmd → runner → {heartbeat, handover, sandbox,
+// settlement} → {diagnostics, wire}; the control plane imports only wire and
+// its store; siblings never import each other. A directory matches its
+// longest listed prefix; nil means "anything" (commands and the end-to-end
+// harness). A package that matches no entry fails the test, so a new one
+// must take its place here.
+var moduleImports = map[string][]string{
+	"cmd":         nil,
+	"integration": nil,
+
+	"runner":      {"diagnostics", "handover", "heartbeat", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner/turn": {"diagnostics", "handover", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
+
+	"heartbeat":  {"diagnostics", "wire"},
+	"handover":   {},
+	"settlement": {"diagnostics", "wire"},
+
+	"sandbox":                  {"wire"},
+	"sandbox/docker":           {"sandbox"},
+	"sandbox/process":          {"sandbox", "sandbox/internal/pidfd"},
+	"sandbox/supervisor":       {"sandbox", "wire"},
+	"sandbox/internal/pidfd":   {},
+	"sandbox/internal/testbin": {"sandbox/internal/pidfd"},
+
+	"diagnostics": {"wire"},
+	"wire":        {},
+
+	"controlplane":       {"controlplane/store", "wire"},
+	"controlplane/store": {"controlplane/store", "wire"}, // and the stores below it
+
+	"internal/memnet": {},
+	"internal/tools":  {}, // pins go.mod's requirements (build tag tools)
+}
+
+// TestImportsPointOneWay reads the imports of every non-test file of the
+// module and checks them against moduleImports.
+func TestImportsPointOneWay(t *testing.T) {
+	const mod = "github.com/runnerd/runnerd/"
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if name := d.Name(); p != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "bin") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(p, ".go") || strings.HasSuffix(p, "_test.go") {
+			return nil
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(p))
+		pkg := filepath.ToSlash(rel)
+		allowed, ok := allowedImports(pkg)
+		if !ok {
+			t.Errorf("package %s has no entry in moduleImports: place it in the dependency line", pkg)
+			return nil
+		}
+		af, err := parser.ParseFile(gotoken.NewFileSet(), p, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, imp := range af.Imports {
+			ip, _ := strconv.Unquote(imp.Path.Value)
+			dep, inModule := strings.CutPrefix(ip, mod)
+			if inModule && allowed != nil && !slices.Contains(allowed, dep) {
+				t.Errorf("%s imports %s", filepath.Join(rel, filepath.Base(p)), dep)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 50 {
+		t.Fatalf("only %d files checked: is the walk rooted at the module?", checked)
+	}
+}
+
+// allowedImports finds pkg's longest listed prefix.
+func allowedImports(pkg string) ([]string, bool) {
+	for p := pkg; p != "." && p != "/"; p = path.Dir(p) {
+		if allowed, ok := moduleImports[p]; ok {
+			return allowed, true
+		}
+	}
+	return nil, false
+}
+
+// The checker itself: a sibling import is refused, a listed one allowed,
+// and a new package must be placed.
+func TestAllowedImports(t *testing.T) {
+	tests := []struct {
+		name    string
+		pkg     string
+		dep     string
+		allowed bool
+		known   bool
+	}{
+		{"runner uses heartbeat", "runner", "heartbeat", true, true},
+		{"heartbeat may not use settlement", "heartbeat", "settlement", false, true},
+		{"settlement may not use sandbox", "settlement", "sandbox", false, true},
+		{"controlplane may not use diagnostics", "controlplane", "diagnostics", false, true},
+		{"a store below controlplane/store uses the interface", "controlplane/store/sqlstore", "controlplane/store", true, true},
+		{"commands use anything", "cmd/runnerd", "sandbox/supervisor", true, true},
+		{"an unplaced package is refused", "newpkg", "wire", false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			allowed, known := allowedImports(tt.pkg)
+			got := known && (allowed == nil || slices.Contains(allowed, tt.dep))
+			if known != tt.known || got != tt.allowed {
+				t.Fatalf("%s → %s: known %v allowed %v, want %v %v", tt.pkg, tt.dep, known, got, tt.known, tt.allowed)
+			}
+		})
+	}
+}
