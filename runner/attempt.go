@@ -190,6 +190,12 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	// 5. Accepted: the turn runs until its RESULT or its end.
 	ended := t.Wait()
 	d.turnEnded(a, ended)
+	if childSawLeaseRejected(ended) {
+		// The child's own write was refused for the lease before the renewer
+		// knew: its report must not be sent (R22, R23).
+		a.stop(stopLease)
+		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyDecision, "lease_rejected"))
+	}
 	if a.stopReason() == stopLease {
 		d.forget(a, "lease_lost")
 		return
@@ -372,6 +378,13 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (report, string) {
 		outcome = "abandoned"
 	}
 	return fromSettlement(rep), outcome
+}
+
+// childSawLeaseRejected: the child's RESULT says one of its own writes was
+// refused for the lease.
+func childSawLeaseRejected(e handover.Ended) bool {
+	var res turn.Result
+	return e.Outcome == handover.OutcomeResult && json.Unmarshal(e.Result, &res) == nil && res.LeaseRejected
 }
 
 // validReport: exactly one of finish and abandon, about this attempt.

@@ -234,6 +234,26 @@ func TestLeaseLossStopsTurnAndWritesNothing(t *testing.T) {
 	}
 }
 
+// R22, R23: when the child's own write was refused for the lease (its
+// RESULT says so) while renewal still answered, the daemon sends no report
+// about the attempt and stops renewing it.
+func TestChildLeaseRejectionSendsNoReport(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("rejected")
+	r := startDaemon(t, c, nil)
+	waitFor(t, "the attempt to be forgotten", 15*time.Second, func() bool {
+		return r.logs.has(MsgTurnEnded) && persisted(r.d) == 0
+	})
+	waitFor(t, "renewal to stop", 5*time.Second, func() bool { return r.logs.has("agent_heartbeat_stopped") })
+	a := c.job(j.ID).Attempts[0]
+	if a.State != wire.AttemptRunning || a.Outcome != "" {
+		t.Fatalf("the daemon reported after the child's lease rejection: attempt %s/%s", a.State, a.Outcome)
+	}
+	if r.logs.has(MsgReportSent) || !strings.Contains(r.logs.String(), `"decision":"lease_rejected"`) {
+		t.Fatalf("want no report and a lease_rejected decision:\n%s", r.logs)
+	}
+}
+
 // R13, P7: the user's cancel arrives in a renewal answer; the child gets
 // STOP "cancelled" and reports the turn cancelled, and the daemon sends it.
 func TestR13CancelStopsTurn(t *testing.T) {

@@ -36,6 +36,8 @@ func TestMain(m *testing.M) {
 //	stopped   ACCEPT, wait for STOP, then RESULT: cancelled for a STOP of class
 //	          "cancelled", failed with the STOP's class otherwise
 //	silent    never answer; wait for STOP
+//	rejected  ACCEPT, PROGRESS (container recorded), RESULT failed with
+//	          LeaseRejected, as when the child's own write got a 409
 func fakeTurn() int {
 	ch, err := handover.OpenFromEnv()
 	if err != nil {
@@ -81,6 +83,13 @@ func fakeTurn() int {
 	case "exit":
 		progress(settlement.Facts{ContainerRecorded: true})
 		return 3
+	case "rejected":
+		f := settlement.Facts{ContainerRecorded: true}
+		progress(f)
+		rep := f.Report(ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: turn.ClassAdmissionRefused})
+		b, _ := json.Marshal(turn.Result{Report: rep, Outcome: wire.OutcomeFailed, Class: turn.ClassAdmissionRefused, LeaseRejected: true})
+		_ = ch.Result(b)
+		return 0
 	case "hang":
 		progress(settlement.Facts{})
 		<-ch.Context().Done()

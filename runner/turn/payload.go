@@ -67,4 +67,9 @@ type Result struct {
 	// metrics.
 	Outcome string `json:"outcome"`
 	Class   string `json:"class,omitempty"`
+	// LeaseRejected: one of the child's own writes was refused for the lease
+	// (409, 410, 401, 403, 404) before the daemon's renewer may know. The
+	// daemon then sends no report and stops renewal: nothing more is written
+	// about the attempt (R8, R11, R22, R23).
+	LeaseRejected bool `json:"lease_rejected,omitempty"`
 }

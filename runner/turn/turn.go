@@ -157,7 +157,9 @@ func (t *turn) run(ctx context.Context) Result {
 		}
 	}
 	sess.FlushEvents(context.WithoutCancel(ctx))
-	return result(sess.Facts(), ref, outcome, class)
+	res := result(sess.Facts(), ref, outcome, class)
+	res.LeaseRejected = sess.Rejected()
+	return res
 }
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
