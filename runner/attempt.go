@@ -201,7 +201,25 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		return
 	}
 	rep, outcome := d.reportOf(a, ended)
+	if class, failed := failureClass(rep); failed {
+		// The positive record of the failure and its class, written before
+		// the report is tried, so it stands whether or not the report gets
+		// through (R18, R22).
+		d.rec.TurnFailed(context.Background(), a.id, diagnostics.StageTurn, class)
+	}
 	d.finish(runCtx, a, rep, outcome)
+}
+
+// failureClass is the class of a report of a failed turn: an abandon (a
+// failure before admission, R29) or a failed finish.
+func failureClass(r report) (string, bool) {
+	switch {
+	case r.Abandon != nil:
+		return r.Abandon.Class, true
+	case r.Finish != nil && r.Finish.Outcome == wire.OutcomeFailed:
+		return r.Finish.Class, true
+	}
+	return "", false
 }
 
 // watch stops the child when the lease is lost, the user cancels, the drain

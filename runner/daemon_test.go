@@ -102,6 +102,9 @@ func TestTurnResultIsReported(t *testing.T) {
 			t.Errorf("no %s record", msg)
 		}
 	}
+	if !strings.Contains(r.logs.String(), `"msg":"agent_turn_failed","job_id":"`+j.ID) || !strings.Contains(r.logs.String(), `"stage":"turn","class":"scripted"`) {
+		t.Errorf("no agent_turn_failed record with the child's class:\n%s", r.logs)
+	}
 	r.logs.noSecrets(t, c.hostToken)
 	if strings.Contains(r.logs.String(), "rdw_") {
 		t.Error("a worker token reached a record")
@@ -146,6 +149,9 @@ func TestChildExitWithoutResultIsReportedFailed(t *testing.T) {
 	}
 	if !strings.Contains(r.logs.String(), `"exit_code":3`) {
 		t.Fatalf("no turn_ended record with the exit code:\n%s", r.logs)
+	}
+	if !strings.Contains(r.logs.String(), `"msg":"agent_turn_failed","job_id":"`+j.ID) || !strings.Contains(r.logs.String(), `"stage":"turn","class":"`+ClassChildExited+`"`) {
+		t.Fatalf("no agent_turn_failed record with the daemon's class:\n%s", r.logs)
 	}
 }
 
