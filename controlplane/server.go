@@ -111,6 +111,7 @@ func (s *Server) Handler() http.Handler {
 	// Worker API, host scope.
 	mux.HandleFunc("POST "+wire.PathClaim, s.handleClaim)
 	mux.HandleFunc("POST "+wire.PathHostHeartbeat, s.handleHostHeartbeat)
+	mux.HandleFunc("POST "+wire.PathConversations, s.handleConversationStates)
 
 	// Worker API, attempt scope.
 	job := func(op string) string { return "POST " + wire.AttemptPath("{job}", op) }

@@ -116,6 +116,14 @@ func (c *Client) HostHeartbeat(ctx context.Context, hostToken string, req HostHe
 	return out, err
 }
 
+// ConversationStates asks, with the host token, whether the conversations
+// are usable, lost or unknown to the control plane.
+func (c *Client) ConversationStates(ctx context.Context, hostToken string, req ConversationStatesRequest) (ConversationStatesResponse, error) {
+	var out ConversationStatesResponse
+	_, err := c.do(ctx, "conversation_states", PathConversations, hostToken, req, &out)
+	return out, err
+}
+
 // Renew renews an attempt's lease with its worker token.
 func (c *Client) Renew(ctx context.Context, workerToken, jobID string, req RenewRequest) (RenewResponse, error) {
 	var out RenewResponse

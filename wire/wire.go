@@ -14,6 +14,7 @@ import (
 const (
 	PathClaim         = "/v1/agent/worker/claim"
 	PathHostHeartbeat = "/v1/agent/worker/heartbeat"
+	PathConversations = "/v1/agent/worker/conversations"
 	pathJobPrefix     = "/v1/agent/worker/jobs/"
 )
 
@@ -253,6 +254,32 @@ type HostHeartbeat struct {
 // HostHeartbeatResponse answers a host heartbeat.
 type HostHeartbeatResponse struct {
 	ServerTime time.Time `json:"server_time"`
+}
+
+// MaxConversationIDs bounds the ids of one ConversationStatesRequest.
+const MaxConversationIDs = 1000
+
+// ConversationUnknown is the state of an id the control plane does not
+// have: never created, or deleted. Only ConversationStatesResponse uses it.
+const ConversationUnknown = "unknown"
+
+// ConversationStatesRequest is POST /v1/agent/worker/conversations (host
+// token): the host asks which of the conversations it holds sandboxes for
+// may still run a turn.
+type ConversationStatesRequest struct {
+	ConversationIDs []string `json:"conversation_ids"` // at most MaxConversationIDs
+}
+
+// ConversationState is one conversation's state as the host sees it.
+type ConversationState struct {
+	ID    string `json:"id"`
+	State string `json:"state"` // usable | lost | unknown
+}
+
+// ConversationStatesResponse answers with one entry per distinct id asked
+// for, in the order asked.
+type ConversationStatesResponse struct {
+	Conversations []ConversationState `json:"conversations"`
 }
 
 // ---- worker API: attempt scope (worker token) ----

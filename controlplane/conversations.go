@@ -1,0 +1,57 @@
+package controlplane
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// handleConversationStates answers a host's question about the
+// conversations it holds sandboxes for: usable, lost, or unknown (never
+// created here, or deleted). The host removes the sandboxes of the last
+// two; a LOST conversation never becomes usable again (R31), so the answer
+// cannot turn stale in the dangerous direction.
+func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request) {
+	const op = "conversation_states"
+	if _, ok := s.host(w, r, op); !ok {
+		return
+	}
+	var req wire.ConversationStatesRequest
+	if e := decode(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	if len(req.ConversationIDs) > wire.MaxConversationIDs {
+		writeError(w, invalid("conversation_ids holds %d ids; at most %d per request.", len(req.ConversationIDs), wire.MaxConversationIDs))
+		return
+	}
+	for _, id := range req.ConversationIDs {
+		if id == "" {
+			writeError(w, invalid("conversation_ids must not hold an empty id."))
+			return
+		}
+	}
+	out := wire.ConversationStatesResponse{Conversations: make([]wire.ConversationState, 0, len(req.ConversationIDs))}
+	seen := make(map[string]bool, len(req.ConversationIDs))
+	for _, id := range req.ConversationIDs {
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		state := wire.ConversationUnknown
+		c, err := s.cfg.Store.GetConversation(r.Context(), id)
+		switch {
+		case err == nil:
+			state = c.State
+		case !errors.Is(err, store.ErrNotFound):
+			// Never guess: a conversation the store could not read is not
+			// "unknown", or its host would delete a usable sandbox.
+			s.fail(w, r, op, err)
+			return
+		}
+		out.Conversations = append(out.Conversations, wire.ConversationState{ID: id, State: state})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
