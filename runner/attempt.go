@@ -86,11 +86,11 @@ func (r stopReason) stopClass() string {
 	case stopCancel:
 		return turn.ClassCancelled
 	case stopLease:
-		return "lease_lost"
+		return turn.StopLeaseLost
 	case stopDrain:
-		return "drain_timeout"
+		return turn.StopDrainTimeout
 	}
-	return "shutdown"
+	return turn.StopShutdown
 }
 
 // stopTurn stops the child: STOP with the reason's class once it has

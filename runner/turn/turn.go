@@ -43,6 +43,14 @@ const (
 	ClassCancelled          = "cancelled"
 )
 
+// STOP reason classes the daemon sends after ACCEPT, beside ClassCancelled
+// and handover.ClassExecutionTimeout.
+const (
+	StopLeaseLost    = "lease_lost"    // the lease is gone: write nothing more
+	StopDrainTimeout = "drain_timeout" // the daemon's drain ran out
+	StopShutdown     = "shutdown"      // the daemon stops hard
+)
+
 // DirectiveDeclineFirst in a prompt makes the turn child decline the first
 // attempt of that turn (lease generation 1) as a failed preflight would.
 // It exists for the demo and the tests: it shows a claim released and run
@@ -149,6 +157,7 @@ func (t *turn) run(ctx context.Context) Result {
 	}
 	t.sess = sess
 	defer sess.Close()
+	defer fenceOnLeaseLoss(ctx, sess)()
 	outcome, class := t.drive(ctx)
 	if cause := context.Cause(ctx); class != "" && errors.Is(cause, handover.ErrStopRequested) {
 		var se *handover.StopError
@@ -156,10 +165,31 @@ func (t *turn) run(ctx context.Context) Result {
 			outcome, class = wire.OutcomeCancelled, ClassCancelled
 		}
 	}
+	if stoppedForLeaseLoss(ctx) {
+		sess.LeaseLost() // before the flush, whether or not the watcher ran yet
+	}
 	sess.FlushEvents(context.WithoutCancel(ctx))
 	res := result(sess.Facts(), ref, outcome, class)
 	res.LeaseRejected = sess.Rejected()
 	return res
+}
+
+// fenceOnLeaseLoss fences sess as soon as ctx ends with the daemon's STOP
+// "lease_lost": the event uploader and the final flush then write nothing
+// more about the attempt (R8, R10, R11), as the daemon itself does not.
+// The returned func stops watching.
+func fenceOnLeaseLoss(ctx context.Context, sess *settlement.Session) func() bool {
+	return context.AfterFunc(ctx, func() {
+		if stoppedForLeaseLoss(ctx) {
+			sess.LeaseLost()
+		}
+	})
+}
+
+// stoppedForLeaseLoss: ctx ended with the daemon's STOP "lease_lost".
+func stoppedForLeaseLoss(ctx context.Context) bool {
+	var se *handover.StopError
+	return errors.As(context.Cause(ctx), &se) && se.Class == StopLeaseLost
 }
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {

@@ -3,8 +3,12 @@ package turn
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"testing"
+	"testing/synctest"
+	"time"
 
+	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
@@ -86,6 +90,52 @@ func TestResultFollowsFacts(t *testing.T) {
 			if f.Outcome != tt.wantOutcome || r.Outcome != tt.wantOutcome || f.Ambiguous != tt.wantAmbig || f.AttemptRef != ref {
 				t.Fatalf("finish = %+v (result outcome %q), want outcome %q ambiguous %v", f, r.Outcome, tt.wantOutcome, tt.wantAmbig)
 			}
+		})
+	}
+}
+
+// R8, R10: the daemon's STOP "lease_lost" fences the child's Session, so
+// neither the event uploader nor the final flush writes about the attempt
+// again; other STOP classes leave it writing (R13: a cancelled turn still
+// reports). The control plane address answers nothing: a write that tried
+// to go out would fail with a transport error, not ErrLeaseRejected.
+func TestLeaseLostStopFencesTheSession(t *testing.T) {
+	tests := []struct {
+		name   string
+		cause  error
+		fenced bool
+	}{
+		{"lease lost", &handover.StopError{Class: StopLeaseLost}, true},
+		{"user cancel", &handover.StopError{Class: ClassCancelled}, false},
+		{"drain timeout", &handover.StopError{Class: StopDrainTimeout}, false},
+		{"parent gone", errors.New("descriptor closed"), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				sess, err := settlement.New(settlement.Config{
+					BaseURL: "http://127.0.0.1:1", WorkerToken: "rdw_test", JobID: "job_1",
+					Attempt: wire.AttemptRef{AttemptID: "att_1", LeaseGeneration: 1},
+					Logger:  slog.New(slog.DiscardHandler),
+					Policy:  settlement.Policy{TryTimeout: time.Second, Wait: time.Millisecond},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer sess.Close()
+				ctx, cancel := context.WithCancelCause(context.Background())
+				defer fenceOnLeaseLoss(ctx, sess)()
+				cancel(tt.cause)
+				synctest.Wait()
+				if sess.Rejected() != tt.fenced || stoppedForLeaseLoss(ctx) != tt.fenced {
+					t.Fatalf("fenced %v (stopped for lease loss %v), want %v", sess.Rejected(), stoppedForLeaseLoss(ctx), tt.fenced)
+				}
+				if tt.fenced {
+					if err := sess.RecordContainer(context.Background(), sandbox.BackendProcess, "c1"); !errors.Is(err, settlement.ErrLeaseRejected) {
+						t.Fatalf("a write after the fence: %v, want ErrLeaseRejected without a request", err)
+					}
+				}
+			})
 		})
 	}
 }
