@@ -797,3 +797,50 @@ func TestDockerCreatedButNeverStartedContainerIsStarted(t *testing.T) {
 		t.Fatalf("turn result %+v", out.result)
 	}
 }
+
+// Issue 7: the runner's sweep lists this host's conversations by label —
+// a running container, or only a workspace volume left behind — and never
+// another host's or a container this host did not create.
+func TestDockerConversationsListsOnlyOurs(t *testing.T) {
+	a, cfgA := newBackend(t, nil)
+	other, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	running, volumeOnly, othersOnly := newSpec(imgTestAgent), newSpec(imgTestAgent), newSpec(imgTestAgent)
+
+	if _, err := a.Ensure(ctx, running); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := a.Ensure(ctx, volumeOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.ContainerRemove(ctx, sb.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Ensure(ctx, othersOnly); err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := env.engine.ContainerCreate(ctx, &container.Config{
+		Image:      env.image,
+		Entrypoint: []string{imgTestAgent},
+		Labels:     map[string]string{docker.LabelHost: cfgA.Host, docker.LabelConversation: "conv-foreign"},
+	}, &container.HostConfig{NetworkMode: "none"}, nil, nil, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.engine.ContainerRemove(context.Background(), foreign.ID, container.RemoveOptions{Force: true})
+	})
+
+	want := []string{running.ConversationID, volumeOnly.ConversationID}
+	slices.Sort(want)
+	if got, err := a.Conversations(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("conversations %v (%v), want %v", got, err, want)
+	}
+	if err := a.Remove(ctx, volumeOnly.ConversationID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := a.Conversations(ctx); err != nil || !slices.Equal(got, []string{running.ConversationID}) {
+		t.Fatalf("after remove: %v (%v)", got, err)
+	}
+}

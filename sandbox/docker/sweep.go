@@ -65,6 +65,18 @@ func (b *Backend) sweepOne(ctx context.Context, conv string) (containerID, volum
 	return containerID, volumeName, b.remove(ctx, conv)
 }
 
+// Conversations lists, sorted, the conversations this host holds a
+// sandbox for: a container or a workspace volume labelled as this host's
+// (another host's objects and unlabelled ones are never listed). The
+// runner's sandbox sweep asks the control plane about each.
+func (b *Backend) Conversations(ctx context.Context) ([]string, error) {
+	convs, err := b.conversations(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list docker sandboxes: %w", err)
+	}
+	return convs, nil
+}
+
 // conversations lists, sorted, the conversations that have a container or
 // a workspace volume of this host.
 func (b *Backend) conversations(ctx context.Context) ([]string, error) {

@@ -267,6 +267,27 @@ func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 	return ctx.Err()
 }
 
+// Conversations lists, sorted, the conversations that have a sandbox
+// directory under STATE/sandboxes, whether or not their supervisor runs.
+// The runner's sandbox sweep asks the control plane about each. Entries
+// that cannot name a conversation (files, odd names) are not listed.
+func (b *Backend) Conversations(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(b.cfg.StateDir, "sandboxes"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list process sandboxes: %w", err)
+	}
+	var out []string
+	for _, e := range ents { // ReadDir sorts by name
+		if e.IsDir() && checkConversation(e.Name()) == nil {
+			out = append(out, e.Name())
+		}
+	}
+	return out, ctx.Err()
+}
+
 // start starts a supervisor and waits until it says it listens.
 func (b *Backend) start(ctx context.Context, conv, id string) error {
 	dir := b.Dir(conv)

@@ -391,3 +391,45 @@ func tree(t *testing.T, root string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// Issue 6: the runner's sweep finds every conversation with a sandbox
+// directory — running supervisor or not, from a fresh Backend as after a
+// restart — and nothing that cannot name a conversation; once removed, a
+// conversation is no longer listed.
+func TestConversationsListsSandboxDirectories(t *testing.T) {
+	state := t.TempDir()
+	ctx := context.Background()
+	b := newBackend(t, state)
+	if got, err := b.Conversations(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("before any sandbox: %v, %v", got, err)
+	}
+	for _, conv := range []string{"conv-b", "conv-a"} {
+		cleanup(t, b, conv)
+		if _, err := b.Ensure(ctx, spec(conv)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A sandbox whose supervisor is gone is still a sandbox to sweep.
+	if err := os.MkdirAll(b.Workspace("conv-c"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cleanup(t, b, "conv-c")
+	// Neither a file nor a name Remove would refuse is a conversation.
+	if err := os.WriteFile(filepath.Join(state, "sandboxes", "stray-file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(state, "sandboxes", ".hidden"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	want := []string{"conv-a", "conv-b", "conv-c"}
+	if got, err := newBackend(t, state).Conversations(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("conversations %v (%v), want %v", got, err, want)
+	}
+	if err := b.Remove(ctx, "conv-b"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Conversations(ctx); err != nil || !slices.Equal(got, []string{"conv-a", "conv-c"}) {
+		t.Fatalf("after removing conv-b: %v, %v", got, err)
+	}
+}
