@@ -24,7 +24,7 @@ const (
 	ClassBadResult        = "bad_result"
 	ClassStateUnwritable  = "state_unwritable"
 	ClassWorkerLost       = "daemon_restarted"
-	ClassHostStopped      = "host_stopped"
+	ClassHostStopped      = turn.ClassHostStopped
 	ClassReleaseRefused   = "release_refused"
 )
 

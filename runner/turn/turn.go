@@ -41,6 +41,7 @@ const (
 	ClassAgentExit          = "agent_exit"
 	ClassSettlement         = "settlement_failed"
 	ClassCancelled          = "cancelled"
+	ClassHostStopped        = "host_stopped" // the daemon's drain or shutdown ended the turn (P6)
 )
 
 // STOP reason classes the daemon sends after ACCEPT, beside ClassCancelled
@@ -159,12 +160,7 @@ func (t *turn) run(ctx context.Context) Result {
 	defer sess.Close()
 	defer fenceOnLeaseLoss(ctx, sess)()
 	outcome, class := t.drive(ctx)
-	if cause := context.Cause(ctx); class != "" && errors.Is(cause, handover.ErrStopRequested) {
-		var se *handover.StopError
-		if errors.As(cause, &se) && se.Class == ClassCancelled {
-			outcome, class = wire.OutcomeCancelled, ClassCancelled
-		}
-	}
+	outcome, class = byStop(ctx, outcome, class)
 	if stoppedForLeaseLoss(ctx) {
 		sess.LeaseLost() // before the flush, whether or not the watcher ran yet
 	}
@@ -172,6 +168,25 @@ func (t *turn) run(ctx context.Context) Result {
 	res := result(sess.Facts(), ref, outcome, class)
 	res.LeaseRejected = sess.Rejected()
 	return res
+}
+
+// byStop: a turn that failed because the daemon stopped it ends as the
+// daemon's own report would say for that STOP: cancelled for the user's
+// cancel (P7); worker_lost for the daemon's drain timeout or shutdown, so
+// a never-admitted job runs again without counting an attempt and an
+// admitted one is LOST (P6, R30). A turn that did not fail keeps its outcome.
+func byStop(ctx context.Context, outcome, class string) (string, string) {
+	var se *handover.StopError
+	if class == "" || !errors.As(context.Cause(ctx), &se) {
+		return outcome, class
+	}
+	switch se.Class {
+	case ClassCancelled:
+		return wire.OutcomeCancelled, ClassCancelled
+	case StopDrainTimeout, StopShutdown:
+		return wire.OutcomeWorkerLost, ClassHostStopped
+	}
+	return outcome, class
 }
 
 // fenceOnLeaseLoss fences sess as soon as ctx ends with the daemon's STOP

@@ -139,3 +139,39 @@ func TestLeaseLostStopFencesTheSession(t *testing.T) {
 		})
 	}
 }
+
+// A failed turn stopped by the daemon reports what the daemon's own
+// fallback would for that STOP: cancelled for a user cancel, worker_lost
+// for a drain timeout or shutdown (P6); a lease loss or an execution
+// timeout keeps the turn's own failure; a succeeded turn stays succeeded.
+func TestOutcomeFollowsStop(t *testing.T) {
+	stop := func(class string) error { return &handover.StopError{Class: class} }
+	tests := []struct {
+		name        string
+		cause       error
+		outcome     string
+		class       string
+		wantOutcome string
+		wantClass   string
+	}{
+		{"no stop", nil, wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeFailed, ClassAgentInterrupted},
+		{"user cancel", stop(ClassCancelled), wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeCancelled, ClassCancelled},
+		{"drain timeout", stop(StopDrainTimeout), wire.OutcomeFailed, ClassActivation, wire.OutcomeWorkerLost, ClassHostStopped},
+		{"shutdown", stop(StopShutdown), wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeWorkerLost, ClassHostStopped},
+		{"lease lost", stop(StopLeaseLost), wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeFailed, ClassAgentInterrupted},
+		{"execution timeout", stop(handover.ClassExecutionTimeout), wire.OutcomeFailed, ClassExecTimeout, wire.OutcomeFailed, ClassExecTimeout},
+		{"succeeded before the cancel", stop(ClassCancelled), wire.OutcomeSucceeded, "", wire.OutcomeSucceeded, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			if tt.cause != nil {
+				cancel(tt.cause)
+			}
+			defer cancel(nil)
+			if o, c := byStop(ctx, tt.outcome, tt.class); o != tt.wantOutcome || c != tt.wantClass {
+				t.Fatalf("byStop = %s/%s, want %s/%s", o, c, tt.wantOutcome, tt.wantClass)
+			}
+		})
+	}
+}
