@@ -189,6 +189,20 @@ func byStop(ctx context.Context, outcome, class string) (string, string) {
 	return outcome, class
 }
 
+// ignoringCancel is ctx without the daemon's STOP "cancelled": it ends
+// when ctx ends for any other cause (a lease loss, a drain timeout, a
+// shutdown, the daemon gone). The returned func releases it.
+func ignoringCancel(ctx context.Context) (context.Context, func()) {
+	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		var se *handover.StopError
+		if cause := context.Cause(ctx); !errors.As(cause, &se) || se.Class != ClassCancelled {
+			cancel(cause)
+		}
+	})
+	return out, func() { stop(); cancel(nil) }
+}
+
 // fenceOnLeaseLoss fences sess as soon as ctx ends with the daemon's STOP
 // "lease_lost": the event uploader and the final flush then write nothing
 // more about the attempt (R8, R10, R11), as the daemon itself does not.
@@ -290,14 +304,19 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	t.log.Info("agent_exited", "exit_code", res.ExitCode, "signal", res.Signal, "native_turn", res.NativeTurn)
 
-	if _, err := t.sess.Settle(ctx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
+	// The agent's turn is over: settle it even if the user's cancel arrives
+	// now, or a completed turn would fail closed and lose its conversation
+	// (R13, R28). Any other STOP still ends settlement.
+	settleCtx, stopSettle := ignoringCancel(ctx)
+	defer stopSettle()
+	if _, err := t.sess.Settle(settleCtx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
 		return cl.Settle(ctx, act.ID)
 	}); err != nil {
 		return fail(ClassSettlement)
 	}
 	t.progress("settled")
 	// R23: a failed notice is recorded by the session and does not fail the turn.
-	_ = t.sess.Notify(ctx)
+	_ = t.sess.Notify(settleCtx)
 	if res.ExitCode != 0 {
 		return fail(fmt.Sprintf("%s_%d", ClassAgentExit, max(res.ExitCode, 0)))
 	}

@@ -175,3 +175,41 @@ func TestOutcomeFollowsStop(t *testing.T) {
 		})
 	}
 }
+
+// R13, R28: once the agent has exited, settlement goes on through the
+// user's cancel (a completed turn is settled, not failed closed), but any
+// other end of the turn's context ends it, with that cause.
+func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
+	gone := errors.New("descriptor closed")
+	tests := []struct {
+		name  string
+		cause error
+		ended bool
+	}{
+		{"user cancel", &handover.StopError{Class: ClassCancelled}, false},
+		{"lease lost", &handover.StopError{Class: StopLeaseLost}, true},
+		{"drain timeout", &handover.StopError{Class: StopDrainTimeout}, true},
+		{"shutdown", &handover.StopError{Class: StopShutdown}, true},
+		{"daemon gone", gone, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancelCause(context.Background())
+				sctx, release := ignoringCancel(ctx)
+				cancel(tt.cause)
+				synctest.Wait()
+				if ended := sctx.Err() != nil; ended != tt.ended {
+					t.Fatalf("settlement context ended %v, want %v", ended, tt.ended)
+				}
+				if tt.ended && context.Cause(sctx) != tt.cause {
+					t.Fatalf("cause %v, want %v", context.Cause(sctx), tt.cause)
+				}
+				release()
+				if sctx.Err() == nil {
+					t.Fatal("release left the settlement context open")
+				}
+			})
+		})
+	}
+}
