@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -262,11 +261,13 @@ func (r *Renewer) loop() Verdict {
 			r.rec.HeartbeatStopped(bg, r.id, renewals)
 			return Verdict{Outcome: Stopped, Renewals: renewals}
 		}
-		switch status := diagnostics.Status(err); status {
-		case http.StatusConflict, http.StatusGone:
+		// wire classifies statuses for everyone (409/410 definitive,
+		// 401/403/404 a refused credential).
+		switch status := diagnostics.Status(err); wire.ClassifyStatus(status) {
+		case wire.Definitive:
 			r.rec.LeaseLost(bg, r.id, status)
 			return Verdict{Outcome: Lost, Status: status, Renewals: renewals}
-		case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
+		case wire.CredentialRefused:
 			r.rec.CredentialRefused(bg, r.id, status)
 			return Verdict{Outcome: CredentialRefused, Status: status, Renewals: renewals}
 		}
