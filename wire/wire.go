@@ -123,6 +123,10 @@ type Conversation struct {
 	Epoch        int64     `json:"workspace_epoch"`
 	NativeTurn   int64     `json:"native_turn"`
 	CreatedAt    time.Time `json:"created_at"`
+	// SandboxHost names the host that holds the retained sandbox: the host
+	// whose attempt last recorded ContainerID. Only that host is given the
+	// conversation's turns; empty means any host.
+	SandboxHost string `json:"sandbox_host,omitempty"`
 }
 
 // ConversationList is GET /v1/conversations.

@@ -98,9 +98,11 @@ type Store interface {
 
 	// Worker API, host scope. Claim takes the oldest runnable job: queued,
 	// of a conversation that is usable and has no other job running or
-	// queued before it (one turn at a time, in order). It returns false when
-	// there is none. The new attempt's generation is one more than the job's
-	// last (P1).
+	// queued before it (one turn at a time, in order), and whose retained
+	// sandbox is on this host or not recorded yet (host affinity: the
+	// sandbox lives on the host whose attempt last called RecordContainer).
+	// It returns false when there is none. The new attempt's generation is
+	// one more than the job's last (P1).
 	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
 
 	// AuthorizeAttempt maps a worker token hash to its attempt, checking
@@ -111,6 +113,8 @@ type Store interface {
 	// Attempt scope: each is one guarded statement (P1).
 	Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
 	AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
+	// RecordContainer records the retained sandbox on the attempt and the
+	// conversation, and the attempt's host as the sandbox's host.
 	RecordContainer(ctx context.Context, ref wire.AttemptRef, req wire.ContainerRequest, now time.Time) error
 	// Admit is idempotent for the same attempt and activation (same receipt).
 	Admit(ctx context.Context, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error)

@@ -57,6 +57,30 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
+// Claim with as many turns pinned to another host's sandboxes queued
+// ahead of this host's: host affinity must not make the claim read them.
+func BenchmarkClaimOtherHostsAhead(b *testing.B) {
+	const queued = 10_000
+	for _, bs := range benchStores {
+		b.Run(bs.name, func(b *testing.B) {
+			s := bs.open(b)
+			fill(b, s, "other", queued, false, time.Time{})
+			pin(b, s, "other", "host_other")
+			fill(b, s, "q", queued+b.N, false, time.Time{})
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				c, ok, err := s.Claim(ctx, store.ClaimParams{HostID: "host_bench", LeaseTTL: 2 * time.Minute,
+					WorkerTokenHash: []byte(fmt.Sprintf("w%d", i)), Now: t0})
+				if err != nil || !ok || c.Turn.ConversationID[0] != 'q' {
+					b.Fatalf("Claim = %s, %v, %v", c.Turn.ConversationID, ok, err)
+				}
+			}
+			rate(b, b.N, "claims/s")
+		})
+	}
+}
+
 // One fenced renewal per transaction, round robin over 1,000 live leases.
 func BenchmarkRenew(b *testing.B) {
 	const leases = 1000

@@ -149,3 +149,25 @@ func fillBlocked(tb testing.TB, s *Store, prefix string, count int) {
 		tb.Fatalf("fillBlocked: %v", err)
 	}
 }
+
+// pin gives the conversations and jobs filled under prefix a sandbox on
+// host hostID (registered here if new), so that only it may claim them.
+func pin(tb testing.TB, s *Store, prefix, hostID string) {
+	tb.Helper()
+	ctx := context.Background()
+	err := s.write(ctx, func(tx txn) error {
+		if _, err := s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT DO NOTHING`, hostID, hostID, hostID, ns(t0)); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE conversations SET sandbox_host_id = ?, container_id = 'ctr' WHERE id LIKE ? || 'c%'`,
+			hostID, prefix); err != nil {
+			return err
+		}
+		_, err := s.exec(ctx, tx, `UPDATE jobs SET sandbox_host_id = ? WHERE id LIKE ? || 'j%'`, hostID, prefix)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("pin: %v", err)
+	}
+}

@@ -25,13 +25,19 @@ const (
 	reasonWorkerLostCap   = "This message could not be answered: the computers that tried to run it stopped responding %d times."
 )
 
-const conversationCols = `id, title, image, agent_command, state, lost_reason, container_id, epoch, native_turn, created_at`
+// conversationCols reads a conversation with the name of its sandbox's
+// host (FROM conversationFrom).
+const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
+	c.created_at, COALESCE(h.name, '')`
+
+const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
 func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, error) {
 	var c wire.Conversation
 	var cmd string
 	var created int64
-	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn, &created); err != nil {
+	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
+		&created, &c.SandboxHost); err != nil {
 		return c, err
 	}
 	if err := json.Unmarshal([]byte(cmd), &c.AgentCommand); err != nil {
@@ -67,7 +73,7 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 
 // GetConversation reads one conversation.
 func (s *Store) GetConversation(ctx context.Context, id string) (wire.Conversation, error) {
-	c, err := scanConversation(s.r.QueryRowContext(ctx, s.q(`SELECT `+conversationCols+` FROM conversations WHERE id = ?`), id))
+	c, err := scanConversation(s.r.QueryRowContext(ctx, s.q(`SELECT `+conversationCols+conversationFrom+` WHERE c.id = ?`), id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, store.ErrNotFound
 	}
@@ -79,7 +85,7 @@ func (s *Store) GetConversation(ctx context.Context, id string) (wire.Conversati
 
 // ListConversations lists conversations, oldest first.
 func (s *Store) ListConversations(ctx context.Context) ([]wire.Conversation, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+conversationCols+` FROM conversations ORDER BY created_at, id`)
+	rows, err := s.r.QueryContext(ctx, `SELECT `+conversationCols+conversationFrom+` ORDER BY c.created_at, c.id`)
 	if err != nil {
 		return nil, fmt.Errorf("list conversations: %w", err)
 	}
@@ -121,10 +127,11 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 		if err != nil {
 			return err
 		}
-		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, created_at)
+		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, sandbox_host_id, created_at)
 			VALUES (?, ?, ?, ?, 'queued',
-				CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE conversation_id = ? AND state IN ('queued', 'running')) THEN 0 ELSE 1 END, ?)`,
-			id, conversationID, seq, prompt, conversationID, ns(now)); err != nil {
+				CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE conversation_id = ? AND state IN ('queued', 'running')) THEN 0 ELSE 1 END,
+				(SELECT sandbox_host_id FROM conversations WHERE id = ?), ?)`,
+			id, conversationID, seq, prompt, conversationID, conversationID, ns(now)); err != nil {
 			return err
 		}
 		return s.event(ctx, tx, id, "", now, "queued", map[string]any{"seq": seq})

@@ -23,9 +23,10 @@ func guardArgs(ref wire.AttemptRef, now time.Time) []any {
 
 func args(first []any, rest ...any) []any { return append(first, rest...) }
 
-// Claim takes the oldest runnable job. jobs_claim holds only queued heads
-// of their conversations, so this is the first entry of an index in the
-// order of the ORDER BY (TestClaimUsesIndex).
+// Claim takes the oldest runnable job the host may run. The claim indexes
+// hold only queued heads of their conversations, so this is
+// the first entry of two partial indexes, each in the order of its ORDER
+// BY (TestQueryPlansUseIndexes).
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, bool, error) {
 	if len(p.WorkerTokenHash) == 0 {
 		return wire.Claim{}, false, fmt.Errorf("claim: %w: worker token hash is required", store.ErrInvalid)
@@ -39,7 +40,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	err := s.write(ctx, func(tx txn) error {
 		found = false
 		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
-		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID).Scan(
+		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID).Scan(
 			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -81,13 +82,24 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	return c, found, nil
 }
 
-// claimStatement takes the next job: the oldest queued head of its
-// conversation, an ordered walk of the partial index jobs_claim. The
-// query-plan test explains this very text.
+// claimStatement takes the next job for a host: the oldest queued head of
+// its conversation among those whose sandbox lives on this host or that
+// have none yet. Each branch is an ordered walk of its own partial index
+// (jobs_claim_host for the host's range, jobs_claim_any), so other hosts'
+// queued turns are never read; MIN picks the older of at most two rows.
+// On PostgreSQL each branch locks its row with SKIP LOCKED; the one not
+// taken stays locked until commit, so a concurrent claimer passes it for a
+// moment. The query-plan test explains this very text. Arguments: the new
+// attempt id, the host id.
 func (s *Store) claimStatement() string {
+	branch := func(cond string) string {
+		return `SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND ` + cond +
+			` ORDER BY pos LIMIT 1` + s.lockSkip() + `) AS b`
+	}
 	return `UPDATE jobs SET state = 'running', generation = generation + 1,
 		attempt_count = attempt_count + 1, live_attempt_id = ?
-		WHERE pos = (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 ORDER BY pos LIMIT 1` + s.lockSkip() + `)
+		WHERE pos = (SELECT MIN(pos) FROM (` + branch(`sandbox_host_id = ?`) +
+		` UNION ALL ` + branch(`sandbox_host_id IS NULL`) + `) AS c)
 		AND state = 'queued'
 		RETURNING id, conversation_id, seq, prompt, generation`
 }
@@ -255,15 +267,16 @@ func (s *Store) AppendEvents(ctx context.Context, ref wire.AttemptRef, events []
 }
 
 // RecordContainer records the retained sandbox's identity on the attempt
-// and the conversation.
+// and the conversation, and pins the conversation's turns to the
+// attempt's host, where the sandbox now lives.
 func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wire.ContainerRequest, now time.Time) error {
 	if req.ContainerID == "" || (req.Backend != "process" && req.Backend != "docker") {
 		return fmt.Errorf("record container: %w: backend process|docker and container_id are required", store.ErrInvalid)
 	}
 	err := s.write(ctx, func(tx txn) error {
-		var jobID string
-		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET container_backend = ?, container_id = ? WHERE `+guard+` RETURNING job_id`),
-			args([]any{req.Backend, req.ContainerID}, guardArgs(ref, now)...)...).Scan(&jobID)
+		var jobID, hostID string
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET container_backend = ?, container_id = ? WHERE `+guard+` RETURNING job_id, host_id`),
+			args([]any{req.Backend, req.ContainerID}, guardArgs(ref, now)...)...).Scan(&jobID, &hostID)
 		if errors.Is(err, sql.ErrNoRows) {
 			_, err := s.refused(ctx, tx, wire.OpContainer, ref, now)
 			if err == nil {
@@ -274,8 +287,16 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 		if err != nil {
 			return err
 		}
-		if _, err := s.exec(ctx, tx, `UPDATE conversations SET container_backend = ?, container_id = ?, updated_at = ?
-			WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?)`, req.Backend, req.ContainerID, ns(now), jobID); err != nil {
+		var conv string
+		if err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
+			WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?) RETURNING id`),
+			req.Backend, req.ContainerID, hostID, ns(now), jobID).Scan(&conv); err != nil {
+			return err
+		}
+		// The sandbox lives on this host now: so do the conversation's
+		// unfinished turns, a requeue of this one included.
+		if _, err := s.exec(ctx, tx, `UPDATE jobs SET sandbox_host_id = ? WHERE conversation_id = ? AND state IN ('queued', 'running')`,
+			hostID, conv); err != nil {
 			return err
 		}
 		return s.event(ctx, tx, jobID, ref.AttemptID, now, "container_recorded",

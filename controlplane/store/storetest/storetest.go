@@ -56,6 +56,7 @@ var tests = []test{
 	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
 	{"R35_ReaperLosesAdmittedConversation", testR35ReaperLosesAdmittedConversation},
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
+	{"Affinity_TurnsGoToSandboxHost", testAffinityTurnsGoToSandboxHost},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
