@@ -67,6 +67,12 @@ func Main(ctx context.Context, stderr io.Writer) int {
 		return 2
 	}
 	defer ch.Close()
+	// The turn ends on STOP or the parent's death (ch.Context; its cause says
+	// which), and also on SIGTERM (ctx), which the daemon sends when a STOP
+	// was not heeded within its grace.
+	turnCtx, cancel := context.WithCancelCause(ch.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(ctx, func() { cancel(errSignalled) })()
 
 	var p Payload
 	if err := json.Unmarshal(ch.Payload().Data, &p); err != nil || p.Claim.AttemptID != ch.Payload().AttemptID {
@@ -83,7 +89,7 @@ func Main(ctx context.Context, stderr io.Writer) int {
 		return 1
 	}
 	spec := sandbox.SpecFromTurn(p.Claim.Turn)
-	if class := preflight(ctx, backend, spec, p.Claim); class != "" {
+	if class := preflight(turnCtx, backend, spec, p.Claim); class != "" {
 		log.Warn("agent_turn_declined", "class", class)
 		_ = ch.Decline(class)
 		return 0
@@ -96,7 +102,7 @@ func Main(ctx context.Context, stderr io.Writer) int {
 	}
 
 	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec}
-	res := t.run(ch.Context())
+	res := t.run(turnCtx)
 	body, err := json.Marshal(res)
 	if err == nil {
 		err = ch.Result(body)
@@ -323,7 +329,10 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	return wire.OutcomeSucceeded, ""
 }
 
-var errExecTimeout = errors.New("execution timeout")
+var (
+	errExecTimeout = errors.New("execution timeout")
+	errSignalled   = errors.New("turn child signalled to stop")
+)
 
 // progress sends the Facts so far; a lost PROGRESS only makes the daemon's
 // fallback report less precise, never wrong (the store guards every write).
