@@ -22,7 +22,9 @@
 // with its own Session for the attempt, persists that Report and passes it
 // to Send (idempotent, P2), calling LeaseLost when renewal is rejected.
 // A daemon releasing a turn its child never accepted uses Release (R33).
-// Preparation outside the turn's handler runs under Session.Prepare (R22).
+// The outer failure handler of preparation (R22) is the daemon's: a turn
+// child that fails or dies before its RESULT gets a terminal report built
+// from its last Facts (package runner), sent before renewal stops.
 // After a lease rejection — an answer 409 lease_lost, 401, 403, 404 or 410,
 // or the owner's LeaseLost for a local expiry — the Session writes nothing
 // more about the attempt.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -470,11 +469,6 @@ func TestLeaseRejectedMidTurn(t *testing.T) {
 				if _, err := sess.Finish(ctx, settlement.Result{Outcome: wire.OutcomeFailed}); !errors.Is(err, settlement.ErrLeaseRejected) {
 					t.Errorf("finish: %v", err)
 				}
-				stopped := false
-				sess.Prepare(ctx, func() { stopped = true }, func(context.Context) error { return errors.New("late failure") })
-				if !stopped {
-					t.Errorf("renewal not stopped")
-				}
 				if err := sess.RecordContainer(ctx, "process", "sb-1"); !errors.Is(err, settlement.ErrLeaseRejected) {
 					t.Errorf("record container: %v", err)
 				}
@@ -545,79 +539,6 @@ func TestAbandonBeforeAdmission(t *testing.T) {
 			})
 		})
 	}
-}
-
-// TestPrepareOuterFailureHandler: a preparation failure outside the turn
-// handler is reported before renewal stops, and its class is recorded
-// even when the report cannot be delivered (R22).
-func TestPrepareOuterFailureHandler(t *testing.T) {
-	t.Run("reports before renewal stops", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			w := newWorld(t)
-			c := w.turn("", "hello")
-			sess := w.session(c)
-			ctx := context.Background()
-			var atStop []hit
-			err := sess.Prepare(ctx, func() { atStop = w.in.Hits(wire.OpFinish) }, func(context.Context) error {
-				var m map[string]any
-				return json.Unmarshal([]byte("{"), &m) // a broken manifest
-			})
-			if err == nil {
-				t.Fatalf("Prepare hid the failure")
-			}
-			if len(atStop) != 1 || atStop[0].delivered != 200 {
-				t.Errorf("finish at renewal stop: %+v, want one delivered", atStop)
-			}
-			recs := w.records(diagnostics.MsgTurnFailed)
-			if len(recs) != 1 || recs[0]["stage"] != "preparation" || recs[0]["class"] != "bad_answer" {
-				t.Errorf("records %v", recs)
-			}
-			if j := w.job(c.JobID); j.State != wire.JobFailed {
-				t.Errorf("job %s", j.State)
-			}
-		})
-	})
-	t.Run("control plane down", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			w := newWorld(t)
-			c := w.turn("", "hello")
-			sess := w.session(c)
-			w.in.Always(wire.OpFinish, status(503))
-			stopped := 0
-			err := sess.Prepare(context.Background(), func() { stopped++ }, func(context.Context) error { panic("manifest") })
-			var pe *settlement.PanicError
-			if !errors.As(err, &pe) {
-				t.Fatalf("err = %v, want a PanicError", err)
-			}
-			if stopped != 1 || len(w.in.Hits(wire.OpFinish)) != 3 {
-				t.Errorf("stopped %d, finish tries %d", stopped, len(w.in.Hits(wire.OpFinish)))
-			}
-			recs := w.records(diagnostics.MsgTurnFailed)
-			if len(recs) != 1 || recs[0]["class"] != settlement.ClassPanic {
-				t.Errorf("records %v", recs)
-			}
-			if strings.Contains(w.logs.String(), "manifest") {
-				t.Errorf("records carry the error's text")
-			}
-		})
-	})
-	t.Run("lease rejected skips the write", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
-			w := newWorld(t)
-			c := w.turn("", "hello")
-			sess := w.session(c)
-			sess.LeaseLost()
-			n := len(w.in.Hits(""))
-			stopped := false
-			sess.Prepare(context.Background(), func() { stopped = true }, func(context.Context) error { return errors.New("image missing") })
-			if !stopped || len(w.in.Hits("")) != n {
-				t.Errorf("stopped %v, writes %d", stopped, len(w.in.Hits(""))-n)
-			}
-			if recs := w.records(diagnostics.MsgTurnFailed); len(recs) != 1 {
-				t.Errorf("records %v", recs)
-			}
-		})
-	})
 }
 
 // TestFinishTwiceSameAnswer: the terminal report is sent once; asking

@@ -42,7 +42,6 @@ var (
 const (
 	ClassAdmissionAmbiguous = "admission_ambiguous"
 	ClassUnsettled          = "unsettled"
-	ClassPanic              = "panic"
 	ClassLeaseRejected      = "lease_rejected"
 )
 
@@ -65,9 +64,6 @@ type Config struct {
 	Policy Policy
 	// Events bounds the event buffer and upload.
 	Events EventsConfig
-	// Classify names a preparation error's class for its record and the
-	// terminal report; nil (or "") means diagnostics.Class.
-	Classify func(error) string
 }
 
 // Facts are what the Session learned about the attempt; they decide the
@@ -501,61 +497,6 @@ func (s *Session) Release(ctx context.Context, class string) error {
 	return s.do(context.WithoutCancel(ctx), c, func(ctx context.Context, wc *wire.Client) error {
 		return wc.Release(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ReleaseRequest{AttemptRef: s.cfg.Attempt, Class: class})
 	})
-}
-
-// Prepare is the outer failure handler of preparation that runs outside
-// the turn's execution handler (image inspection, manifest validation):
-// it runs prep; if prep fails or panics, it records the error class
-// (agent_turn_failed, stage "preparation") whatever happens next, attempts
-// the terminal failure — an abandon when the container is recorded, else
-// a plain failure (R29) — unless the lease was rejected, and only then
-// calls stopRenewal (R22). It returns prep's error.
-func (s *Session) Prepare(ctx context.Context, stopRenewal func(), prep func(context.Context) error) error {
-	err := guard(ctx, prep)
-	if err == nil {
-		return nil
-	}
-	class := s.classify(err)
-	s.rec.TurnFailed(context.Background(), s.attempt(), diagnostics.StagePreparation, class)
-	if !s.Rejected() {
-		// Its failed tries are recorded by the policy; the reaper is the backstop (R21).
-		_, _ = s.finish(ctx, Result{Outcome: wire.OutcomeFailed, Class: class})
-	}
-	if stopRenewal != nil {
-		stopRenewal()
-	}
-	return err
-}
-
-// PanicError is a panic in preparation, turned into an error so that the
-// outer failure handler can report it.
-type PanicError struct{ Value any }
-
-func (e *PanicError) Error() string { return fmt.Sprintf("preparation panicked: %v", e.Value) }
-
-func guard(ctx context.Context, prep func(context.Context) error) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = &PanicError{Value: v}
-		}
-	}()
-	return prep(ctx)
-}
-
-func (s *Session) classify(err error) string {
-	if s.cfg.Classify != nil {
-		if c := s.cfg.Classify(err); c != "" {
-			return c
-		}
-	}
-	var pe *PanicError
-	switch {
-	case errors.As(err, &pe):
-		return ClassPanic
-	case errors.Is(err, ErrLeaseRejected):
-		return ClassLeaseRejected
-	}
-	return diagnostics.Class(err)
 }
 
 // isDial reports a transport failure before the connection existed: the
