@@ -50,6 +50,7 @@ var tests = []test{
 	{"P6_WorkerLostNotCountedAndCapped", testP6WorkerLostNotCounted},
 	{"P7_Cancel", testP7Cancel},
 	{"R19_LeaseOwnerExpiryAndTimestampedEvents", testR19LeaseOwnerAndEvents},
+	{"R20_SupersededDoesNotAnnounceAnotherAttempt", testR20SupersededDoesNotAnnounceAnotherAttempt},
 	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
 	{"R29_AbandonBeforeAdmissionKeepsConversation", testR29AbandonKeepsConversation},
 	{"R30_AdmittedTurnLosesConversation", testR30AdmittedTurnLosesConversation},
