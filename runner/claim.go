@@ -84,9 +84,12 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			failing = false
 			bo.Reset()
 			d.attempts.Add(1)
+			conv := claim.Turn.ConversationID
+			d.holdConversation(conv) // before the sweep can look again
 			go func() {
 				defer d.attempts.Done()
 				defer d.freeSlot()
+				defer d.releaseConversation(conv)
 				d.runAttempt(runCtx, claim, sent)
 			}()
 		case claimCtx.Err() != nil:

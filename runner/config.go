@@ -33,6 +33,7 @@ const (
 	DefaultHostHeartbeatInterval = 10 * time.Second
 	DefaultControlTimeout        = 30 * time.Second // R6
 	DefaultJitter                = 0.2
+	DefaultSandboxSweep          = time.Minute
 )
 
 // Config configures a Daemon. Zero fields mean the default; the first four
@@ -57,6 +58,11 @@ type Config struct {
 	// Backend removes the sandbox of a conversation the control plane
 	// reports LOST. Nil: nothing is removed (a record says so).
 	Backend sandbox.Backend
+	// SandboxSweep is the period of the sweep that removes the sandboxes of
+	// LOST and unknown (deleted) conversations (sweep.go); the first runs
+	// at start, after the restart decisions. Default 1 min; negative: no
+	// sweep. It needs a Backend that can list its sandboxes.
+	SandboxSweep time.Duration
 
 	// Timings are the lease renewal timings, already checked against R12
 	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.
@@ -178,6 +184,9 @@ func (c Config) withDefaults() (Config, error) {
 	setDur(&c.ClaimBackoffMax, DefaultClaimBackoffMax)
 	setDur(&c.HostHeartbeatInterval, DefaultHostHeartbeatInterval)
 	setDur(&c.ControlTimeout, DefaultControlTimeout)
+	if c.SandboxSweep == 0 {
+		c.SandboxSweep = DefaultSandboxSweep
+	}
 	c.LaunchBackoffMax = max(c.LaunchBackoffMax, c.LaunchBackoff)
 	c.ClaimBackoffMax = max(c.ClaimBackoffMax, c.ClaimBackoff)
 	switch {

@@ -38,6 +38,7 @@ type Daemon struct {
 	claiming    bool // a claim is in flight (counted in busy)
 	hostRefused bool
 	slotFreed   chan struct{}
+	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
 
 	attempts sync.WaitGroup
 }
@@ -68,6 +69,7 @@ func New(cfg Config) (*Daemon, error) {
 		stopTurns: make(chan struct{}),
 		kickBeat:  make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
+		turnConvs: map[string]int{},
 	}
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
 	return d, nil
@@ -108,6 +110,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Recovery is bounded by one lease; the claim loop's health waits for it.
 	d.health.expect(loopClaim, d.cfg.Timings.LeaseTTL+d.cfg.ControlTimeout+healthSlack)
 	d.recoverAll(ctx)
+	if d.cfg.SandboxSweep > 0 {
+		// After the restart decisions, so that their own removals come
+		// first; stopped by a hard stop too, not only with the loops.
+		sweepCtx, stopSweep := context.WithCancel(loops)
+		defer stopSweep()
+		defer context.AfterFunc(ctx, stopSweep)()
+		wg.Go(func() { d.sweepLoop(sweepCtx) })
+	}
 
 	// The claim loop is the only one that starts attempts: once it has
 	// returned, waiting for the attempts is safe.
@@ -172,6 +182,7 @@ func (d *Daemon) logStarted() {
 		slog.Int64("claim_wait_ms", c.ClaimWait.Milliseconds()),
 		slog.Int64("host_heartbeat_ms", c.HostHeartbeatInterval.Milliseconds()),
 		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
+		slog.Int64("sandbox_sweep_ms", max(c.SandboxSweep, 0).Milliseconds()),
 		slog.Bool("notify", c.Notifier != nil),
 	)
 }

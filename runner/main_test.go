@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/signal"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,17 +14,28 @@ import (
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/sandbox/supervisor"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
 // TestMain re-enters the test binary as the turn child when the daemon
-// starts it with "turn" (style 8), and checks for leaked goroutines.
+// starts it with "turn" (style 8), as the real sandbox manager for the
+// process backend with "supervise", and checks for leaked goroutines.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "turn" {
 		os.Exit(fakeTurn())
 	}
+	if len(os.Args) > 1 && os.Args[1] == "supervise" {
+		os.Exit(supervise(os.Args[2:]))
+	}
 	goleak.VerifyTestMain(m)
+}
+
+func supervise(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return supervisor.Main(ctx, args, os.Stderr)
 }
 
 // fakeTurn is a scripted turn child: a real process on the real handover

@@ -26,7 +26,10 @@ const (
 	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
 	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
-	MsgControlRecovered  = "runnerd_control_recovered" // claims or host heartbeats answer again
+	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a LOST or unknown conversation's sandbox
+	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
+	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend or control plane), and why
+	MsgControlRecovered  = "runnerd_control_recovered"    // claims or host heartbeats answer again
 	MsgDrainStarted      = "runnerd_drain_started"
 	MsgDrainTimeout      = "runnerd_drain_timeout"
 	MsgStopped           = "runnerd_stopped"
@@ -42,6 +45,7 @@ const (
 	keyConversation = "conversation_id"
 	keyJobState     = "job_state"
 	keyConvState    = "conversation_state"
+	keyBackend      = "backend"
 	keyLoop         = "loop"
 	keyFile         = "file"
 	keyStopped      = "stopped"

@@ -54,6 +54,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		dockerPids, dockerMemory       int64
 		receiptTimeout, receiptRetry   time.Duration
 		launchBackoff, launchBackoffMx time.Duration
+		sandboxSweep                   time.Duration
 	)
 	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL")
 	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
@@ -77,6 +78,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.ClaimBackoff, "claim-backoff", runner.DefaultClaimBackoff, "first wait after a failed claim")
 	fs.DurationVar(&c.ClaimBackoffMax, "claim-backoff-max", runner.DefaultClaimBackoffMax, "longest wait after failed claims")
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
+	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
 	fs.DurationVar(&receiptTimeout, "receipt-timeout", 10*time.Second, "timeout of each receipt or report try (R24)")
 	fs.DurationVar(&receiptRetry, "receipt-retry", 5*time.Second, "pause between receipt or report tries (R24)")
@@ -175,6 +177,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("--launch-failures %d: must be at least 1", c.LaunchFailures)
 	case launchBackoffMx < launchBackoff:
 		return o, fmt.Errorf("--launch-backoff-max %v is shorter than --launch-backoff %v", launchBackoffMx, launchBackoff)
+	case sandboxSweep < 0:
+		return o, fmt.Errorf("--sandbox-sweep %v: must not be negative (0 turns the sweep off)", sandboxSweep)
 	case c.ClaimBackoffMax < c.ClaimBackoff:
 		return o, fmt.Errorf("--claim-backoff-max %v is shorter than --claim-backoff %v", c.ClaimBackoffMax, c.ClaimBackoff)
 	case c.Sandbox != sandbox.BackendProcess && c.Sandbox != sandbox.BackendDocker:
@@ -186,6 +190,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, err
 	}
 	c.LaunchBackoff, c.LaunchBackoffMax = launchBackoff, launchBackoffMx
+	c.SandboxSweep = sandboxSweep
+	if sandboxSweep == 0 {
+		c.SandboxSweep = -1 // runner.Config: zero is the default, negative is off
+	}
 	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
 	c.LogFormat = o.logFormat
 	c.Docker = turn.DockerOptions{

@@ -36,7 +36,8 @@ func TestConfigPrecedence(t *testing.T) {
 				c.Timings != (heartbeat.Timings{LeaseTTL: 120 * time.Second, Interval: 30 * time.Second, RequestTimeout: 10 * time.Second, RetryDelay: 5 * time.Second}) ||
 				c.DrainTimeout != runner.DefaultDrainTimeout || c.StateDir != "/var/lib/runnerd" || o.logFormat != "json" ||
 				o.tokenFile != "/etc/runnerd/host-token" || c.ControlPlaneURL != "http://127.0.0.1:8080" || o.metricsListen != "" ||
-				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 {
+				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 ||
+				c.SandboxSweep != time.Minute {
 				t.Fatalf("defaults %+v", o)
 			}
 		}},
@@ -60,6 +61,18 @@ func TestConfigPrecedence(t *testing.T) {
 				want := heartbeat.Timings{LeaseTTL: 1200 * time.Millisecond, Interval: 300 * time.Millisecond, RequestTimeout: 100 * time.Millisecond, RetryDelay: 50 * time.Millisecond}
 				if o.cfg.Timings != want {
 					t.Fatalf("timings %+v", o.cfg.Timings)
+				}
+			}},
+		{"--sandbox-sweep over RUNNERD_SANDBOX_SWEEP", []string{"--sandbox-sweep=15s"}, env("RUNNERD_SANDBOX_SWEEP", "2m"),
+			func(t *testing.T, o options) {
+				if o.cfg.SandboxSweep != 15*time.Second {
+					t.Fatalf("sweep %v", o.cfg.SandboxSweep)
+				}
+			}},
+		{"RUNNERD_SANDBOX_SWEEP=0 turns the sweep off", nil, env("RUNNERD_SANDBOX_SWEEP", "0"),
+			func(t *testing.T, o options) {
+				if o.cfg.SandboxSweep >= 0 {
+					t.Fatalf("sweep %v, want negative (off)", o.cfg.SandboxSweep)
 				}
 			}},
 		{"R12: a short AGENT_LEASE_TTL is ignored with a warning", nil, env("AGENT_LEASE_TTL", "20"),
@@ -117,6 +130,7 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"bad flag value", []string{"--drain-timeout=soon"}, env(), `invalid value "soon" for flag -drain-timeout`},
 		{"unknown flag", []string{"--capacty=2"}, env(), "flag provided but not defined: -capacty"},
 		{"capacity zero", []string{"--capacity=0"}, env(), "--capacity 0: must be at least 1"},
+		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, env(), "--sandbox-sweep -1s: must not be negative"},
 		{"bad sandbox", nil, env("RUNNERD_SANDBOX", "vm"), `--sandbox "vm": want process or docker`},
 		{"bad log format", []string{"--log-format=xml"}, env(), `--log-format "xml": want json or text`},
 		{"bad URL", []string{"--control-plane=cp:8080"}, env(), `--control-plane "cp:8080": want an http:// or https:// URL`},

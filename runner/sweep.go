@@ -1,0 +1,179 @@
+package runner
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// opSweep names the sweep's control request in records.
+const opSweep = "conversation_states"
+
+// sandboxLister is what the sweep needs of a backend beyond
+// sandbox.Backend: the conversations it holds sandboxes for on this host.
+// sandbox/process and sandbox/docker implement it.
+type sandboxLister interface {
+	Conversations(ctx context.Context) ([]string, error)
+}
+
+// sweepLoop removes the retained sandboxes of conversations that will
+// never run here again — LOST (R31: never cleared) or unknown to the
+// control plane (deleted) — once at start, after the restart decisions,
+// and every Config.SandboxSweep (issues 6, 7). Finish removes a sandbox
+// when its own report learns the conversation is LOST; the sweep catches
+// every other way there: the daemon stopped the turn on lease loss and the
+// reaper decided later, a restart found the lease already gone, or any
+// other cause. It runs on its own goroutine and holds no lock while it
+// waits, so it never delays a claim or a turn.
+func (d *Daemon) sweepLoop(ctx context.Context) {
+	lister, ok := d.cfg.Backend.(sandboxLister)
+	if !ok {
+		why := "backend_cannot_list"
+		if d.cfg.Backend == nil {
+			why = "no_backend"
+		}
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepOff, slog.String(keyDecision, why))
+		return
+	}
+	s := sweeper{d: d, lister: lister}
+	for {
+		s.round(ctx)
+		if !sleep(ctx.Done(), jitter(d.cfg.SandboxSweep, d.cfg.Jitter)) {
+			return
+		}
+	}
+}
+
+// sweeper is the sweep's memory between rounds: whether the control plane
+// or the listing is failing (one record per outage), and whether the
+// control plane lacks the call.
+type sweeper struct {
+	d           *Daemon
+	lister      sandboxLister
+	failing     bool
+	listFailing bool
+	unsupported bool
+}
+
+// round is one sweep: list, leave out the conversations with a turn on
+// this host, ask the control plane, remove the lost and the unknown. A
+// failure ends the round; the next one tries again.
+func (s *sweeper) round(ctx context.Context) {
+	d := s.d
+	if s.unsupported || d.isHostRefused() {
+		return
+	}
+	lctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
+	convs, err := s.lister.Conversations(lctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && !s.listFailing {
+			s.listFailing = true
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepFailed,
+				slog.String(diagnostics.KeyOp, "list_sandboxes"), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
+		}
+		return
+	}
+	s.listFailing = false
+	var ask []string
+	for _, c := range convs {
+		if !d.turnRunsIn(c) {
+			ask = append(ask, c)
+		}
+	}
+	for len(ask) > 0 && ctx.Err() == nil {
+		batch := ask[:min(len(ask), wire.MaxConversationIDs)]
+		ask = ask[len(batch):]
+		states, ok := s.ask(ctx, batch)
+		if !ok {
+			return
+		}
+		asked := make(map[string]bool, len(batch))
+		for _, c := range batch {
+			asked[c] = true
+		}
+		for _, st := range states {
+			if !asked[st.ID] || (st.State != wire.ConversationLost && st.State != wire.ConversationUnknown) {
+				continue
+			}
+			// A turn claimed meanwhile keeps its sandbox. (None can be:
+			// neither a LOST nor an unknown conversation is ever claimed.)
+			if d.turnRunsIn(st.ID) || ctx.Err() != nil {
+				continue
+			}
+			s.remove(st.ID, st.State)
+		}
+	}
+}
+
+// ask asks the control plane about one batch; false ends the round.
+func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationState, bool) {
+	d := s.d
+	rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
+	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, wire.ConversationStatesRequest{ConversationIDs: ids})
+	cancel()
+	status := diagnostics.Status(err)
+	switch {
+	case err == nil:
+		if s.failing {
+			s.failing = false
+			d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, opSweep))
+		}
+		return resp.Conversations, true
+	case ctx.Err() != nil:
+	case status == http.StatusNotFound:
+		// A control plane older than the call: remove nothing, say so once.
+		s.unsupported = true
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepOff,
+			slog.String(keyDecision, "control_plane_unsupported"), slog.Int(diagnostics.KeyStatus, status))
+	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		d.refuseHost(opSweep, status)
+	case !s.failing:
+		s.failing = true
+		d.rec.ControlFailure(context.Background(), opSweep, diagnostics.Attempt{}, err)
+	}
+	return nil, false
+}
+
+// remove removes one conversation's sandbox, with one record either way.
+func (s *sweeper) remove(conv, state string) {
+	d := s.d
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ControlTimeout+d.cfg.StopGrace)
+	defer cancel()
+	if err := d.cfg.Backend.Remove(ctx, conv); err != nil {
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSandboxKept,
+			slog.String(keyConversation, conv), slog.String(keyConvState, state),
+			slog.String(keyDecision, "sweep"), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
+		return
+	}
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgSandboxSwept,
+		slog.String(keyConversation, conv), slog.String(keyConvState, state),
+		slog.String(keyBackend, d.cfg.Backend.Name()))
+}
+
+// ---- conversations with a turn on this host ----
+
+// holdConversation marks a turn of conv as held by this daemon, from its
+// claim until its attempt is over; the sweep leaves its sandbox alone.
+func (d *Daemon) holdConversation(conv string) {
+	d.mu.Lock()
+	d.turnConvs[conv]++
+	d.mu.Unlock()
+}
+
+func (d *Daemon) releaseConversation(conv string) {
+	d.mu.Lock()
+	if d.turnConvs[conv]--; d.turnConvs[conv] <= 0 {
+		delete(d.turnConvs, conv)
+	}
+	d.mu.Unlock()
+}
+
+func (d *Daemon) turnRunsIn(conv string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.turnConvs[conv] > 0
+}

@@ -1,0 +1,340 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/sandbox/process"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Both real backends can be swept: Run finds the lister by assertion.
+var (
+	_ sandboxLister = (*process.Backend)(nil)
+	_ sandboxLister = (*docker.Backend)(nil)
+)
+
+// lostConversation runs a turn of a new conversation into LOST on the real
+// control plane: claimed, admitted, failed before settlement (R30).
+func (c *cp) lostConversation() string {
+	c.t.Helper()
+	j := c.enqueue("lost")
+	cl := c.claim(testTimings.LeaseTTL)
+	if cl.JobID != j.ID {
+		c.t.Fatalf("claimed %s, want %s", cl.JobID, j.ID)
+	}
+	ctx := context.Background()
+	ref := wire.AttemptRef{AttemptID: cl.AttemptID, LeaseGeneration: cl.LeaseGeneration}
+	if _, err := c.wc.Admission(ctx, cl.WorkerToken, cl.JobID, wire.AdmissionRequest{AttemptRef: ref, ActivationID: "act-1"}); err != nil {
+		c.t.Fatal(err)
+	}
+	resp, err := c.wc.Finish(ctx, cl.WorkerToken, cl.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted"})
+	if err != nil || resp.ConversationState != wire.ConversationLost {
+		c.t.Fatalf("finish: %+v, %v; want the conversation lost", resp, err)
+	}
+	return j.ConversationID
+}
+
+// usableConversation creates a conversation with no turn.
+func (c *cp) usableConversation() string {
+	c.t.Helper()
+	conv, err := c.st.CreateConversation(context.Background(), wire.CreateConversationRequest{Image: "scratch", AgentCommand: []string{"demoagent"}}, c.now())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return conv.ID
+}
+
+// newProcessBackend is the real process backend over stateDir, whose
+// supervisors are this test binary re-entered as "supervise".
+func newProcessBackend(t *testing.T, stateDir string) *process.Backend {
+	t.Helper()
+	b, err := process.New(process.Config{
+		StateDir:    stateDir,
+		Command:     []string{os.Args[0], "supervise"},
+		Env:         []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8", "GORACE=atexit_sleep_ms=0"},
+		StopTimeout: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// ensureSandbox starts conv's real supervisor and returns its pid; the
+// test's end removes whatever is left.
+func ensureSandbox(t *testing.T, b *process.Backend, conv string) int {
+	t.Helper()
+	ctx := context.Background()
+	t.Cleanup(func() { _ = b.Remove(context.Background(), conv) })
+	sb, err := b.Ensure(ctx, sandbox.Spec{ConversationID: conv, AgentCommand: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := sb.Client().Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.PID
+}
+
+// alive reports whether pid is a process that has not exited (a zombie
+// has).
+func alive(pid int) bool {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	_, rest, _ := strings.Cut(string(raw), ") ")
+	return !strings.HasPrefix(rest, "Z")
+}
+
+// swept lists the (conversation, state, backend) of the sweep's records.
+func (l *logBuf) swept(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
+		var r struct {
+			Msg               string `json:"msg"`
+			ConversationID    string `json:"conversation_id"`
+			ConversationState string `json:"conversation_state"`
+			Backend           string `json:"backend"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("record %q: %v", line, err)
+		}
+		if r.Msg == MsgSandboxSwept {
+			out = append(out, r.ConversationID+" "+r.ConversationState+" "+r.Backend)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Issues 6 and 7: one sweep round against the real control plane and the
+// real process backend stops the supervisor and deletes the sandbox of a
+// LOST conversation and of one the control plane does not know (deleted),
+// one record each; it keeps a usable conversation's supervisor running (the
+// same process, found again), and it never touches a conversation with a
+// turn held on this host, LOST or not.
+func TestSandboxSweepRemovesLostAndUnknown(t *testing.T) {
+	c := newCP(t)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) { cfg.StateDir = state; cfg.Backend = b })
+
+	lost, usable, busy := c.lostConversation(), c.usableConversation(), c.lostConversation()
+	const unknown = "conv_deleted-long-ago"
+	pids := map[string]int{}
+	for _, conv := range []string{lost, usable, busy, unknown} {
+		pids[conv] = ensureSandbox(t, b, conv)
+	}
+	d.holdConversation(busy) // a turn of it is held here
+
+	s := sweeper{d: d, lister: b}
+	s.round(context.Background())
+
+	for _, conv := range []string{lost, unknown} {
+		if alive(pids[conv]) {
+			t.Errorf("the supervisor of %s (pid %d) still runs", conv, pids[conv])
+		}
+		if _, err := os.Stat(b.Dir(conv)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the sandbox of %s is still there: %v", conv, err)
+		}
+	}
+	for _, conv := range []string{usable, busy} {
+		if !alive(pids[conv]) {
+			t.Errorf("the supervisor of %s (pid %d) was stopped", conv, pids[conv])
+		}
+	}
+	if got, err := b.Conversations(context.Background()); err != nil || !slices.Equal(got, sortedOf(usable, busy)) {
+		t.Errorf("sandboxes left %v (%v), want %s and %s", got, err, usable, busy)
+	}
+	want := sortedOf(lost+" lost process", unknown+" unknown process")
+	if got := logs.swept(t); !slices.Equal(got, want) {
+		t.Errorf("swept records %v, want %v\n%s", got, want, logs)
+	}
+
+	// Once its turn is over, the next round removes the LOST one too, and
+	// the usable one is still left alone, with the same supervisor.
+	d.releaseConversation(busy)
+	s.round(context.Background())
+	if alive(pids[busy]) {
+		t.Errorf("the supervisor of %s still runs after its turn ended", busy)
+	}
+	if got, _ := b.Conversations(context.Background()); !slices.Equal(got, []string{usable}) {
+		t.Errorf("sandboxes left %v, want only %s", got, usable)
+	}
+	if !alive(pids[usable]) {
+		t.Error("the usable conversation's supervisor was stopped")
+	}
+	if n := logs.count(MsgSandboxSwept); n != 3 {
+		t.Errorf("%d swept records, want 3", n)
+	}
+	logs.noSecrets(t, c.hostToken)
+}
+
+func sortedOf(s ...string) []string {
+	slices.Sort(s)
+	return s
+}
+
+// gate stands between the daemon and the real control plane: while down,
+// it answers every request 503; with noRoute it answers the sweep's call
+// 404, as a control plane without it would.
+type gate struct {
+	down, noRoute atomic.Bool
+	next          http.Handler
+}
+
+func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case g.down.Load():
+		http.Error(w, `{"code":"internal"}`, http.StatusServiceUnavailable)
+	case g.noRoute.Load() && r.URL.Path == wire.PathConversations:
+		http.Error(w, `{"code":"not_found"}`, http.StatusNotFound)
+	default:
+		g.next.ServeHTTP(w, r)
+	}
+}
+
+// An outage of the control plane removes nothing — no sandbox is removed
+// on a guess — and leaves one agent_control_failure record however many
+// rounds it lasts; when it answers again, one recovery record and the LOST
+// conversation's sandbox goes. A control plane without the call (404)
+// removes nothing, for good, with one record.
+func TestSandboxSweepOutage(t *testing.T) {
+	c := newCP(t)
+	g := &gate{next: c.srv.Handler()}
+	hs := httptest.NewServer(g)
+	t.Cleanup(hs.Close)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) {
+		cfg.StateDir = state
+		cfg.Backend = b
+		cfg.ControlPlaneURL = hs.URL
+	})
+	lost := c.lostConversation()
+	pid := ensureSandbox(t, b, lost)
+	s := sweeper{d: d, lister: b}
+
+	g.down.Store(true)
+	for range 3 {
+		s.round(context.Background())
+	}
+	if !alive(pid) {
+		t.Fatal("a sandbox was removed while the control plane did not answer")
+	}
+	if n := logs.count("agent_control_failure"); n != 1 || !strings.Contains(logs.String(), `"op":"`+opSweep+`"`) {
+		t.Fatalf("%d control failure records for one outage, want 1 naming %s\n%s", n, opSweep, logs)
+	}
+
+	g.down.Store(false)
+	s.round(context.Background())
+	if alive(pid) {
+		t.Fatal("the LOST conversation's supervisor still runs after the outage")
+	}
+	if n := logs.count(MsgControlRecovered); n != 1 {
+		t.Fatalf("%d recovery records, want 1", n)
+	}
+
+	// A control plane without the call.
+	lost2 := c.lostConversation()
+	pid2 := ensureSandbox(t, b, lost2)
+	g.noRoute.Store(true)
+	for range 2 {
+		s.round(context.Background())
+	}
+	if !alive(pid2) || !s.unsupported {
+		t.Fatalf("404: supervisor alive %v, sweep off %v", alive(pid2), s.unsupported)
+	}
+	if n := logs.count(MsgSweepOff); n != 1 {
+		t.Fatalf("%d %s records, want 1", n, MsgSweepOff)
+	}
+	if n := logs.count("agent_control_failure"); n != 1 {
+		t.Fatalf("a 404 was recorded as an outage: %d control failure records", n)
+	}
+	logs.noSecrets(t, c.hostToken)
+}
+
+// The loop: Run sweeps once at start, after the restart decisions, then
+// every SandboxSweep, and its sweep goroutine ends with Run (TestMain's
+// goleak). No report of this daemon ever said these conversations were
+// LOST — as when the reaper decides after the daemon stopped a turn on
+// lease loss — and a sandbox that appears while it runs goes at a later
+// round.
+func TestSandboxSweepLoop(t *testing.T) {
+	c := newCP(t)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) {
+		cfg.StateDir = state
+		cfg.Backend = b
+		cfg.SandboxSweep = 100 * time.Millisecond
+	})
+	// Both LOST before the start (a running daemon would claim the turn
+	// that makes one LOST); the second's sandbox appears only later.
+	atStart, later := c.lostConversation(), c.lostConversation()
+	startPid := ensureSandbox(t, b, atStart)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+
+	waitFor(t, "the sandbox present at the start to go", 20*time.Second, func() bool { return !alive(startPid) })
+	// The sweep may remove it at once, so only Ensure's success says it
+	// was there.
+	t.Cleanup(func() { _ = b.Remove(context.Background(), later) })
+	if _, err := b.Ensure(ctx, sandbox.Spec{ConversationID: later, AgentCommand: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the sandbox that appeared later to go", 20*time.Second, func() bool {
+		_, err := os.Stat(b.Dir(later))
+		return errors.Is(err, fs.ErrNotExist)
+	})
+
+	d.Drain()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after the drain")
+	}
+	want := sortedOf(atStart+" lost process", later+" lost process")
+	if got := logs.swept(t); !slices.Equal(got, want) {
+		t.Fatalf("swept records %v, want %v", got, want)
+	}
+	if !strings.Contains(logs.String(), `"sandbox_sweep_ms":100`) {
+		t.Error("the start record does not carry the sweep period")
+	}
+}
+
+// SandboxSweep: zero is the default minute, negative turns the sweep off.
+func TestSandboxSweepConfig(t *testing.T) {
+	for _, tc := range []struct {
+		in, want time.Duration
+	}{{0, DefaultSandboxSweep}, {-1, -1}, {time.Second, time.Second}} {
+		cfg := Config{ControlPlaneURL: "http://cp", HostToken: "t", HostName: "h", StateDir: "/s", Executable: "/x", SandboxSweep: tc.in}
+		got, err := cfg.withDefaults()
+		if err != nil || got.SandboxSweep != tc.want {
+			t.Errorf("SandboxSweep %v: got %v (%v), want %v", tc.in, got.SandboxSweep, err, tc.want)
+		}
+	}
+}
