@@ -155,6 +155,12 @@ type Job struct {
 	EndedAt         *time.Time `json:"ended_at,omitempty"`
 	Attempts        []Attempt  `json:"attempts"`
 	Events          []JobEvent `json:"events,omitempty"`
+	// Prompt is the message of the turn; empty once its detail was reclaimed.
+	Prompt string `json:"prompt,omitempty"`
+	// DetailReclaimedAt is set once the retention window reclaimed the
+	// job's detail (P8): the prompt, the runner's report and the data of
+	// runner events are gone; states, counts and the timeline stay.
+	DetailReclaimedAt *time.Time `json:"detail_reclaimed_at,omitempty"`
 }
 
 // Attempt is one lease of a job (R19).
@@ -409,6 +415,11 @@ type FinishRequest struct {
 	// Ambiguous marks an admission whose answer never came (R30): the
 	// prompt was not sent and the conversation must become LOST.
 	Ambiguous bool `json:"admission_ambiguous,omitempty"`
+	// Unrecoverable says the retained session is provably gone or not the
+	// one the control plane settled (R31: the workspace vanished, or the
+	// sandbox's native turn differs from the recorded boundary): the
+	// conversation must become LOST rather than fail every later turn.
+	Unrecoverable bool `json:"context_unrecoverable,omitempty"`
 }
 
 // FinishResponse answers finish and abandon; the same report again gets the

@@ -14,6 +14,7 @@ import (
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -33,6 +34,7 @@ const (
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
+	ClassWorkspaceLost      = "workspace_lost"
 	ClassContainerRecord    = "container_record_failed"
 	ClassAdmissionRefused   = "admission_refused"
 	ClassAgentStart         = "agent_start_failed"
@@ -229,6 +231,12 @@ func stoppedForLeaseLoss(ctx context.Context) bool {
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
 	rep := f.Report(ref, settlement.Result{Outcome: outcome, Class: class})
+	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost) {
+		// R31: the retained session is provably not the settled one; the
+		// conversation cannot continue, so say so rather than fail every
+		// later turn the same way.
+		rep.Finish.Unrecoverable = true
+	}
 	out, cls := outcome, class
 	if rep.Finish != nil {
 		out, cls = rep.Finish.Outcome, rep.Finish.Class
@@ -247,6 +255,9 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	sb, err := t.backend.Ensure(ctx, t.spec)
 	if err != nil {
 		t.log.Error("agent_sandbox_unavailable", "error_class", diagnostics.Class(err))
+		if errors.Is(err, docker.ErrWorkspaceLost) {
+			return fail(ClassWorkspaceLost)
+		}
 		return fail(ClassSandboxUnavailable)
 	}
 	cl := sb.Client()

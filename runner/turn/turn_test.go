@@ -73,6 +73,8 @@ func TestResultFollowsFacts(t *testing.T) {
 		{"failure before admission with a container abandons", settlement.Facts{ContainerRecorded: true}, wire.OutcomeFailed, ClassActivation, true, "", false},
 		{"failure before the container is a plain failure", settlement.Facts{}, wire.OutcomeFailed, ClassSandboxUnavailable, false, wire.OutcomeFailed, false},
 		{"ambiguous admission", settlement.Facts{ContainerRecorded: true, Ambiguous: true}, wire.OutcomeFailed, settlement.ClassAdmissionAmbiguous, false, wire.OutcomeFailed, true},
+		{"native boundary mismatch is unrecoverable", settlement.Facts{}, wire.OutcomeFailed, ClassBoundaryMismatch, false, wire.OutcomeFailed, false},
+		{"lost workspace is unrecoverable", settlement.Facts{}, wire.OutcomeFailed, ClassWorkspaceLost, false, wire.OutcomeFailed, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,6 +88,10 @@ func TestResultFollowsFacts(t *testing.T) {
 			f := r.Report.Finish
 			if f == nil || r.Report.Abandon != nil {
 				t.Fatalf("report = %+v, want a finish", r.Report)
+			}
+			wantUnrecoverable := tt.class == ClassBoundaryMismatch || tt.class == ClassWorkspaceLost
+			if f.Unrecoverable != wantUnrecoverable {
+				t.Fatalf("finish = %+v, want unrecoverable %v", f, wantUnrecoverable)
 			}
 			if f.Outcome != tt.wantOutcome || r.Outcome != tt.wantOutcome || f.Ambiguous != tt.wantAmbig || f.AttemptRef != ref {
 				t.Fatalf("finish = %+v (result outcome %q), want outcome %q ambiguous %v", f, r.Outcome, tt.wantOutcome, tt.wantAmbig)

@@ -20,6 +20,7 @@ type report struct {
 	Class     string `json:"class,omitempty"`
 	Reason    string `json:"reason,omitempty"`
 	Ambiguous bool   `json:"admission_ambiguous,omitempty"`
+	Unrecover bool   `json:"context_unrecoverable,omitempty"`
 }
 
 func (r report) String() string {
@@ -44,7 +45,7 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 	default:
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w: unknown outcome", store.ErrInvalid)
 	}
-	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous}.String()
+	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous, Unrecover: req.Unrecoverable}.String()
 	var resp wire.FinishResponse
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
@@ -90,12 +91,17 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 			if req.Outcome == wire.OutcomeCancelled {
 				state, reason = wire.JobCancelled, reasonCancelled
 			}
-			if (admitted.Valid && !settled.Valid) || req.Ambiguous {
+			switch {
+			case (admitted.Valid && !settled.Valid) || req.Ambiguous:
 				// R30: the prompt may have reached the agent, or an
 				// admission may have committed unseen. Never replayed.
-				if err := s.loseConversation(ctx, tx, conv, reasonLostInterrupted, now); err != nil {
-					return err
-				}
+				err = s.loseConversation(ctx, tx, conv, reasonLostInterrupted, now)
+			case req.Unrecoverable:
+				// R31: the retained session is gone; report it, never guess.
+				err = s.loseConversation(ctx, tx, conv, reasonLostSession, now)
+			}
+			if err != nil {
+				return err
 			}
 			err = s.endJob(ctx, tx, jobID, conv, state, outcomeOf(state), reason, now)
 		}

@@ -18,6 +18,7 @@ import (
 const (
 	reasonLostInterrupted = "This conversation is no longer available: a reply was interrupted partway through and could not be safely continued."
 	reasonLostHostSilent  = "This conversation is no longer available: the computer working on a reply stopped responding partway through, and the reply could not be safely continued."
+	reasonLostSession     = "This conversation is no longer available: its saved working state could not be found, so it cannot be continued."
 	reasonQueuedLost      = "This message was not answered because the conversation is no longer available."
 	reasonCancelled       = "Cancelled."
 	reasonFailed          = "The reply failed."
@@ -160,12 +161,12 @@ type querier interface {
 func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, error) {
 	var j wire.Job
 	var cancel, created int64
-	var ended sql.NullInt64
+	var ended, reclaimed sql.NullInt64
 	var admitted sql.NullString
-	err := db.QueryRowContext(ctx, s.q(`SELECT id, conversation_id, seq, state, outcome, reason, cancel_requested,
-		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at FROM jobs WHERE id = ?`), id).Scan(
-		&j.ID, &j.ConversationID, &j.Seq, &j.State, &j.Outcome, &j.Reason, &cancel,
-		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended)
+	err := db.QueryRowContext(ctx, s.q(`SELECT id, conversation_id, seq, prompt, state, outcome, reason, cancel_requested,
+		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at, detail_reclaimed_at FROM jobs WHERE id = ?`), id).Scan(
+		&j.ID, &j.ConversationID, &j.Seq, &j.Prompt, &j.State, &j.Outcome, &j.Reason, &cancel,
+		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended, &reclaimed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return j, store.ErrNotFound
 	}
@@ -176,6 +177,7 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	j.Admitted = admitted.Valid
 	j.CreatedAt = fromNS(created)
 	j.EndedAt = nsPtr(ended)
+	j.DetailReclaimedAt = nsPtr(reclaimed)
 
 	rows, err := db.QueryContext(ctx, s.q(`SELECT id, generation, state, lease_owner, lease_expires_at, claimed_at,
 		ended_at, outcome, container_id, COALESCE(activation_id, ''), counts_as_attempt

@@ -54,6 +54,7 @@ var tests = []test{
 	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
 	{"R29_AbandonBeforeAdmissionKeepsConversation", testR29AbandonKeepsConversation},
 	{"R30_AdmittedTurnLosesConversation", testR30AdmittedTurnLosesConversation},
+	{"R31_UnrecoverableSessionLosesConversation", testR31UnrecoverableSessionLosesConversation},
 	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
 	{"R35_ReaperLosesAdmittedConversation", testR35ReaperLosesAdmittedConversation},
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
