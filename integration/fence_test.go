@@ -1,10 +1,13 @@
 package integration
 
 import (
+	"errors"
+	"os"
+	"regexp"
+	"testing"
 	"time"
 
-	"testing"
-
+	"github.com/runnerd/runnerd/integration/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -24,11 +27,14 @@ const (
 // heartbeats, a new turn runs), yet it writes nothing more about the
 // fenced attempt: no event of it is stored after the supersession and no
 // stale report is even tried; the admitted conversation is LOST and the
-// prompt reached the agent once (R30, R35).
+// prompt reached the agent once (R30, R35). No report of the daemon ever
+// hears that the conversation is LOST, so it is the sandbox sweep that
+// stops its supervisor and deletes its sandbox once the control plane
+// answers again (issues 6, 7), with a runnerd_sandbox_swept record.
 func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{proxy: true})
-	e.startDaemon(nil)
+	d := e.startDaemon(func(c *fleet.DaemonConfig) { c.Args = append(c.Args, "--sandbox-sweep", sandboxSweep.String()) })
 
 	c := e.conversation("fenced")
 	const prompt = "a long, quiet turn\n!silent 10m"
@@ -37,6 +43,10 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	agents, children := e.agents(c.ID), e.turnChildren()
 	if len(agents) != 1 || len(children) != 1 {
 		t.Fatalf("want one agent and one turn child running; got %v and %v", agents, children)
+	}
+	supPid, err := fleet.SupervisorPid(e.stateDir, c.ID)
+	if err != nil || !alive(supPid) {
+		t.Fatalf("the conversation's supervisor is not running: pid %d, %v", supPid, err)
 	}
 	// Let one renewal through so that the lease is a renewed one.
 	first := e.job(j.ID).Attempts[0]
@@ -52,6 +62,9 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the turn child was not stopped: %v", err)
 	}
+	// The agent is gone, so its transcript is final; the sweep cannot
+	// remove it yet, as nothing reaches the control plane.
+	e.assertPromptsOnce(c.ID, prompt)
 
 	job := e.waitJob(j.ID, "superseded", func(j wire.Job) bool {
 		return len(j.Attempts) > 0 && j.Attempts[0].State == wire.AttemptSuperseded
@@ -76,6 +89,10 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 		t.Errorf("the turn stopped %v after the black hole began, before its lease could have run out", agentGone.Sub(holedAt))
 	}
 
+	if !alive(supPid) {
+		t.Error("the supervisor was stopped before the control plane could say the conversation is LOST")
+	}
+	mark := d.Mark()
 	liftedAt := time.Now()
 	e.proxy.blackhole(false)
 	e.waitServer("heartbeating after the outage", func(s wire.Server) bool {
@@ -110,7 +127,28 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 		t.Errorf("conversation %s is %s, want lost (its prompt was admitted)", c.ID, conv.State)
 	}
 	e.assertLostPromptOnce(c.ID, prompt, job)
+
+	// Issues 6, 7: the sweep removes the LOST conversation's sandbox.
+	swept := regexp.MustCompile(`"msg":"runnerd_sandbox_swept","conversation_id":"` + regexp.QuoteMeta(c.ID) + `","conversation_state":"lost","backend":"process"`)
+	if _, err := d.AwaitOutput(mark, swept, waitFor); err != nil {
+		t.Fatalf("no sweep record for the LOST conversation: %v", err)
+	}
+	supGone, err := waitGone(supPid, waitFor)
+	if err != nil {
+		t.Fatalf("the LOST conversation's supervisor was not stopped: %v", err)
+	}
+	t.Logf("supervisor stopped %v after the black hole was lifted (sweep every %v)", supGone.Sub(liftedAt), sandboxSweep)
+	if _, err := os.Stat(fleet.SandboxDir(e.stateDir, c.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the LOST conversation's sandbox is still there: %v", err)
+	}
+	// The new conversation is usable: its supervisor stays.
+	if pid, err := fleet.SupervisorPid(e.stateDir, c2.ID); err != nil || !alive(pid) {
+		t.Errorf("the usable conversation's supervisor is gone: pid %d, %v", pid, err)
+	}
 }
+
+// sandboxSweep is the sweep period of the daemons that test it.
+const sandboxSweep = 200 * time.Millisecond
 
 func findEvent(j wire.Job, attemptID, typ string) (wire.JobEvent, bool) {
 	for _, ev := range j.Events {
