@@ -70,6 +70,16 @@ type ReapResult struct {
 	FailedWorkerLostCap int
 }
 
+// ReclaimParams are the inputs of ReclaimDetail.
+type ReclaimParams struct {
+	Now time.Time
+	// Before is the end of the retention window: jobs that ended before it
+	// lose their detail.
+	Before time.Time
+	// Limit bounds one call, in jobs; 0 means no limit.
+	Limit int
+}
+
 // Store is the control plane's persistence. Every method takes the current
 // time from its caller, so tests control it. Every attempt-scoped write is a
 // single guarded statement (attempt id, lease generation, state running,
@@ -139,6 +149,14 @@ type Store interface {
 	// attempt_superseded event: never admitted → requeued, counted as
 	// worker lost (P6); admitted → conversation LOST (R30, R35).
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
+	// ReclaimDetail reclaims the bulky detail of jobs that ended before
+	// p.Before (P8): the prompt, the worker token hashes of their attempts,
+	// the runner's terminal report (its reason text) and the data of runner
+	// events. The job's row, counts, states, outcome, plain-language reason
+	// and timeline (every event's type and time) stay; GetJob shows
+	// DetailReclaimedAt. It returns how many jobs it reclaimed; a job is
+	// reclaimed once.
+	ReclaimDetail(ctx context.Context, p ReclaimParams) (int, error)
 	// ResumeAfterAbsence gives every running lease a full TTL from now when
 	// the control plane was away longer than its own heartbeat gap (P4).
 	// It records now as the control plane's last sign of life and returns

@@ -42,6 +42,7 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 			}{
 				{"claim", s.claimStatement(), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_x", "host_bench"}},
 				{"reap", reapQuery + s.lockSkip(), []string{"attempts_expiry"}, []any{ns(t0), 256}},
+				{"reclaim", reclaimQuery + s.lockSkip(), []string{"jobs_reclaim"}, []any{ns(t0), 100}},
 			} {
 				plan := s.explain(t, q.query, q.args...)
 				t.Logf("%s plan:\n%s", q.name, plan)

@@ -49,6 +49,7 @@ var tests = []test{
 	{"P4_ResumeAfterAbsenceGivesFullLease", testP4ResumeAfterAbsence},
 	{"P6_WorkerLostNotCountedAndCapped", testP6WorkerLostNotCounted},
 	{"P7_Cancel", testP7Cancel},
+	{"P8_RetentionReclaimsDetailKeepsTimeline", testP8RetentionReclaimsDetailKeepsTimeline},
 	{"R19_LeaseOwnerExpiryAndTimestampedEvents", testR19LeaseOwnerAndEvents},
 	{"R20_SupersededDoesNotAnnounceAnotherAttempt", testR20SupersededDoesNotAnnounceAnotherAttempt},
 	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
