@@ -11,10 +11,15 @@ import (
 // reapBatch bounds one sweep so that a backlog cannot hold the writer long.
 const reapBatch = 1000
 
+// reclaimBatch bounds the jobs one sweep reclaims the detail of (P8); a
+// backlog drains over the next sweeps.
+const reclaimBatch = 1000
+
 // RunReaper runs the reaper on the caller's goroutine until ctx is done,
 // then returns nil. Each sweep first gives every running lease a full TTL
 // if the control plane itself was away (P4), then supersedes the attempts
-// whose lease expired more than ReaperGrace ago (P3, R30, R35, P6). A
+// whose lease expired more than ReaperGrace ago (P3, R30, R35, P6), then
+// reclaims the detail of jobs that ended more than Retention ago (P8). A
 // failed sweep is recorded and tried again at the next tick.
 func (s *Server) RunReaper(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.ReaperInterval)
@@ -50,24 +55,48 @@ func (s *Server) Sweep(ctx context.Context) {
 		s.log.LogAttrs(ctx, slog.LevelWarn, "controlplane_leases_resumed",
 			slog.Int("leases", n), slog.Duration("absence_over", s.absence()))
 	}
+	if s.reap(ctx, now) {
+		s.reclaim(ctx, now)
+	}
+}
+
+// reap supersedes expired attempts; false if the sweep failed.
+func (s *Server) reap(ctx context.Context, now time.Time) bool {
 	for {
 		res, err := s.cfg.Store.Reap(ctx, store.ReapParams{
 			Now: now, Grace: s.cfg.ReaperGrace, MaxWorkerLost: s.cfg.MaxWorkerLost, Limit: reapBatch,
 		})
 		if err != nil {
 			s.sweepFailed(ctx, "reap", err)
-			return
+			return false
 		}
 		if res == (store.ReapResult{}) {
-			return
+			return true
 		}
 		s.log.LogAttrs(ctx, slog.LevelInfo, "controlplane_reaped",
 			slog.Int("superseded", res.Superseded), slog.Int("requeued", res.Requeued),
 			slog.Int("conversations_lost", res.ConversationsLost),
 			slog.Int("failed_worker_lost_cap", res.FailedWorkerLostCap))
 		if res.Superseded < reapBatch {
-			return
+			return true
 		}
+	}
+}
+
+// reclaim reclaims the detail of jobs past the retention window, at most
+// reclaimBatch of them (P8).
+func (s *Server) reclaim(ctx context.Context, now time.Time) {
+	if s.cfg.Retention < 0 {
+		return
+	}
+	n, err := s.cfg.Store.ReclaimDetail(ctx, store.ReclaimParams{Now: now, Before: now.Add(-s.cfg.Retention), Limit: reclaimBatch})
+	if err != nil {
+		s.sweepFailed(ctx, "reclaim_detail", err)
+		return
+	}
+	if n > 0 {
+		s.log.LogAttrs(ctx, slog.LevelInfo, "controlplane_detail_reclaimed",
+			slog.Int("jobs", n), slog.Duration("retention", s.cfg.Retention))
 	}
 }
 

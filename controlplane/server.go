@@ -28,6 +28,7 @@ const (
 	DefaultReaperInterval = 5 * time.Second
 	DefaultReaperGrace    = 30 * time.Second // at least the runner's SIGTERM→SIGKILL grace (P3)
 	DefaultMaxWorkerLost  = 3
+	DefaultRetention      = 30 * 24 * time.Hour // P8
 )
 
 // Config configures a Server. Zero fields mean the default.
@@ -58,6 +59,9 @@ type Config struct {
 	ReaperGrace time.Duration
 	// MaxWorkerLost caps the uncounted requeues of one job (P6).
 	MaxWorkerLost int
+	// Retention is how long an ended job keeps its bulky detail before the
+	// reaper reclaims it (P8); negative never reclaims.
+	Retention time.Duration
 
 	// UserToken is the bearer token of the user API and the admin pages.
 	// Empty means the user API is open to anyone who can reach it: for
@@ -88,6 +92,9 @@ func New(cfg Config) *Server {
 	setDefault(&cfg.ClaimWaitMax, DefaultClaimWaitMax)
 	setDefault(&cfg.ReaperInterval, DefaultReaperInterval)
 	setDefault(&cfg.ReaperGrace, DefaultReaperGrace)
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
 	if cfg.MaxWorkerLost == 0 {
 		cfg.MaxWorkerLost = DefaultMaxWorkerLost
 	}

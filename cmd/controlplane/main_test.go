@@ -50,6 +50,7 @@ func TestBadFlagsOneLine(t *testing.T) {
 		{"max under min", nil, []string{"serve", "--max-lease-ttl", "30s"}, "--max-lease-ttl 30s is shorter than --min-lease-ttl 40s"},
 		{"bad env value", map[string]string{"CONTROLPLANE_REAPER_INTERVAL": "soon"}, []string{"serve"}, `CONTROLPLANE_REAPER_INTERVAL="soon" is not a valid --reaper-interval`},
 		{"bad db", nil, []string{"serve", "--db", "mysql://x"}, "--db must be sqlite:PATH or postgres://"},
+		{"negative retention", map[string]string{"CONTROLPLANE_RETENTION": "-1h"}, []string{"serve"}, "--retention must not be negative"},
 		{"bad synchronous", nil, []string{"serve", "--sqlite-synchronous", "off"}, "--sqlite-synchronous must be normal or full"},
 		{"bad log level", nil, []string{"serve", "--log-level", "loud"}, "--log-level must be"},
 		{"zero worker lost", nil, []string{"serve", "--max-worker-lost", "0"}, "--max-worker-lost must be at least 1"},

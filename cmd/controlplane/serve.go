@@ -101,6 +101,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	f.env("reaper-grace")
 	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
 	f.env("max-worker-lost")
+	retention := f.fs.Duration("retention", controlplane.DefaultRetention, "how long an ended job keeps its prompt, credentials and runner payloads before the reaper reclaims them; 0 keeps them for ever")
+	f.env("retention")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
 	f.env("log-level")
 	if err := f.parse(args); err != nil {
@@ -130,6 +132,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return usagef("--claim-wait-max, --reaper-interval and --reaper-grace must be positive")
 	case *maxWorkerLost < 1:
 		return usagef("--max-worker-lost must be at least 1")
+	case *retention < 0:
+		return usagef("--retention must not be negative (0 keeps detail for ever)")
+	}
+	if *retention == 0 {
+		*retention = -1 // Config: negative never reclaims, zero is the default
 	}
 	if *tokenFile == "" {
 		*tokenFile = filepath.Join(d.dataDir, "user-token")
@@ -155,7 +162,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	srv := controlplane.New(controlplane.Config{
 		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
-		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost,
+		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost, Retention: *retention,
 		UserToken: userToken,
 	})
 	hs := &http.Server{
