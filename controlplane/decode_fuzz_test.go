@@ -24,12 +24,14 @@ func FuzzDecodeJSON(f *testing.F) {
 		`{"attempt_id":"a","attempt_id":"b"}`, `{"ATTEMPT_ID":"a"}`, `{"capacity":1e400}`,
 		`{"launch_error":{"class":"c","consecutive":1,"since":"2026-11-29T12:00:00Z"}}`,
 		`{"supervisor_receipt":{"activation_id":"a","receipt_id":"r","native_turn":-1,"exit_code":0}}`,
+		`{"conversation_ids":["conv_a","conv_b",""]}`, `{"conversation_ids":null}`,
 	} {
 		f.Add([]byte(s))
 	}
 	targets := []func() any{
 		func() any { return new(wire.ClaimRequest) },
 		func() any { return new(wire.HostHeartbeat) },
+		func() any { return new(wire.ConversationStatesRequest) },
 		func() any { return new(wire.RenewRequest) },
 		func() any { return new(wire.EventsRequest) },
 		func() any { return new(wire.ContainerRequest) },
