@@ -28,7 +28,7 @@ const (
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
 	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a LOST or unknown conversation's sandbox
 	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
-	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend or control plane), and why
+	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
 	MsgControlRecovered  = "runnerd_control_recovered"    // claims or host heartbeats answer again
 	MsgDrainStarted      = "runnerd_drain_started"
 	MsgDrainTimeout      = "runnerd_drain_timeout"

@@ -48,8 +48,8 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 }
 
 // sweeper is the sweep's memory between rounds: whether the control plane
-// or the listing is failing (one record per outage), and whether the
-// control plane lacks the call.
+// or the listing is failing, or the control plane lacks the call — one
+// record for each run of them.
 type sweeper struct {
 	d           *Daemon
 	lister      sandboxLister
@@ -63,7 +63,7 @@ type sweeper struct {
 // failure ends the round; the next one tries again.
 func (s *sweeper) round(ctx context.Context) {
 	d := s.d
-	if s.unsupported || d.isHostRefused() {
+	if d.isHostRefused() {
 		return
 	}
 	lctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
@@ -118,17 +118,20 @@ func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationSta
 	status := diagnostics.Status(err)
 	switch {
 	case err == nil:
-		if s.failing {
-			s.failing = false
+		if s.failing || s.unsupported {
+			s.failing, s.unsupported = false, false
 			d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, opSweep))
 		}
 		return resp.Conversations, true
 	case ctx.Err() != nil:
 	case status == http.StatusNotFound:
-		// A control plane older than the call: remove nothing, say so once.
-		s.unsupported = true
-		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepOff,
-			slog.String(keyDecision, "control_plane_unsupported"), slog.Int(diagnostics.KeyStatus, status))
+		// A control plane older than the call: remove nothing and say so
+		// once; ask again next round, so that an upgrade needs no restart.
+		if !s.unsupported {
+			s.unsupported = true
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepOff,
+				slog.String(keyDecision, "control_plane_unsupported"), slog.Int(diagnostics.KeyStatus, status))
+		}
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		d.refuseHost(opSweep, status)
 	case !s.failing:

@@ -215,7 +215,8 @@ func (g *gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // on a guess — and leaves one agent_control_failure record however many
 // rounds it lasts; when it answers again, one recovery record and the LOST
 // conversation's sandbox goes. A control plane without the call (404)
-// removes nothing, for good, with one record.
+// removes nothing, with one record however many rounds; once it has the
+// call (an upgrade), the sweep works again without a restart.
 func TestSandboxSweepOutage(t *testing.T) {
 	c := newCP(t)
 	g := &gate{next: c.srv.Handler()}
@@ -267,6 +268,14 @@ func TestSandboxSweepOutage(t *testing.T) {
 	}
 	if n := logs.count("agent_control_failure"); n != 1 {
 		t.Fatalf("a 404 was recorded as an outage: %d control failure records", n)
+	}
+	g.noRoute.Store(false)
+	s.round(context.Background())
+	if alive(pid2) || s.unsupported {
+		t.Fatalf("after the upgrade: supervisor alive %v, sweep off %v", alive(pid2), s.unsupported)
+	}
+	if n := logs.count(MsgControlRecovered); n != 2 {
+		t.Fatalf("%d recovery records, want 2 (outage, then upgrade)", n)
 	}
 	logs.noSecrets(t, c.hostToken)
 }
