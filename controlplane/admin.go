@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"html/template"
+	"log/slog"
 	"net/http"
 	"time"
 
@@ -97,4 +98,19 @@ func (s *Server) handleServersPage(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
 	_, _ = w.Write(buf.Bytes())
+}
+
+// handleLoseConversation marks a conversation LOST for an operator whose
+// host holding its sandbox is gone for good: its waiting turns fail in
+// plain words instead of waiting for that host for ever. Refused (400)
+// while a turn of it runs; a LOST conversation is answered as it is.
+func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) {
+	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), s.cfg.Now())
+	if err != nil {
+		s.fail(w, r, "lose_conversation", err)
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelWarn, "controlplane_conversation_lost_by_operator",
+		slog.String("conversation_id", c.ID), slog.String("sandbox_host", c.SandboxHost))
+	writeJSON(w, http.StatusOK, c)
 }

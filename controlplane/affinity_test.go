@@ -36,3 +36,37 @@ func TestConversationShowsSandboxHostAndTurnsGoThere(t *testing.T) {
 		t.Fatalf("host-a claimed %s, want %s", got.JobID, next.ID)
 	}
 }
+
+// When the host holding a sandbox is gone for good, the admin call marks
+// the conversation LOST and fails its waiting turn in plain words; it is
+// refused while a turn runs and needs the user token.
+func TestAdminLosesConversationOfGoneHost(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	c := f.turn()
+	conv := c.Turn.ConversationID
+	path := "/v1/admin/conversations/" + conv + "/lose"
+	if err := f.wc.Container(ctx, c.WorkerToken, c.JobID, wire.ContainerRequest{AttemptRef: ref(c), Backend: "docker", ContainerID: "ctr-1"}); err != nil {
+		t.Fatal(err)
+	}
+	f.expect(http.MethodPost, path, userToken, "", http.StatusBadRequest, wire.CodeInvalid)
+	f.expect(http.MethodPost, path, f.hostToken, "", http.StatusUnauthorized, wire.CodeUnauthorized)
+	if _, err := f.wc.Abandon(ctx, c.WorkerToken, c.JobID, wire.AbandonRequest{AttemptRef: ref(c), Class: "image_missing"}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := f.send(conv, "again") // for host-a, which never comes back
+
+	var cv wire.Conversation
+	f.user(http.MethodPost, path, nil, &cv)
+	if cv.State != wire.ConversationLost || cv.LostReason == "" || cv.SandboxHost != "host-a" {
+		t.Fatalf("after the admin call: %+v", cv)
+	}
+	if j := f.job(waiting.ID); j.State != wire.JobFailed || j.Reason == "" {
+		t.Fatalf("the waiting turn: state %s, reason %q", j.State, j.Reason)
+	}
+	f.expect(http.MethodPost, "/v1/conversations/"+conv+"/messages", userToken, `{"prompt":"hi"}`, http.StatusConflict, wire.CodeConversationLost)
+	f.expect(http.MethodPost, "/v1/admin/conversations/conv_nope/lose", userToken, "", http.StatusNotFound, wire.CodeNotFound)
+	if !strings.Contains(f.logs.String(), `"msg":"controlplane_conversation_lost_by_operator"`) {
+		t.Fatal("no controlplane_conversation_lost_by_operator record")
+	}
+}

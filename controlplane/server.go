@@ -142,6 +142,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/cancel", s.user(s.handleCancelJob))
 	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
 	mux.HandleFunc("GET /admin/servers", s.user(s.handleServersPage))
+	mux.HandleFunc("POST /v1/admin/conversations/{id}/lose", s.user(s.handleLoseConversation))
 
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNoRoute)

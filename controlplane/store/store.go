@@ -102,6 +102,12 @@ type Store interface {
 	GetJob(ctx context.Context, id string) (wire.Job, error)
 	// JobEvents returns events with ID > after, oldest first, at most limit.
 	JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error)
+	// LoseConversation marks a conversation LOST on an operator's word,
+	// for when the host holding its sandbox is gone for good: its queued
+	// turns fail, with plain reasons (R32), and it takes no new message.
+	// A LOST conversation is returned as it is. ErrInvalid while a turn of
+	// it runs: that turn's lease decides first (R30, R35).
+	LoseConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error)
 	// CancelJob ends a queued job at once; for a running one it sets the
 	// cancel flag that the next renewal answer carries (P7). ErrGone if ended.
 	CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error)

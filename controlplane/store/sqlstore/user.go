@@ -19,6 +19,7 @@ const (
 	reasonLostInterrupted = "This conversation is no longer available: a reply was interrupted partway through and could not be safely continued."
 	reasonLostHostSilent  = "This conversation is no longer available: the computer working on a reply stopped responding partway through, and the reply could not be safely continued."
 	reasonLostSession     = "This conversation is no longer available: its saved working state could not be found, so it cannot be continued."
+	reasonLostHostRetired = "This conversation is no longer available: the computer that kept its working state was taken out of service."
 	reasonQueuedLost      = "This message was not answered because the conversation is no longer available."
 	reasonCancelled       = "Cancelled."
 	reasonFailed          = "The reply failed."

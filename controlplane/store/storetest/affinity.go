@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -102,4 +103,63 @@ func testAffinityTurnsGoToSandboxHost(t *testing.T, st store.Store) {
 			t.Errorf("conversation %s lists sandbox host %q, want %q", cv.ID, cv.SandboxHost, want[cv.ID])
 		}
 	}
+}
+
+// When the host holding a sandbox is gone for good, an operator marks the
+// conversation LOST: its waiting turns fail in plain words and it takes no
+// new message. Not while a turn of it runs (its lease decides), and a
+// refused call leaves the queue as it was.
+func testAffinityOperatorLosesConversation(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	a, b := f.host, f.newHost("host-b")
+	conv := f.conversation()
+	t1 := f.enqueue(conv.ID, "one")
+	c1 := f.claimOn(a, at(0), t1.ID)
+	f.recordContainer(c1, "ctr-a", at(time.Second))
+	t2 := f.enqueue(conv.ID, "two")
+
+	// A turn runs: refused, and nothing changes.
+	_, err := st.LoseConversation(f.ctx, conv.ID, at(2*time.Second))
+	wantErr(t, "LoseConversation while a turn runs", err, store.ErrInvalid)
+	f.admit(c1, at(3*time.Second))
+	f.settle(c1, 1, at(3*time.Second))
+	f.finish(c1, wire.OutcomeSucceeded, at(3*time.Second))
+	if cv := f.conv(conv.ID); cv.State != wire.ConversationUsable {
+		t.Fatalf("refused call left the conversation %s", cv.State)
+	}
+	t3 := f.enqueue(conv.ID, "three")
+
+	// host-a is gone: turn 2 waits; the operator loses the conversation.
+	f.claimOn(b, at(4*time.Second), "")
+	cv, err := st.LoseConversation(f.ctx, conv.ID, at(5*time.Second))
+	if err != nil || cv.State != wire.ConversationLost || cv.LostReason == "" {
+		t.Fatalf("LoseConversation = %+v, %v", cv, err)
+	}
+	for _, word := range []string{"lease", "attempt", "host", "sandbox", "container", "worker", "operator", "error"} {
+		if strings.Contains(strings.ToLower(cv.LostReason), word) {
+			t.Fatalf("lost reason %q is not plain language: it says %q (R32)", cv.LostReason, word)
+		}
+	}
+	for _, id := range []string{t2.ID, t3.ID} {
+		if j := f.job(id); j.State != wire.JobFailed || j.Reason == "" || j.EndedAt == nil || !hasEvent(j, "failed") {
+			t.Fatalf("waiting turn %s after the conversation was lost: %+v", id, j)
+		}
+	}
+	f.claimOn(a, at(6*time.Second), "")
+	_, err = st.EnqueueTurn(f.ctx, conv.ID, "four", at(7*time.Second))
+	wantErr(t, "EnqueueTurn after LoseConversation", err, store.ErrConversationLost)
+	if again, err := st.LoseConversation(f.ctx, conv.ID, at(8*time.Second)); err != nil || again.LostReason != cv.LostReason {
+		t.Fatalf("LoseConversation again = %+v, %v; want the same LOST conversation", again, err)
+	}
+	_, err = st.LoseConversation(f.ctx, "conv_nope", at(8*time.Second))
+	wantErr(t, "LoseConversation of an unknown id", err, store.ErrNotFound)
+}
+
+func hasEvent(j wire.Job, typ string) bool {
+	for _, e := range j.Events {
+		if e.Type == typ {
+			return true
+		}
+	}
+	return false
 }

@@ -60,6 +60,7 @@ var tests = []test{
 	{"R35_ReaperLosesAdmittedConversation", testR35ReaperLosesAdmittedConversation},
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
 	{"Affinity_TurnsGoToSandboxHost", testAffinityTurnsGoToSandboxHost},
+	{"Affinity_OperatorLosesConversation", testAffinityOperatorLosesConversation},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
