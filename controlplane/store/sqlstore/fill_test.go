@@ -171,3 +171,19 @@ func pin(tb testing.TB, s *Store, prefix, hostID string) {
 		tb.Fatalf("pin: %v", err)
 	}
 }
+
+// ended adds count jobs that ended at t0, half of them with their detail
+// already reclaimed.
+func ended(tb testing.TB, s *Store, prefix string, count int) {
+	tb.Helper()
+	fill(tb, s, prefix, count, false, time.Time{})
+	ctx := context.Background()
+	err := s.write(ctx, func(tx txn) error {
+		_, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'succeeded', head = 0, ended_at = ?,
+			detail_reclaimed_at = CASE WHEN pos % 2 = 0 THEN ended_at END WHERE id LIKE ? || 'j%'`, ns(t0), prefix)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("ended: %v", err)
+	}
+}
