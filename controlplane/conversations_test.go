@@ -13,6 +13,7 @@ import (
 
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -158,7 +159,7 @@ func (failingReads) GetConversation(context.Context, string) (wire.Conversation,
 // "unknown": the host would delete the sandbox of a usable conversation.
 func TestConversationStatesStoreFailureIsNotUnknown(t *testing.T) {
 	f := newFixture(t)
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	srv := controlplane.New(controlplane.Config{
 		Store:  failingReads{f.st},
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),

@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -17,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -50,24 +50,6 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// lockedBuffer collects the server's records for the no-secret checks.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 const userToken = "rdu_test-user-token-0123456789"
 
 // fixture is a real server on a real SQLite store behind a loopback
@@ -80,7 +62,7 @@ type fixture struct {
 	url       string
 	wc        *wire.Client
 	hostToken string
-	logs      *lockedBuffer
+	logs      *syncbuf.Buffer
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -89,7 +71,7 @@ func newFixture(t *testing.T) *fixture {
 		t:     t,
 		st:    openStore(t),
 		clock: &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)},
-		logs:  &lockedBuffer{},
+		logs:  &syncbuf.Buffer{},
 	}
 	f.srv = controlplane.New(controlplane.Config{
 		Store:     f.st,

@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http/httptest"
@@ -16,6 +15,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -146,22 +146,7 @@ var testTimings = heartbeat.Timings{
 }
 
 // logBuf collects the daemon's JSON records.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuf struct{ syncbuf.Buffer }
 
 // count is how many records named msg were written.
 func (l *logBuf) count(msg string) int {

@@ -43,8 +43,9 @@ var moduleImports = map[string][]string{
 	"controlplane":       {"controlplane/store", "wire"},
 	"controlplane/store": {"controlplane/store", "wire"}, // and the stores below it
 
-	"internal/memnet": {},
-	"internal/tools":  {}, // pins go.mod's requirements (build tag tools)
+	"internal/memnet":  {},
+	"internal/syncbuf": {}, // tests only
+	"internal/tools":   {}, // pins go.mod's requirements (build tag tools)
 }
 
 // TestImportsPointOneWay reads the imports of every non-test file of the

@@ -21,6 +21,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/internal/memnet"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -195,7 +196,7 @@ type world struct {
 	tr        *http.Transport
 	wc        *wire.Client
 	hostToken string
-	logs      *lockedBuffer
+	logs      *syncbuf.Buffer
 	log       *slog.Logger
 }
 
@@ -208,7 +209,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatalf("open sqlite: %v", err)
 	}
-	w := &world{t: t, st: st, logs: &lockedBuffer{}}
+	w := &world{t: t, st: st, logs: &syncbuf.Buffer{}}
 	w.log = slog.New(slog.NewJSONHandler(w.logs, nil))
 	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler)})
 	w.in = &injector{next: srv.Handler(), start: time.Now()}
@@ -312,23 +313,6 @@ func (w *world) records(msg string) []map[string]any {
 		}
 	}
 	return out
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // agent stands in for the sandbox: it counts prompts and settles with a

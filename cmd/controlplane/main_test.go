@@ -8,12 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/wire"
 	"go.uber.org/goleak"
 )
@@ -168,24 +168,6 @@ func TestHostAdd(t *testing.T) {
 	}
 }
 
-// syncBuffer is a serve's stderr, written by its goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // serve runs, submit drives two turns through it while the test plays the
 // runner, and a cancelled context (the signal) stops serve cleanly.
 func TestServeAndSubmit(t *testing.T) {
@@ -209,7 +191,7 @@ func TestServeAndSubmit(t *testing.T) {
 		t.Fatalf("first line %q does not name the address", first)
 	}
 	addr, _, _ = strings.Cut(addr, " ")
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	drained := make(chan struct{})
 	go func() {
 		defer close(drained)

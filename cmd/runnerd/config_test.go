@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/runner"
 )
 
@@ -189,7 +190,7 @@ func TestR12ShortAgentLeaseTTLIsIgnoredWithRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	args := []string{"--control-plane", "http://127.0.0.1:1", "--host-token-file", tok, "--state-dir", filepath.Join(dir, "state"), "--host-name", "h"}
-	stderr := &syncBuf{}
+	stderr := &syncbuf.Buffer{}
 	exit := make(chan int, 1)
 	go func() { exit <- runDaemon(args, env("AGENT_LEASE_TTL", "20"), io.Discard, stderr) }()
 	deadline := time.Now().Add(10 * time.Second)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -11,32 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/internal/syncbuf"
 )
-
-// syncBuf is the daemon's stderr, read while it runs.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // systemd, end to end through `runnerd run`: with NOTIFY_SOCKET pointing at
 // a unixgram socket of the test and WATCHDOG_USEC set, the daemon sends
@@ -83,7 +64,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 		"--watchdog-interval=1h", // WATCHDOG_USEC wins
 		"--metrics-listen=127.0.0.1:0",
 	}
-	stderr := &syncBuf{}
+	stderr := &syncbuf.Buffer{}
 	exit := make(chan int, 1)
 	go func() { exit <- runDaemon(args, os.Getenv, io.Discard, stderr) }()
 
