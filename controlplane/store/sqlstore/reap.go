@@ -33,26 +33,13 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		var picked int
 		err := s.write(ctx, func(tx txn) error {
 			res, picked = store.ReapResult{}, 0
-			rows, err := tx.QueryContext(ctx, s.q(`SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ?
+			expired, err := ids(ctx, tx, s.q(`SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ?
 				ORDER BY lease_expires_at LIMIT ?`+s.lockSkip()), cutoff, n)
 			if err != nil {
 				return err
 			}
-			var ids []string
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
-				}
-				ids = append(ids, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			picked = len(ids)
-			for _, id := range ids {
+			picked = len(expired)
+			for _, id := range expired {
 				if err := s.supersede(ctx, tx, id, cutoff, maxLost, p.Now, &res); err != nil {
 					return err
 				}

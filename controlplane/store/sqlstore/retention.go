@@ -32,29 +32,16 @@ func (s *Store) ReclaimDetail(ctx context.Context, p store.ReclaimParams) (int, 
 		var done int
 		err := s.write(ctx, func(tx txn) error {
 			done = 0
-			rows, err := tx.QueryContext(ctx, s.q(reclaimQuery+s.lockSkip()), ns(p.Before), n)
+			ended, err := ids(ctx, tx, s.q(reclaimQuery+s.lockSkip()), ns(p.Before), n)
 			if err != nil {
 				return err
 			}
-			var ids []string
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return err
-				}
-				ids = append(ids, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			for _, id := range ids {
+			for _, id := range ended {
 				if err := s.reclaim(ctx, tx, id, p); err != nil {
 					return err
 				}
 			}
-			done = len(ids)
+			done = len(ended)
 			return nil
 		})
 		if err != nil {

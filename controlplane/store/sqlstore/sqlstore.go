@@ -318,6 +318,25 @@ func (w *sqliteWriter) close() error {
 	return errors.Join(err, w.conn.Close())
 }
 
+// ids runs a query whose one column is an id and returns the ids. query is
+// already in the dialect (s.q applied).
+func ids(ctx context.Context, tx txn, query string, args ...any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		out = append(out, id)
+	}
+	return out, rows.Err()
+}
+
 func (s *Store) exec(ctx context.Context, tx txn, query string, args ...any) (int64, error) {
 	res, err := tx.ExecContext(ctx, s.q(query), args...)
 	if err != nil {
