@@ -110,7 +110,7 @@ func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) 
 		s.fail(w, r, "lose_conversation", err)
 		return
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelWarn, "controlplane_conversation_lost_by_operator",
+	s.log.LogAttrs(r.Context(), slog.LevelWarn, MsgLostByOperator,
 		slog.String("conversation_id", c.ID), slog.String("sandbox_host", c.SandboxHost))
 	writeJSON(w, http.StatusOK, c)
 }

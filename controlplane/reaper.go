@@ -52,7 +52,7 @@ func (s *Server) Sweep(ctx context.Context) {
 		return
 	}
 	if n > 0 {
-		s.log.LogAttrs(ctx, slog.LevelWarn, "controlplane_leases_resumed",
+		s.log.LogAttrs(ctx, slog.LevelWarn, MsgLeasesResumed,
 			slog.Int("leases", n), slog.Duration("absence_over", s.absence()))
 	}
 	if s.reap(ctx, now) {
@@ -73,7 +73,7 @@ func (s *Server) reap(ctx context.Context, now time.Time) bool {
 		if res == (store.ReapResult{}) {
 			return true
 		}
-		s.log.LogAttrs(ctx, slog.LevelInfo, "controlplane_reaped",
+		s.log.LogAttrs(ctx, slog.LevelInfo, MsgReaped,
 			slog.Int("superseded", res.Superseded), slog.Int("requeued", res.Requeued),
 			slog.Int("conversations_lost", res.ConversationsLost),
 			slog.Int("failed_worker_lost_cap", res.FailedWorkerLostCap))
@@ -95,7 +95,7 @@ func (s *Server) reclaim(ctx context.Context, now time.Time) {
 		return
 	}
 	if n > 0 {
-		s.log.LogAttrs(ctx, slog.LevelInfo, "controlplane_detail_reclaimed",
+		s.log.LogAttrs(ctx, slog.LevelInfo, MsgDetailReclaimed,
 			slog.Int("jobs", n), slog.Duration("retention", s.cfg.Retention))
 	}
 }
@@ -104,6 +104,6 @@ func (s *Server) sweepFailed(ctx context.Context, stage string, err error) {
 	if ctx.Err() != nil {
 		return // shutting down
 	}
-	s.log.LogAttrs(ctx, slog.LevelError, "controlplane_reaper_failed",
+	s.log.LogAttrs(ctx, slog.LevelError, MsgReaperFailed,
 		slog.String("stage", stage), slog.String("class", errorClass(err)))
 }

@@ -103,7 +103,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err err
 		writeError(w, errUnavailable)
 		return
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelError, "controlplane_request_failed",
+	s.log.LogAttrs(r.Context(), slog.LevelError, MsgRequestFailed,
 		slog.String("op", op), slog.Int("status", errInternal.status),
 		slog.String("class", errorClass(err)))
 	writeError(w, errInternal)

@@ -108,7 +108,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	if c.LeaseTTLMS == 0 {
 		c.LeaseTTLMS = ttl.Milliseconds()
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelInfo, "controlplane_attempt_claimed",
+	s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgAttemptClaimed,
 		slog.String("job_id", c.JobID), slog.String("attempt_id", c.AttemptID),
 		slog.String("host", h.Name), slog.Int64("lease_generation", c.LeaseGeneration),
 		slog.Time("lease_expires_at", c.LeaseExpiresAt))

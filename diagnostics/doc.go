@@ -32,6 +32,19 @@
 //	agent_turn_failed          a turn or its preparation failed: stage, class;
 //	                           written whether or not the report gets through
 //
+// The turn child (runner/turn) writes these with the attempt's ids:
+//
+//	agent_turn_declined            preflight declined the turn before ACCEPT: class
+//	agent_turn_accept_failed       ACCEPT could not be sent; nothing was done
+//	agent_sandbox_unavailable      the sandbox could not be ensured: error_class
+//	agent_activation_failed        the supervisor failed the activation
+//	agent_native_boundary_mismatch the supervisor's native turn is not the settled one (R31)
+//	agent_turn_interrupted         the agent's stream broke before its result
+//	agent_turn_result_undelivered  the turn's result could not reach the daemon
+//
+// Every record name is a constant; TestRecordNamesAreConstants fails on a
+// record written with a literal name anywhere in the module.
+//
 // Each ending of a turn leaves its own record (R18): none is inferred from a
 // missing event.
 //

@@ -22,6 +22,15 @@ const (
 	MsgConfigIgnored      = "agent_config_ignored"
 	MsgEventsDropped      = "agent_events_dropped"
 	MsgTurnFailed         = "agent_turn_failed"
+
+	// Written by the turn child (runner/turn) with the attempt's ids.
+	MsgTurnDeclined       = "agent_turn_declined"            // preflight declined the turn before ACCEPT: class
+	MsgAcceptFailed       = "agent_turn_accept_failed"       // ACCEPT could not be sent; nothing was done
+	MsgResultUndelivered  = "agent_turn_result_undelivered"  // the turn's result could not reach the daemon
+	MsgSandboxUnavailable = "agent_sandbox_unavailable"      // the sandbox could not be ensured
+	MsgActivationFailed   = "agent_activation_failed"        // the supervisor refused or failed activation
+	MsgBoundaryMismatch   = "agent_native_boundary_mismatch" // the supervisor's native turn is not the settled one (R31)
+	MsgTurnInterrupted    = "agent_turn_interrupted"         // the agent's stream broke before its result
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

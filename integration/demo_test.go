@@ -17,7 +17,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/volume"
 
-	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/sandbox/docker"
 )
 

@@ -7,6 +7,6 @@
 // polling the user API with a deadline, or on process exits and socket
 // reads, never by sleeping.
 //
-// The package has only tests and integration/fleet, the process harness
+// The package has only tests; internal/fleet is the process harness
 // that cmd/demo shares. Nothing imports it.
 package integration

@@ -17,7 +17,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 

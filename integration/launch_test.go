@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 

@@ -35,6 +35,8 @@ const (
 	MsgStopped           = "runnerd_stopped"
 	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
 	MsgNotifyFailed      = "runnerd_notify_failed"
+	MsgMetricsListening  = "runnerd_metrics_listening" // /metrics is served: address
+	MsgTokenFileMode     = "runnerd_token_file_mode"   // the host token file is readable by others
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).

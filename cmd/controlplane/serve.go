@@ -203,7 +203,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case <-ctx.Done():
 	case serveErr = <-served:
 	}
-	log.Info("controlplane_stopping")
+	log.Info(controlplane.MsgStopping)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {

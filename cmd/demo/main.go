@@ -28,7 +28,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/wire"
 )

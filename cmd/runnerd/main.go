@@ -151,7 +151,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 			defer close(metricsDone)
 			_ = metricsSrv.Serve(l)
 		}()
-		log.Info("runnerd_metrics_listening", slog.String("addr", l.Addr().String()))
+		log.Info(runner.MsgMetricsListening, slog.String("addr", l.Addr().String()))
 	} else {
 		close(metricsDone)
 	}
@@ -204,7 +204,7 @@ func readToken(path string, log *slog.Logger) (string, error) {
 		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
-		log.Warn("runnerd_token_file_mode", slog.String("mode", fi.Mode().Perm().String()), slog.String("want", "-rw-------"))
+		log.Warn(runner.MsgTokenFileMode, slog.String("mode", fi.Mode().Perm().String()), slog.String("want", "-rw-------"))
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {

@@ -86,20 +86,20 @@ func Main(ctx context.Context, stderr io.Writer) int {
 
 	backend, err := OpenBackend(p.Sandbox)
 	if err != nil {
-		log.Error("agent_turn_declined", "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
+		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
 		_ = ch.Decline(ClassSandboxConfig)
 		return 1
 	}
 	spec := sandbox.SpecFromTurn(p.Claim.Turn)
 	if class := preflight(turnCtx, backend, spec, p.Claim); class != "" {
-		log.Warn("agent_turn_declined", "class", class)
+		log.Warn(diagnostics.MsgTurnDeclined, "class", class)
 		_ = ch.Decline(class)
 		return 0
 	}
 	if err := ch.Accept(); err != nil {
 		// The parent is gone or refused the echo: it never saw an ACCEPT,
 		// so it may release the claim; nothing was done.
-		log.Error("agent_turn_accept_failed", "error_class", diagnostics.Class(err))
+		log.Error(diagnostics.MsgAcceptFailed, "error_class", diagnostics.Class(err))
 		return 1
 	}
 
@@ -110,7 +110,7 @@ func Main(ctx context.Context, stderr io.Writer) int {
 		err = ch.Result(body)
 	}
 	if err != nil {
-		log.Error("agent_turn_result_undelivered", "error_class", diagnostics.Class(err))
+		log.Error(diagnostics.MsgResultUndelivered, "error_class", diagnostics.Class(err))
 		return 1
 	}
 	return 0
@@ -254,7 +254,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 
 	sb, err := t.backend.Ensure(ctx, t.spec)
 	if err != nil {
-		t.log.Error("agent_sandbox_unavailable", "error_class", diagnostics.Class(err))
+		t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", diagnostics.Class(err))
 		if errors.Is(err, docker.ErrWorkspaceLost) {
 			return fail(ClassWorkspaceLost)
 		}
@@ -263,12 +263,12 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	cl := sb.Client()
 	act, err := cl.Activate(ctx)
 	if err != nil {
-		t.log.Error("agent_activation_failed", "error_class", sandbox.CodeOf(err))
+		t.log.Error(diagnostics.MsgActivationFailed, "error_class", sandbox.CodeOf(err))
 		return fail(ClassActivation)
 	}
 	// R31: resume only the exact native session the control plane settled.
 	if act.NativeTurn != t.p.Claim.Turn.NativeTurn {
-		t.log.Error("agent_native_boundary_mismatch",
+		t.log.Error(diagnostics.MsgBoundaryMismatch,
 			"supervisor_native_turn", act.NativeTurn, "settled_native_turn", t.p.Claim.Turn.NativeTurn)
 		return fail(ClassBoundaryMismatch)
 	}
@@ -313,13 +313,13 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	res, err := stream.Result()
 	if err != nil {
 		if errors.Is(context.Cause(execCtx), errExecTimeout) {
-			t.log.Warn("agent_execution_timeout")
+			t.log.Warn(diagnostics.MsgExecutionTimeout)
 			return fail(ClassExecTimeout)
 		}
-		t.log.Warn("agent_turn_interrupted", "error_class", sandbox.CodeOf(err))
+		t.log.Warn(diagnostics.MsgTurnInterrupted, "error_class", sandbox.CodeOf(err))
 		return fail(ClassAgentInterrupted)
 	}
-	t.log.Info("agent_exited", "exit_code", res.ExitCode, "signal", res.Signal, "native_turn", res.NativeTurn)
+	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn)
 
 	// The agent's turn is over: settle it even if the user's cancel arrives
 	// now, or a completed turn would fail closed and lose its conversation

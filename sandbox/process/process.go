@@ -499,14 +499,21 @@ func inPath(name, path string) bool {
 	return false
 }
 
+// Record names of the process backend.
+const (
+	RecordSupervisorStarted     = "sandbox_supervisor_started"
+	RecordSupervisorStartFailed = "sandbox_supervisor_start_failed"
+	RecordRemoved               = "sandbox_removed"
+)
+
 func recordStarted(l *slog.Logger, pid int) {
-	l.Info("sandbox_supervisor_started", slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid))
+	l.Info(RecordSupervisorStarted, slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid))
 }
 
 func recordStartFailed(l *slog.Logger, class string) {
-	l.Error("sandbox_supervisor_start_failed", slog.String("backend", sandbox.BackendProcess), slog.String("class", class))
+	l.Error(RecordSupervisorStartFailed, slog.String("backend", sandbox.BackendProcess), slog.String("class", class))
 }
 
 func recordRemoved(l *slog.Logger) {
-	l.Info("sandbox_removed", slog.String("backend", sandbox.BackendProcess))
+	l.Info(RecordRemoved, slog.String("backend", sandbox.BackendProcess))
 }

@@ -60,7 +60,7 @@ func Main(ctx context.Context, args []string, stderr io.Writer) int {
 		}
 	}
 	if err := Serve(ctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
-		cfg.Logger.Error("supervisor_failed", slog.String("class", "serve"))
+		recordFailed(cfg.Logger, "serve")
 		fmt.Fprintln(stderr, err)
 		return 1
 	}

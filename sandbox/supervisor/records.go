@@ -6,46 +6,64 @@ import (
 	"github.com/runnerd/runnerd/sandbox"
 )
 
-// One helper per record name, so the fields cannot drift. No record carries
-// an activation token, a prompt or agent output.
+// Record names of the supervisor. One helper per record name, so the
+// fields cannot drift. No record carries an activation token, a prompt or
+// agent output.
+const (
+	RecordStarted        = "supervisor_started"
+	RecordStopped        = "supervisor_stopped"
+	RecordActivated      = "supervisor_activated"
+	RecordTurnStarted    = "supervisor_turn_started"
+	RecordTurnEnded      = "supervisor_turn_ended"
+	RecordTurnStopped    = "supervisor_turn_stopped"
+	RecordSettled        = "supervisor_settled"
+	RecordRequestRefused = "supervisor_request_refused"
+	RecordStateFailure   = "supervisor_state_failure"
+	RecordOrphanReaped   = "supervisor_orphan_reaped"
+	RecordFailed         = "supervisor_failed"
+)
 
 func recordStarted(l *slog.Logger, nativeTurn int64) {
-	l.Info("supervisor_started", slog.Int64("native_turn", nativeTurn))
+	l.Info(RecordStarted, slog.Int64("native_turn", nativeTurn))
 }
 
 func recordStopped(l *slog.Logger) {
-	l.Info("supervisor_stopped")
+	l.Info(RecordStopped)
 }
 
 func recordActivated(l *slog.Logger, gen uint64, stoppedTurn bool) {
-	l.Info("supervisor_activated", slog.Uint64("generation", gen), slog.Bool("stopped_running_turn", stoppedTurn))
+	l.Info(RecordActivated, slog.Uint64("generation", gen), slog.Bool("stopped_running_turn", stoppedTurn))
 }
 
 func recordTurnStarted(l *slog.Logger, gen uint64, pid int) {
-	l.Info("supervisor_turn_started", slog.Uint64("generation", gen), slog.Int("pid", pid))
+	l.Info(RecordTurnStarted, slog.Uint64("generation", gen), slog.Int("pid", pid))
 }
 
 func recordTurnEnded(l *slog.Logger, gen uint64, r sandbox.Result) {
-	l.Info("supervisor_turn_ended", slog.Uint64("generation", gen), slog.Int("exit_code", r.ExitCode),
+	l.Info(RecordTurnEnded, slog.Uint64("generation", gen), slog.Int("exit_code", r.ExitCode),
 		slog.String("signal", r.Signal), slog.Int64("native_turn", r.NativeTurn))
 }
 
 func recordTurnStopped(l *slog.Logger, gen uint64, reason string) {
-	l.Warn("supervisor_turn_stopped", slog.Uint64("generation", gen), slog.String("reason", reason))
+	l.Warn(RecordTurnStopped, slog.Uint64("generation", gen), slog.String("reason", reason))
 }
 
 func recordSettled(l *slog.Logger, gen uint64, nativeTurn int64, exitCode int) {
-	l.Info("supervisor_settled", slog.Uint64("generation", gen), slog.Int64("native_turn", nativeTurn), slog.Int("exit_code", exitCode))
+	l.Info(RecordSettled, slog.Uint64("generation", gen), slog.Int64("native_turn", nativeTurn), slog.Int("exit_code", exitCode))
 }
 
 func recordRefused(l *slog.Logger, op, code string) {
-	l.Warn("supervisor_request_refused", slog.String("op", op), slog.String("code", code))
+	l.Warn(RecordRequestRefused, slog.String("op", op), slog.String("code", code))
 }
 
 func recordStateFailure(l *slog.Logger, stage string) {
-	l.Error("supervisor_state_failure", slog.String("stage", stage))
+	l.Error(RecordStateFailure, slog.String("stage", stage))
 }
 
 func recordOrphanReaped(l *slog.Logger, pid int) {
-	l.Info("supervisor_orphan_reaped", slog.Int("pid", pid))
+	l.Info(RecordOrphanReaped, slog.Int("pid", pid))
+}
+
+func recordFailed(l *slog.Logger, class string) {
+	l.Error(RecordFailed, slog.String("class", class))
 }

@@ -1,0 +1,14 @@
+package controlplane
+
+// Record names of the control plane. Like the runner's they carry ids,
+// counts, classes and statuses, never a token, a body or an error's text.
+const (
+	MsgAttemptClaimed  = "controlplane_attempt_claimed"               // a claim was granted: job, attempt, host, generation, lease expiry
+	MsgLeasesResumed   = "controlplane_leases_resumed"                // live leases were extended after the control plane's own absence
+	MsgReaped          = "controlplane_reaped"                        // the reaper superseded expired attempts
+	MsgDetailReclaimed = "controlplane_detail_reclaimed"              // the retention sweep dropped old jobs' detail
+	MsgReaperFailed    = "controlplane_reaper_failed"                 // a reaper or retention pass failed: stage, class
+	MsgRequestFailed   = "controlplane_request_failed"                // a request failed inside the server (500): op, class
+	MsgLostByOperator  = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
+	MsgStopping        = "controlplane_stopping"                      // shutdown began
+)
