@@ -64,6 +64,10 @@ func (s *Server) longPoll(ms int64) time.Duration {
 
 func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	const op = "claim"
+	// The hold is measured from here, after the host sent the request, to
+	// the store's grant: the host's send plus it is never later than the
+	// lease's start (K4).
+	arrived := time.Now()
 	h, ok := s.host(w, r, op)
 	if !ok {
 		return
@@ -88,8 +92,9 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	token := NewToken(WorkerTokenPrefix)
 	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl, WorkerTokenHash: HashToken(token)}
 	var c wire.Claim
+	var held time.Duration
 	found, err := poll(r.Context(), wait, func(ctx context.Context) (bool, error) {
-		p.Now = s.cfg.Now()
+		held, p.Now = time.Since(arrived), s.cfg.Now()
 		var ok bool
 		var err error
 		c, ok, err = s.cfg.Store.Claim(ctx, p)
@@ -105,6 +110,8 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.WorkerToken = token
+	// Rounded down: the host may count from a hair early, never late.
+	c.HeldMS = held.Milliseconds()
 	if c.LeaseTTLMS == 0 {
 		c.LeaseTTLMS = ttl.Milliseconds()
 	}

@@ -38,7 +38,7 @@ func ruleIDs() []string {
 	return ids
 }
 
-var rowRE = regexp.MustCompile(`^\| ([RP]\d+) \| (.+) \|$`)
+var rowRE = regexp.MustCompile(`^\| ([RPK]\d+) \| (.+) \|$`)
 
 func TestRulesTableNamesRealTests(t *testing.T) {
 	f, err := os.Open("rules.md")

@@ -86,11 +86,12 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			d.attempts.Add(1)
 			conv := claim.Turn.ConversationID
 			d.holdConversation(conv) // before the sweep can look again
+			start := leaseStart(sent, claim.Held(), time.Now())
 			go func() {
 				defer d.attempts.Done()
 				defer d.freeSlot()
 				defer d.releaseConversation(conv)
-				d.runAttempt(runCtx, claim, sent)
+				d.runAttempt(runCtx, claim, start)
 			}()
 		case claimCtx.Err() != nil:
 			d.claimDone(false)
@@ -121,6 +122,18 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			}
 		}
 	}
+}
+
+// leaseStart is when the runner counts a claimed lease from (K4): the
+// claim request's send plus the time the control plane says it held the
+// long poll before granting it. The server set the lease's expiry no
+// earlier than that (it measured the hold from the request's arrival),
+// so the local deadline is still never later than the server's (R10),
+// and a long claim wait no longer eats the lease. The hold counts at most
+// what passed here between send and answer (answered), so a server whose
+// clock runs fast cannot move the start past the answer.
+func leaseStart(sent time.Time, held time.Duration, answered time.Time) time.Time {
+	return sent.Add(min(held, answered.Sub(sent)))
 }
 
 // hostBeatLoop reports the host's status every HostHeartbeatInterval (with

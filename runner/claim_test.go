@@ -6,11 +6,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/memnet"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -206,4 +211,121 @@ func TestR6HungHostHeartbeatGivesUpAfterControlTimeout(t *testing.T) {
 			t.Fatalf("%d control failure records for one outage, want 1", n)
 		}
 	})
+}
+
+// bubbleCP is the real reference control plane on a real SQLite store,
+// served over memnet so that it runs inside a synctest bubble (open and
+// close it inside the bubble).
+type bubbleCP struct {
+	st        store.Store
+	wc        *wire.Client
+	hostToken string
+}
+
+func newBubbleCP(t *testing.T, dir string) *bubbleCP {
+	t.Helper()
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(dir, "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), MinLeaseTTL: time.Second})
+	l := memnet.Listen("cp.test")
+	hs := &http.Server{Handler: srv.Handler()}
+	go hs.Serve(l)
+	t.Cleanup(func() { hs.Close(); st.Close() })
+	c := &bubbleCP{
+		st:        st,
+		wc:        &wire.Client{BaseURL: "http://cp.test", HTTP: &http.Client{Transport: &http.Transport{DialContext: l.Dial}}},
+		hostToken: controlplane.NewToken(controlplane.HostTokenPrefix),
+	}
+	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *bubbleCP) enqueue(t *testing.T) wire.Job {
+	t.Helper()
+	ctx := context.Background()
+	conv, err := c.st.CreateConversation(ctx, wire.CreateConversationRequest{Image: "scratch", AgentCommand: []string{"demoagent"}}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := c.st.EnqueueTurn(ctx, conv.ID, "hello", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// K4: a claim the control plane held 20 s of a 30 s long poll, with a 6 s
+// lease. Counted from the send alone the lease would be over 14 s before
+// the answer came (the first round's failure); counted from send + held
+// the real renewer's deadline is send + held + ttl, never later than the
+// server's expiry, and the turn keeps its lease through the real control
+// plane's renewals.
+func TestK4ClaimLeaseCountsFromSendPlusHeld(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		c := newBubbleCP(t, dir)
+		const ttl, heldFor = 6 * time.Second, 20 * time.Second
+		go func() {
+			time.Sleep(heldFor)
+			c.enqueue(t)
+		}()
+		sent := time.Now()
+		claim, err := c.wc.Claim(context.Background(), c.hostToken, wire.ClaimRequest{WaitMS: 30_000, LeaseTTLMS: ttl.Milliseconds()})
+		answered := time.Now()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := claim.Held()
+		if held < heldFor || held > answered.Sub(sent) {
+			t.Fatalf("held_ms %v; the job came after %v and the answer after %v", held, heldFor, answered.Sub(sent))
+		}
+		if !answered.After(sent.Add(ttl)) {
+			t.Fatalf("the answer came %v after the send: no longer than the lease, the test shows nothing", answered.Sub(sent))
+		}
+		timings := heartbeat.Timings{LeaseTTL: ttl, Interval: 2 * time.Second, RequestTimeout: time.Second, RetryDelay: time.Second}
+		r := heartbeat.Start(heartbeat.Config{Timings: timings, Client: c.wc},
+			heartbeat.AttemptFromClaim(claim, leaseStart(sent, held, answered)))
+		if got, want := r.Deadline(), sent.Add(held).Add(ttl); !got.Equal(want) {
+			t.Fatalf("deadline %v after the send, want send + held + ttl = %v", got.Sub(sent), want.Sub(sent))
+		}
+		if r.Deadline().After(claim.LeaseExpiresAt) {
+			t.Fatalf("local deadline %v is later than the server's expiry %v", r.Deadline(), claim.LeaseExpiresAt)
+		}
+		time.Sleep(time.Minute)
+		select {
+		case <-r.Done():
+			t.Fatalf("the renewer ended within a minute: %+v", r.Verdict())
+		default:
+		}
+		r.Stop()
+		if v := r.Verdict(); v.Outcome != heartbeat.Stopped || v.Renewals < 25 {
+			t.Fatalf("verdict %+v, want stopped after about 30 renewals", v)
+		}
+	})
+}
+
+// The hold counts at most the time that passed between send and answer
+// here: a control plane whose clock runs fast cannot move the lease's
+// start past the answer.
+func TestK4LeaseStartCapsTheHold(t *testing.T) {
+	sent := time.Now()
+	for _, tc := range []struct {
+		name           string
+		held, answered time.Duration
+		want           time.Duration
+	}{
+		{name: "immediate", held: 0, answered: 3 * time.Millisecond, want: 0},
+		{name: "held", held: 20 * time.Second, answered: 20*time.Second + 5*time.Millisecond, want: 20 * time.Second},
+		{name: "held longer than seen", held: 25 * time.Second, answered: 20 * time.Second, want: 20 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := leaseStart(sent, tc.held, sent.Add(tc.answered)).Sub(sent); got != tc.want {
+				t.Fatalf("lease start %v after the send, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -229,8 +229,19 @@ type Claim struct {
 	LeaseGeneration int64     `json:"lease_generation"`
 	LeaseExpiresAt  time.Time `json:"lease_expires_at"`
 	LeaseTTLMS      int64     `json:"lease_ttl_ms"`
-	WorkerToken     string    `json:"worker_token"` // this attempt only; never logged
-	Turn            Turn      `json:"turn"`
+	// HeldMS is how long the control plane held the request before it
+	// granted the claim, on its own monotonic clock from the request's
+	// arrival (K4). The lease began no earlier than the request's send
+	// plus HeldMS, so the runner counts it from there: a long poll does
+	// not shorten the lease.
+	HeldMS      int64  `json:"held_ms"`
+	WorkerToken string `json:"worker_token"` // this attempt only; never logged
+	Turn        Turn   `json:"turn"`
+}
+
+// Held is HeldMS as a duration; a negative value counts as zero.
+func (c Claim) Held() time.Duration {
+	return time.Duration(max(c.HeldMS, 0)) * time.Millisecond
 }
 
 // Turn is what the child needs to run the turn.
