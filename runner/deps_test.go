@@ -43,6 +43,7 @@ var moduleImports = map[string][]string{
 	"controlplane":       {"controlplane/store", "wire"},
 	"controlplane/store": {"controlplane/store", "wire"}, // and the stores below it
 
+	"internal/fleet":   {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":  {},
 	"internal/syncbuf": {}, // tests only
 	"internal/tools":   {}, // pins go.mod's requirements (build tag tools)
