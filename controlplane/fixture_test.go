@@ -16,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -67,9 +68,25 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureOn(t, openStore(t))
+}
+
+// stores are the two stores the HTTP tests of server behaviour that
+// depends on the database run on.
+var stores = []struct {
+	name string
+	open func(t testing.TB) store.Store
+}{
+	{"sqlite", openStore},
+	{"postgres", func(t testing.TB) store.Store { return sqltest.Postgres(t) }},
+}
+
+// newFixtureOn is newFixture on the given store.
+func newFixtureOn(t *testing.T, st store.Store) *fixture {
+	t.Helper()
 	f := &fixture{
 		t:     t,
-		st:    openStore(t),
+		st:    st,
 		clock: &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)},
 		logs:  &syncbuf.Buffer{},
 	}

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -37,6 +39,7 @@ var (
 	errNoRoute      = refuse(http.StatusNotFound, wire.CodeNotFound, "There is no such endpoint.")
 	errEmptyBody    = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is empty; send one JSON object.")
 	errBadJSON      = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is not valid JSON.")
+	errNotObject    = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body must be one JSON object.")
 	errTrailingData = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body has data after its JSON value.")
 	errUnknownField = refuse(http.StatusBadRequest, wire.CodeUnknownField, "The request body has a field this server does not know.")
 	errBodyTooLarge = refuse(http.StatusBadRequest, wire.CodeBodyTooLarge, fmt.Sprintf("The request body is larger than %d bytes.", wire.MaxBodyBytes))
@@ -136,27 +139,40 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // decode reads r's body strictly into dst: at most wire.MaxBodyBytes, one
-// JSON value, no unknown field, nothing after it.
-func decode(w http.ResponseWriter, r *http.Request, dst any) *apiError {
-	return decodeJSON(http.MaxBytesReader(w, r.Body, wire.MaxBodyBytes), dst)
+// JSON object holding each of the required keys, no unknown field,
+// nothing after it, and nothing in any field that no store can keep
+// (checkFields).
+func decode(w http.ResponseWriter, r *http.Request, dst any, required ...string) *apiError {
+	return decodeJSON(http.MaxBytesReader(w, r.Body, wire.MaxBodyBytes), dst, required...)
 }
 
 // decodeJSON is decode without the size limit, which the caller applies.
-func decodeJSON(body io.Reader, dst any) *apiError {
+func decodeJSON(body io.Reader, dst any, required ...string) *apiError {
 	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(dst); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		return decodeError(err, true)
 	}
 	var extra json.RawMessage
 	switch err := dec.Decode(&extra); {
 	case errors.Is(err, io.EOF):
-		return nil
 	case err == nil:
 		return errTrailingData
 	default:
 		return decodeError(err, false)
 	}
+	if !isObject(raw) {
+		return errNotObject // null would otherwise be taken as {}
+	}
+	strict := json.NewDecoder(bytes.NewReader(raw))
+	strict.DisallowUnknownFields()
+	if err := strict.Decode(dst); err != nil {
+		return decodeError(err, true)
+	}
+	if e := checkRequired(raw, required); e != nil {
+		return e
+	}
+	return checkFields(reflect.ValueOf(dst), "")
 }
 
 func decodeError(err error, first bool) *apiError {

@@ -147,5 +147,5 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNoRoute)
 	})
-	return mux
+	return checkPaths(mux)
 }

@@ -49,12 +49,13 @@ func (s *Server) leaseTTL(ms int64) (time.Duration, *apiError) {
 	if ms == 0 {
 		return s.cfg.LeaseTTL, nil
 	}
-	d := time.Duration(ms) * time.Millisecond
-	if ms < 0 || d < s.cfg.MinLeaseTTL || d > s.cfg.MaxLeaseTTL {
+	// Bounded in milliseconds first: a huge ms would overflow the
+	// multiplication into a lease within the bounds.
+	if ms < 0 || ms > s.cfg.MaxLeaseTTL.Milliseconds() || time.Duration(ms)*time.Millisecond < s.cfg.MinLeaseTTL {
 		return 0, invalid("lease_ttl_ms must be 0 (the default, %d) or between %d and %d.",
 			s.cfg.LeaseTTL.Milliseconds(), s.cfg.MinLeaseTTL.Milliseconds(), s.cfg.MaxLeaseTTL.Milliseconds())
 	}
-	return d, nil
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // longPoll is how long to hold a request that asked for ms milliseconds.
@@ -129,7 +130,7 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req wire.HostHeartbeat
-	if e := decode(w, r, &req); e != nil {
+	if e := decode(w, r, &req, "capacity", "running", "draining"); e != nil {
 		writeError(w, e)
 		return
 	}
@@ -137,8 +138,8 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 	case req.Capacity < 0 || req.Running < 0:
 		writeError(w, invalid("capacity and running must not be negative."))
 		return
-	case req.LaunchError != nil && (req.LaunchError.Class == "" || req.LaunchError.Consecutive < 1):
-		writeError(w, invalid("launch_error needs a class and a consecutive count of at least 1."))
+	case req.LaunchError != nil && (req.LaunchError.Class == "" || req.LaunchError.Consecutive < 1 || req.LaunchError.Since.IsZero()):
+		writeError(w, invalid("launch_error needs a class, a consecutive count of at least 1 and the time since when."))
 		return
 	}
 	now := s.cfg.Now()
