@@ -51,7 +51,7 @@ func (v Variant) String() string { return variantNames[v] }
 const (
 	LeaseTicks = 3
 	GraceTicks = 1
-	MaxTime    = 8
+	MaxTime    = 7
 	MaxGen     = 3
 	hosts      = 2
 )
