@@ -37,6 +37,7 @@ const (
 	MsgNotifyFailed      = "runnerd_notify_failed"
 	MsgMetricsListening  = "runnerd_metrics_listening" // /metrics is served: address
 	MsgTokenFileMode     = "runnerd_token_file_mode"   // the host token file is readable by others
+	MsgHangupIgnored     = "runnerd_sighup_ignored"    // SIGHUP: nothing is reloaded, every turn goes on (K11)
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).
@@ -52,7 +53,16 @@ const (
 	keyFile         = "file"
 	keyStopped      = "stopped"
 	keyTimedOut     = "timed_out"
+	keyRunning      = "running"
 )
+
+// Hangup records a SIGHUP (K11). Every setting comes from flags and the
+// environment, which a running process cannot read again, so there is
+// nothing to reload: the signal changes nothing, and the record says how
+// many turns it left running.
+func (d *Daemon) Hangup() {
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgHangupIgnored, slog.Int(keyRunning, d.running()))
+}
 
 func attrsOf(a diagnostics.Attempt) []slog.Attr {
 	return []slog.Attr{slog.String(diagnostics.KeyJobID, a.JobID), slog.String(diagnostics.KeyAttemptID, a.AttemptID)}

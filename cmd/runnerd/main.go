@@ -48,11 +48,13 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "turn":
+		absorbHangup()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		code := turn.Main(ctx, os.Stderr)
 		stop()
 		os.Exit(code)
 	case "supervise":
+		absorbHangup()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		code := supervisor.Main(ctx, os.Args[2:], os.Stderr)
 		stop()
@@ -156,19 +158,25 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		close(metricsDone)
 	}
 
-	// The first SIGTERM or SIGINT drains; a second one stops at once.
+	// The first SIGTERM or SIGINT drains; a second one stops at once. A
+	// SIGHUP only leaves a record (K11).
 	ctx, hardStop := context.WithCancel(context.Background())
 	defer hardStop()
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 	sigDone := make(chan struct{})
 	go func() {
 		defer close(sigDone)
-		for n := 0; ; n++ {
+		for n := 0; ; {
 			select {
+			case <-hups:
+				d.Hangup()
 			case <-sigs:
-				if n == 0 {
+				if n++; n == 1 {
 					d.Drain()
 				} else {
 					hardStop()
@@ -194,6 +202,14 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	return 0
+}
+
+// absorbHangup keeps a SIGHUP from ending a turn child or a supervisor
+// (K11): by default it would, and `systemctl kill -s HUP` sends it to every
+// process of the unit. Handled, not ignored: an ignored signal stays
+// ignored across exec, and the agents must get the default back.
+func absorbHangup() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 }
 
 // readToken reads the host token file. A file others can read gets a
