@@ -29,8 +29,8 @@ type bubble struct {
 	hostToken string
 }
 
-func newBubble(t *testing.T) *bubble {
-	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
+func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"), opts...)
 	if err != nil {
 		t.Fatalf("open sqlite store: %v", err)
 	}

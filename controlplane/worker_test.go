@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -363,7 +364,8 @@ func TestTurnThroughEveryCall(t *testing.T) {
 }
 
 // A release puts a never-admitted job back in the queue with the next
-// generation; the released attempt's token is then stale.
+// generation, after its release backoff (K7); the released attempt's token
+// is then stale.
 func TestReleaseRequeues(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -379,6 +381,7 @@ func TestReleaseRequeues(t *testing.T) {
 	} else if st, _ := statusOf(err); wire.ClassifyStatus(st) == wire.Transient {
 		t.Fatalf("renew of a released attempt: %v, want a definitive refusal", err)
 	}
+	f.clock.Advance(store.DefaultReleaseBackoff)
 	again := f.claim()
 	if again.JobID != c.JobID || again.LeaseGeneration != 2 || again.WorkerToken == c.WorkerToken {
 		t.Fatalf("reclaim after release: %+v", again)

@@ -148,6 +148,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 		ReaperInterval: reaperInterval,
 		ReaperGrace:    reaperGrace,
 		ClaimWaitMax:   time.Second,
+		ReleaseBackoff: 200 * time.Millisecond, // scaled down with the leases (K7)
 		Log:            e.log.prefixed("cp"),
 	})
 	if err != nil {

@@ -36,7 +36,10 @@ type cp struct {
 
 func newCP(t *testing.T) *cp {
 	t.Helper()
-	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
+	// Releases are retried after 200 ms rather than 5 s, scaled down with
+	// the tests' other timings (K7).
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"),
+		sqlstore.WithReleaseBackoff(200*time.Millisecond))
 	if err != nil {
 		t.Fatalf("open sqlite store: %v", err)
 	}

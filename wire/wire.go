@@ -141,20 +141,29 @@ type SendMessageRequest struct {
 
 // Job is one turn of a conversation, as the user API shows it.
 type Job struct {
-	ID              string     `json:"id"`
-	ConversationID  string     `json:"conversation_id"`
-	Seq             int64      `json:"seq"` // turn number within the conversation, from 1
-	State           string     `json:"state"`
-	Outcome         string     `json:"outcome,omitempty"`
-	Reason          string     `json:"reason,omitempty"` // plain language
-	CancelRequested bool       `json:"cancel_requested"`
-	AttemptCount    int        `json:"attempt_count"`     // counted attempts
-	WorkerLostCount int        `json:"worker_lost_count"` // uncounted host losses (P6)
-	Admitted        bool       `json:"admitted"`
-	CreatedAt       time.Time  `json:"created_at"`
-	EndedAt         *time.Time `json:"ended_at,omitempty"`
-	Attempts        []Attempt  `json:"attempts"`
-	Events          []JobEvent `json:"events,omitempty"`
+	ID              string `json:"id"`
+	ConversationID  string `json:"conversation_id"`
+	Seq             int64  `json:"seq"` // turn number within the conversation, from 1
+	State           string `json:"state"`
+	Outcome         string `json:"outcome,omitempty"`
+	Reason          string `json:"reason,omitempty"` // plain language
+	CancelRequested bool   `json:"cancel_requested"`
+	AttemptCount    int    `json:"attempt_count"`     // counted attempts
+	WorkerLostCount int    `json:"worker_lost_count"` // uncounted host losses (P6)
+	// ReleaseCount counts the releases and declines of the job (K7): turns
+	// handed back because the host's child never accepted them. Past the
+	// control plane's cap the job fails; ReleaseClass is the last one's
+	// class (e.g. "declined:agent_missing").
+	ReleaseCount int    `json:"release_count"`
+	ReleaseClass string `json:"release_class,omitempty"`
+	// NotBefore is set while a released job waits out its release backoff:
+	// no host is given it before then.
+	NotBefore *time.Time `json:"not_before,omitempty"`
+	Admitted  bool       `json:"admitted"`
+	CreatedAt time.Time  `json:"created_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	Attempts  []Attempt  `json:"attempts"`
+	Events    []JobEvent `json:"events,omitempty"`
 	// Prompt is the message of the turn; empty once its detail was reclaimed.
 	Prompt string `json:"prompt,omitempty"`
 	// DetailReclaimedAt is set once the retention window reclaimed the

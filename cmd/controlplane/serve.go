@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 )
 
@@ -63,8 +64,8 @@ func (d *dbFlags) check() error {
 	return nil
 }
 
-// open opens the store; where names it for people without a password.
-func (d *dbFlags) open(ctx context.Context) (st *sqlstore.Store, where string, err error) {
+// open opens the store with opts; where names it for people without a password.
+func (d *dbFlags) open(ctx context.Context, opts ...sqlstore.Option) (st *sqlstore.Store, where string, err error) {
 	if path, ok := strings.CutPrefix(d.db, "sqlite:"); ok {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("create the database directory: %w", err)
@@ -73,10 +74,10 @@ func (d *dbFlags) open(ctx context.Context) (st *sqlstore.Store, where string, e
 		if strings.EqualFold(d.sync, "full") {
 			sync = sqlstore.SyncFull
 		}
-		st, err = sqlstore.OpenSQLite(ctx, path, sqlstore.WithSynchronous(sync))
+		st, err = sqlstore.OpenSQLite(ctx, path, append(opts, sqlstore.WithSynchronous(sync))...)
 		return st, "sqlite:" + path, err
 	}
-	st, err = sqlstore.OpenPostgres(ctx, d.db)
+	st, err = sqlstore.OpenPostgres(ctx, d.db, opts...)
 	return st, "postgres", err
 }
 
@@ -101,6 +102,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	f.env("reaper-grace")
 	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
 	f.env("max-worker-lost")
+	maxReleases := f.fs.Int("max-releases", store.DefaultMaxReleases, "releases and declines of a job (its turn never started on a host) that queue it again; the next one fails it, with the last decline's class as its reason (K7)")
+	f.env("max-releases")
+	releaseBackoff := f.fs.Duration("release-backoff", store.DefaultReleaseBackoff, "how long a released job waits before any host is given it again; doubles with each release, at most a minute (K7)")
+	f.env("release-backoff")
 	retention := f.fs.Duration("retention", controlplane.DefaultRetention, "how long an ended job keeps its prompt, credentials and runner payloads before the reaper reclaims them; 0 keeps them for ever")
 	f.env("retention")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
@@ -132,6 +137,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return usagef("--claim-wait-max, --reaper-interval and --reaper-grace must be positive")
 	case *maxWorkerLost < 1:
 		return usagef("--max-worker-lost must be at least 1")
+	case *maxReleases < 1:
+		return usagef("--max-releases must be at least 1")
+	case *releaseBackoff <= 0:
+		return usagef("--release-backoff must be positive")
 	case *retention < 0:
 		return usagef("--retention must not be negative (0 keeps detail for ever)")
 	}
@@ -150,7 +159,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
-	st, where, err := d.open(ctx)
+	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff))
 	if err != nil {
 		return err
 	}

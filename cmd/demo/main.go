@@ -189,6 +189,7 @@ func up(ctx context.Context, o options, bins fleet.Binaries, dir string, stdout 
 		ReaperInterval: 500 * time.Millisecond,
 		ReaperGrace:    reaperGrace,
 		ClaimWaitMax:   5 * time.Second,
+		ReleaseBackoff: 500 * time.Millisecond, // scaled down with the leases (K7)
 		Log:            cpLog,
 	})
 	if err != nil {

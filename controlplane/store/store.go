@@ -28,6 +28,27 @@ var (
 	ErrExists           = errors.New("already exists")           // 409 (host names)
 )
 
+// Release cap and backoff (K7), the defaults of every implementation.
+const (
+	// DefaultMaxReleases is how many releases (and declines) of one job
+	// requeue it; the next one fails the job.
+	DefaultMaxReleases = 5
+	// DefaultReleaseBackoff is how long a job released once waits before it
+	// can be claimed again; it doubles with each further release, up to
+	// MaxReleaseBackoff.
+	DefaultReleaseBackoff = 5 * time.Second
+	MaxReleaseBackoff     = time.Minute
+)
+
+// ReleaseBackoff is the wait after the n-th release (from 1) of a job.
+func ReleaseBackoff(base time.Duration, n int64) time.Duration {
+	d := base
+	for i := int64(1); i < n && d < MaxReleaseBackoff; i++ {
+		d *= 2
+	}
+	return min(d, MaxReleaseBackoff)
+}
+
 // Host is a registered sandbox host.
 type Host struct {
 	ID   string
@@ -113,8 +134,9 @@ type Store interface {
 	CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error)
 
 	// Worker API, host scope. Claim takes the oldest runnable job: queued,
-	// of a conversation that is usable and has no other job running or
-	// queued before it (one turn at a time, in order), and whose retained
+	// past its release backoff (K7), of a conversation that is usable and
+	// has no other job running or queued before it (one turn at a time, in
+	// order), and whose retained
 	// sandbox is on this host or not recorded yet (host affinity: the
 	// sandbox lives on the host whose attempt last called RecordContainer).
 	// It returns false when there is none. The new attempt's generation is
@@ -144,6 +166,10 @@ type Store interface {
 	Abandon(ctx context.Context, ref wire.AttemptRef, req wire.AbandonRequest, now time.Time) (wire.FinishResponse, error)
 	// Release requeues a never-accepted turn in one statement that also
 	// requires that no membership admitted the job (R36). ErrAdmitted otherwise.
+	// Releases are counted per job (K7): the job waits out a release
+	// backoff before it can be claimed again, and the release past the cap
+	// (DefaultMaxReleases unless configured) fails it, its reason naming
+	// the last release's class.
 	Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error
 	// Finish records the terminal report. The same report again gets the
 	// first answer (P2). Admitted and unsettled with any outcome but

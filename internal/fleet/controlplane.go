@@ -26,6 +26,7 @@ type ControlPlaneConfig struct {
 	ReaperGrace    time.Duration
 	ClaimWaitMax   time.Duration
 	MaxWorkerLost  int
+	ReleaseBackoff time.Duration // --release-backoff (K7)
 	// Log receives the server's output; nil discards it.
 	Log io.Writer
 	// StartTimeout bounds the wait for "serving"; default 20 s.
@@ -58,6 +59,7 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 	args = appendDur(args, "--reaper-interval", cfg.ReaperInterval)
 	args = appendDur(args, "--reaper-grace", cfg.ReaperGrace)
 	args = appendDur(args, "--claim-wait-max", cfg.ClaimWaitMax)
+	args = appendDur(args, "--release-backoff", cfg.ReleaseBackoff)
 	if cfg.MaxWorkerLost > 0 {
 		args = append(args, "--max-worker-lost", fmt.Sprint(cfg.MaxWorkerLost))
 	}

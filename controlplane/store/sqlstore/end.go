@@ -253,19 +253,35 @@ func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.Relea
 		if err != nil {
 			return err
 		}
+		// K7: counted, then either waited out or, past the cap, the end.
 		var conv string
-		var cancel int64
+		var cancel, n int64
 		if err := tx.QueryRowContext(ctx, s.q(`UPDATE jobs SET attempt_count = attempt_count - 1, live_attempt_id = NULL,
-			state = 'queued' WHERE id = ? RETURNING conversation_id, cancel_requested`), jobID).Scan(&conv, &cancel); err != nil {
+			release_count = release_count + 1, release_class = ?, state = 'queued'
+			WHERE id = ? RETURNING conversation_id, cancel_requested, release_count`), req.Class, jobID).Scan(&conv, &cancel, &n); err != nil {
 			return err
 		}
-		if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "released", map[string]any{"class": req.Class}); err != nil {
+		retry := now.Add(store.ReleaseBackoff(s.cfg.releaseWait, n))
+		data := map[string]any{"class": req.Class, "release_count": n}
+		if cancel == 0 && n <= int64(s.cfg.maxReleases) {
+			data["not_before"] = fromNS(ns(retry))
+		}
+		if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "released", data); err != nil {
 			return err
 		}
-		if cancel != 0 {
+		switch {
+		case cancel != 0:
 			return s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonCancelled, now)
+		case n > int64(s.cfg.maxReleases):
+			if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "release_cap", map[string]any{
+				"release_count": n, "max": s.cfg.maxReleases, "class": req.Class,
+			}); err != nil {
+				return err
+			}
+			return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, fmt.Sprintf(reasonReleaseCap, n, req.Class), now)
 		}
-		return nil
+		_, err = s.exec(ctx, tx, `UPDATE jobs SET not_before = ? WHERE id = ?`, ns(retry), jobID)
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("release: %w", err)

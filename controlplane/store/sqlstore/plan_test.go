@@ -23,7 +23,9 @@ var dialects = []struct {
 // second into about a thousand. The same holds for the reaper's query and
 // the retention sweep's (P8), among thousands of ended jobs.
 // Thousands of turns pinned to other hosts' sandboxes wait ahead of the
-// claiming host's: the claim must not read them (host affinity).
+// claiming host's: the claim must not read them (host affinity). Thousands
+// of released turns in their release backoff wait ahead of both (K7): the
+// claim's walk of jobs_claim_any passes them and takes the turns behind.
 func TestQueryPlansUseIndexes(t *testing.T) {
 	reapQuery := `SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ? ORDER BY lease_expires_at LIMIT ?`
 	for _, tc := range dialects {
@@ -33,6 +35,8 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 			// jobs and live attempts around the queued ones.
 			fill(t, s, "run", 5000, true, t0.Add(time.Hour))
 			fillBlocked(t, s, "blocked", 5000)
+			fill(t, s, "backoff", 5000, false, time.Time{})
+			backoff(t, s, "backoff", t0.Add(time.Minute))
 			fill(t, s, "other", 5000, false, time.Time{})
 			pin(t, s, "other", "host_other")
 			fill(t, s, "q", 5000, false, time.Time{})
@@ -42,7 +46,7 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 				indexes     []string
 				args        []any
 			}{
-				{"claim", s.claimStatement(), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_x", "host_bench"}},
+				{"claim", s.claimStatement(), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_x", "host_bench", ns(t0), ns(t0)}},
 				{"reap", reapQuery + s.lockSkip(), []string{"attempts_expiry"}, []any{ns(t0), 256}},
 				{"reclaim", reclaimQuery + s.lockSkip(), []string{"jobs_reclaim"}, []any{ns(t0), 100}},
 			} {
@@ -66,6 +70,20 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 				t.Errorf("planProblems missed the scan and sort in:\n%s", scan)
 			}
 		})
+	}
+}
+
+// backoff puts the queued jobs named by prefix in their release backoff
+// until notBefore, as Release does (K7).
+func backoff(tb testing.TB, s *Store, prefix string, notBefore time.Time) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := s.write(ctx, func(tx txn) error {
+		_, err := s.exec(ctx, tx, `UPDATE jobs SET not_before = ?, release_count = 1, release_class = 'spawn_failed'
+			WHERE id LIKE ? || 'j%' AND state = 'queued'`, ns(notBefore), prefix)
+		return err
+	}); err != nil {
+		tb.Fatal(err)
 	}
 }
 

@@ -70,6 +70,8 @@ type config struct {
 	readConns     int
 	leaseTTL      time.Duration
 	maxWorkerLost int
+	maxReleases   int           // K7
+	releaseWait   time.Duration // K7: the first release backoff
 }
 
 // Option changes one setting of Open*.
@@ -92,6 +94,14 @@ func WithDefaultLeaseTTL(d time.Duration) Option { return func(c *config) { c.le
 // with outcome worker_lost, and for Reap when ReapParams.MaxWorkerLost is 0.
 func WithMaxWorkerLost(n int) Option { return func(c *config) { c.maxWorkerLost = n } }
 
+// WithMaxReleases caps the releases (and declines) that requeue one job
+// (K7); the next release fails it. Default store.DefaultMaxReleases.
+func WithMaxReleases(n int) Option { return func(c *config) { c.maxReleases = n } }
+
+// WithReleaseBackoff sets the first release backoff (K7); it doubles with
+// each further release. Default store.DefaultReleaseBackoff.
+func WithReleaseBackoff(d time.Duration) Option { return func(c *config) { c.releaseWait = d } }
+
 func newConfig(opts []Option) config {
 	c := config{}
 	for _, o := range opts {
@@ -111,6 +121,12 @@ func newConfig(opts []Option) config {
 	}
 	if c.maxWorkerLost <= 0 {
 		c.maxWorkerLost = DefaultMaxWorkerLost
+	}
+	if c.maxReleases <= 0 {
+		c.maxReleases = store.DefaultMaxReleases
+	}
+	if c.releaseWait <= 0 {
+		c.releaseWait = store.DefaultReleaseBackoff
 	}
 	return c
 }

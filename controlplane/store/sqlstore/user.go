@@ -25,6 +25,8 @@ const (
 	reasonFailed          = "The reply failed."
 	reasonNotStarted      = "The reply could not be started."
 	reasonWorkerLostCap   = "This message could not be answered: the computers that tried to run it stopped responding %d times."
+	// K7: the count and the last release's class (e.g. declined:agent_missing).
+	reasonReleaseCap = "This message could not be started: the computers that tried could not launch it %d times (last: %s)."
 )
 
 // conversationCols reads a conversation with the name of its sandbox's
@@ -164,10 +166,13 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	var cancel, created int64
 	var ended, reclaimed sql.NullInt64
 	var admitted sql.NullString
+	var notBefore int64
 	err := db.QueryRowContext(ctx, s.q(`SELECT id, conversation_id, seq, prompt, state, outcome, reason, cancel_requested,
-		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at, detail_reclaimed_at FROM jobs WHERE id = ?`), id).Scan(
+		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at, detail_reclaimed_at,
+		release_count, release_class, not_before FROM jobs WHERE id = ?`), id).Scan(
 		&j.ID, &j.ConversationID, &j.Seq, &j.Prompt, &j.State, &j.Outcome, &j.Reason, &cancel,
-		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended, &reclaimed)
+		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended, &reclaimed,
+		&j.ReleaseCount, &j.ReleaseClass, &notBefore)
 	if errors.Is(err, sql.ErrNoRows) {
 		return j, store.ErrNotFound
 	}
@@ -179,6 +184,9 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	j.CreatedAt = fromNS(created)
 	j.EndedAt = nsPtr(ended)
 	j.DetailReclaimedAt = nsPtr(reclaimed)
+	if j.State == wire.JobQueued && notBefore > 0 {
+		j.NotBefore = nsPtr(sql.NullInt64{Int64: notBefore, Valid: true})
+	}
 
 	rows, err := db.QueryContext(ctx, s.q(`SELECT id, generation, state, lease_owner, lease_expires_at, claimed_at,
 		ended_at, outcome, container_id, COALESCE(activation_id, ''), counts_as_attempt

@@ -40,7 +40,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	err := s.write(ctx, func(tx txn) error {
 		found = false
 		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
-		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID).Scan(
+		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now)).Scan(
 			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -83,18 +83,22 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 }
 
 // claimStatement takes the next job for a host: the oldest queued head of
-// its conversation among those whose sandbox lives on this host or that
-// have none yet. Each branch is an ordered walk of its own partial index
-// (jobs_claim_host for the host's range, jobs_claim_any), so other hosts'
-// queued turns are never read; MIN picks the older of at most two rows.
-// On PostgreSQL each branch locks its row with SKIP LOCKED; the one not
-// taken stays locked until commit, so a concurrent claimer passes it for a
-// moment. The query-plan test explains this very text. Arguments: the new
-// attempt id, the host id.
+// its conversation, past its release backoff (K7), among those whose
+// sandbox lives on this host or that have none yet. Each branch is an
+// ordered walk of its own partial index (jobs_claim_host for the host's
+// range, jobs_claim_any), so other hosts' queued turns are never read; the
+// walk passes a job in its release backoff, so it never stands in front
+// of other conversations' turns (a filter on the rows the walk meets:
+// released jobs are few, and capped).
+// MIN picks the older of at most two rows. On PostgreSQL each branch locks
+// its row with SKIP LOCKED; the one not taken stays locked until commit,
+// so a concurrent claimer passes it for a moment. The query-plan test
+// explains this very text. Arguments: the new attempt id, the host id,
+// now, now.
 func (s *Store) claimStatement() string {
 	branch := func(cond string) string {
 		return `SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND ` + cond +
-			` ORDER BY pos LIMIT 1` + s.lockSkip() + `) AS b`
+			` AND not_before <= ? ORDER BY pos LIMIT 1` + s.lockSkip() + `) AS b`
 	}
 	return `UPDATE jobs SET state = 'running', generation = generation + 1,
 		attempt_count = attempt_count + 1, live_attempt_id = ?

@@ -74,7 +74,7 @@ func testInvariantsRandomOperations(t *testing.T, st store.Store) {
 				jobs = append(jobs, j.ID)
 			}
 		case op < 35:
-			want := oldestRunnable(f, jobs, ended)
+			want := oldestRunnable(f, jobs, ended, now)
 			c, ok := f.tryClaim(hosts[rng.IntN(len(hosts))], now)
 			switch {
 			case ok && c.JobID != want:
@@ -191,8 +191,9 @@ func testInvariantsRandomOperations(t *testing.T, st store.Store) {
 }
 
 // oldestRunnable is the job Claim must take: the first queued job, in
-// enqueue order, whose conversation has no earlier unfinished turn.
-func oldestRunnable(f *fixture, jobs []string, ended map[string]bool) string {
+// enqueue order, whose conversation has no earlier unfinished turn and
+// which is past its release backoff (K7).
+func oldestRunnable(f *fixture, jobs []string, ended map[string]bool, now time.Time) string {
 	busy := map[string]bool{}
 	for _, id := range jobs {
 		if ended[id] {
@@ -202,8 +203,8 @@ func oldestRunnable(f *fixture, jobs []string, ended map[string]bool) string {
 		switch {
 		case j.State != wire.JobQueued && j.State != wire.JobRunning:
 			ended[id] = true
-		case j.State == wire.JobQueued && !busy[j.ConversationID]:
-			return id
+		case j.State == wire.JobQueued && !busy[j.ConversationID] && (j.NotBefore == nil || !j.NotBefore.After(now)):
+			return id // a job in its release backoff (K7) holds its conversation, nobody else's
 		default:
 			busy[j.ConversationID] = true
 		}

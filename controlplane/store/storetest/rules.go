@@ -158,15 +158,15 @@ func testP1StaleWritesRefused(t *testing.T, st store.Store) {
 	if err := st.Release(f.ctx, ref(c1), wire.ReleaseRequest{AttemptRef: ref(c1), Class: "spawn_failed"}, T0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	c2 := f.claim(at(time.Second))
-	if _, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + 10*time.Second), Grace: 5 * time.Second}); err != nil {
+	c2 := f.claim(at(store.DefaultReleaseBackoff)) // past the release backoff (K7)
+	if _, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + 15*time.Second), Grace: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	c3 := f.claim(at(TTL + 11*time.Second))
+	c3 := f.claim(at(TTL + 16*time.Second))
 	if c1.LeaseGeneration != 1 || c2.LeaseGeneration != 2 || c3.LeaseGeneration != 3 || c3.JobID != j.ID {
 		t.Fatalf("generations = %d, %d, %d", c1.LeaseGeneration, c2.LeaseGeneration, c3.LeaseGeneration)
 	}
-	now := at(TTL + 12*time.Second)
+	now := at(TTL + 17*time.Second)
 	stale := []wire.AttemptRef{
 		ref(c1), ref(c2), // ended attempts
 		{AttemptID: c3.AttemptID, LeaseGeneration: 2}, // live attempt, older generation
@@ -345,8 +345,8 @@ func testR19LeaseOwnerAndEvents(t *testing.T, st store.Store) {
 	if err := st.Release(f.ctx, ref(c2), wire.ReleaseRequest{AttemptRef: ref(c2), Class: "spawn_failed"}, at(201*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	c3 := f.claim(at(202 * time.Second))
-	if _, err := st.Abandon(f.ctx, ref(c3), wire.AbandonRequest{AttemptRef: ref(c3), Class: "preflight"}, at(203*time.Second)); err != nil {
+	c3 := f.claim(at(201*time.Second + store.DefaultReleaseBackoff))
+	if _, err := st.Abandon(f.ctx, ref(c3), wire.AbandonRequest{AttemptRef: ref(c3), Class: "preflight"}, at(207*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	j3 := f.enqueue(conv.ID, "r")
@@ -557,9 +557,9 @@ func testR36ReleaseRefusedAfterAdmission(t *testing.T, st store.Store) {
 	if got.State != wire.JobQueued || got.AttemptCount != 0 || got.Attempts[0].State != wire.AttemptReleased || got.Attempts[0].CountsAsAttempt {
 		t.Fatalf("job after release = %+v", got)
 	}
-	c2 := f.claim(at(3 * time.Second))
-	f.admit(c2, at(4*time.Second))
-	err := st.Release(f.ctx, ref(c2), wire.ReleaseRequest{AttemptRef: ref(c2), Class: "declined:preflight"}, at(5*time.Second))
+	c2 := f.claim(at(time.Second + store.DefaultReleaseBackoff))
+	f.admit(c2, at(7*time.Second))
+	err := st.Release(f.ctx, ref(c2), wire.ReleaseRequest{AttemptRef: ref(c2), Class: "declined:preflight"}, at(8*time.Second))
 	wantErr(t, "Release after admission", err, store.ErrAdmitted)
 	if got := f.job(j.ID); got.State != wire.JobRunning || !got.Admitted || got.Attempts[1].State != wire.AttemptRunning {
 		t.Fatalf("job after refused release = %+v", got)

@@ -61,6 +61,8 @@ var tests = []test{
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
 	{"Affinity_TurnsGoToSandboxHost", testAffinityTurnsGoToSandboxHost},
 	{"Affinity_OperatorLosesConversation", testAffinityOperatorLosesConversation},
+	{"K7_ReleaseCapFailsJob", testK7ReleaseCapFailsJob},
+	{"K7_BackoffJobNotInFrontOfOthers", testK7BackoffJobNotInFrontOfOthers},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
