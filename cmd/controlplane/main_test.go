@@ -278,3 +278,32 @@ func TestServeAndSubmit(t *testing.T) {
 		}
 	}
 }
+
+// K9: the command opens SQLite with synchronous=FULL unless the operator
+// asks for normal, on the command line or in the environment.
+func TestSQLiteSynchronousDefaultsToFull(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want sqlstore.Synchronous
+	}{
+		{"default", nil, nil, sqlstore.SyncFull},
+		{"normal by flag", nil, []string{"--sqlite-synchronous", "normal"}, sqlstore.SyncNormal},
+		{"normal by env", map[string]string{"CONTROLPLANE_SQLITE_SYNCHRONOUS": "NORMAL"}, nil, sqlstore.SyncNormal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFlags("serve", envOf(tc.env), io.Discard)
+			d := addDBFlags(f)
+			if err := f.parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.check(); err != nil {
+				t.Fatal(err)
+			}
+			if got := d.synchronous(); got != tc.want {
+				t.Fatalf("synchronous %s, want %s", got, tc.want)
+			}
+		})
+	}
+}

@@ -35,7 +35,7 @@ func addDBFlags(f *flags) *dbFlags {
 	f.env("data-dir")
 	f.fs.StringVar(&d.db, "db", "", "database: sqlite:PATH or postgres://… (default sqlite:DATA-DIR/controlplane.db)")
 	f.env("db")
-	f.fs.StringVar(&d.sync, "sqlite-synchronous", "normal", "SQLite synchronous level: normal or full")
+	f.fs.StringVar(&d.sync, "sqlite-synchronous", "full", "SQLite synchronous level: full (every acknowledged write survives power loss) or normal (the last writes may roll back on power loss: only by choice)")
 	f.env("sqlite-synchronous")
 	return d
 }
@@ -64,17 +64,21 @@ func (d *dbFlags) check() error {
 	return nil
 }
 
+// synchronous is SQLite's level: FULL unless normal was asked for (K9).
+func (d *dbFlags) synchronous() sqlstore.Synchronous {
+	if strings.EqualFold(d.sync, "normal") {
+		return sqlstore.SyncNormal
+	}
+	return sqlstore.SyncFull
+}
+
 // open opens the store with opts; where names it for people without a password.
 func (d *dbFlags) open(ctx context.Context, opts ...sqlstore.Option) (st *sqlstore.Store, where string, err error) {
 	if path, ok := strings.CutPrefix(d.db, "sqlite:"); ok {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("create the database directory: %w", err)
 		}
-		sync := sqlstore.SyncNormal
-		if strings.EqualFold(d.sync, "full") {
-			sync = sqlstore.SyncFull
-		}
-		st, err = sqlstore.OpenSQLite(ctx, path, append(opts, sqlstore.WithSynchronous(sync))...)
+		st, err = sqlstore.OpenSQLite(ctx, path, append(opts, sqlstore.WithSynchronous(d.synchronous()))...)
 		return st, "sqlite:" + path, err
 	}
 	st, err = sqlstore.OpenPostgres(ctx, d.db, opts...)

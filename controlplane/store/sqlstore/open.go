@@ -16,8 +16,9 @@ import (
 
 // OpenSQLite opens (creating if needed) the SQLite database at path and
 // migrates it. Writes go through one connection with BEGIN IMMEDIATE, so
-// they queue in Go rather than meet SQLITE_BUSY; reads use a separate pool.
-// The journal is WAL; synchronous is NORMAL unless WithSynchronous says FULL.
+// they queue in Go rather than meet SQLITE_BUSY, and the writes queued
+// together commit together (sqliteWriter); reads use a separate pool. The
+// journal is WAL; synchronous is FULL unless WithSynchronous says NORMAL.
 func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	cfg := newConfig(opts)
 	switch cfg.synchronous {

@@ -56,11 +56,15 @@ const (
 type Synchronous string
 
 const (
-	// SyncNormal may lose the last transactions on power loss, never
-	// consistency. The default.
-	SyncNormal Synchronous = "NORMAL"
-	// SyncFull makes every commit durable.
+	// SyncFull makes every commit durable before it is answered (K9).
+	// The default; group commit in the single writer keeps its cost to
+	// one fsync per batch of queued writes.
 	SyncFull Synchronous = "FULL"
+	// SyncNormal may lose the last transactions on power loss, never
+	// consistency: an acknowledged admission can roll back, after which
+	// the reaper requeues a turn whose prompt the agent already has. Only
+	// by explicit choice.
+	SyncNormal Synchronous = "NORMAL"
 )
 
 // config holds the options; zero values mean the defaults.
@@ -77,7 +81,8 @@ type config struct {
 // Option changes one setting of Open*.
 type Option func(*config)
 
-// WithSynchronous sets SQLite's synchronous level (ignored by PostgreSQL).
+// WithSynchronous sets SQLite's synchronous level (ignored by PostgreSQL);
+// the default is SyncFull.
 func WithSynchronous(s Synchronous) Option { return func(c *config) { c.synchronous = s } }
 
 // WithBusyTimeout sets SQLite's busy_timeout (ignored by PostgreSQL). Writes
@@ -108,7 +113,7 @@ func newConfig(opts []Option) config {
 		o(&c)
 	}
 	if c.synchronous == "" {
-		c.synchronous = SyncNormal
+		c.synchronous = SyncFull
 	}
 	if c.busyTimeout <= 0 {
 		c.busyTimeout = DefaultBusyTimeout
@@ -240,98 +245,6 @@ func (s *Store) writeOnce(ctx context.Context, fn func(tx txn) error) error {
 		return k.err
 	}
 	return nil
-}
-
-// sqliteWriter is SQLite's single writer: one connection, taken in turn
-// (a channel, so that a waiter inside a synctest bubble is durably
-// blocked), with its statements prepared once. database/sql would prepare
-// every statement of a transaction anew, which costs about a third of a
-// fenced renewal.
-type sqliteWriter struct {
-	turn  chan struct{}
-	conn  *sql.Conn
-	stmts map[string]*sql.Stmt // only touched while holding turn
-}
-
-func (w *sqliteWriter) write(ctx context.Context, fn func(tx txn) error) error {
-	select {
-	case w.turn <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-w.turn }()
-	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	err := fn(w)
-	var k keep
-	if err != nil && !errors.As(err, &k) {
-		w.rollback(ctx)
-		return err
-	}
-	if _, cerr := w.conn.ExecContext(ctx, "COMMIT"); cerr != nil {
-		w.rollback(ctx)
-		return fmt.Errorf("commit: %w", cerr)
-	}
-	if err != nil {
-		return k.err
-	}
-	return nil
-}
-
-func (w *sqliteWriter) rollback(ctx context.Context) {
-	_, _ = w.conn.ExecContext(context.WithoutCancel(ctx), "ROLLBACK")
-}
-
-func (w *sqliteWriter) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
-	if st, ok := w.stmts[query]; ok {
-		return st, nil
-	}
-	st, err := w.conn.PrepareContext(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	w.stmts[query] = st
-	return st, nil
-}
-
-// multi reports a script of several statements (a migration), which is
-// run as it is rather than prepared.
-func multi(query string) bool { return strings.Contains(strings.TrimSpace(query), ";") }
-
-func (w *sqliteWriter) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if multi(query) {
-		return w.conn.ExecContext(ctx, query, args...)
-	}
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.ExecContext(ctx, args...)
-}
-
-func (w *sqliteWriter) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		return nil, err
-	}
-	return st.QueryContext(ctx, args...)
-}
-
-func (w *sqliteWriter) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	st, err := w.stmt(ctx, query)
-	if err != nil {
-		return w.conn.QueryRowContext(ctx, query, args...) // carries the error
-	}
-	return st.QueryRowContext(ctx, args...)
-}
-
-func (w *sqliteWriter) close() error {
-	var err error
-	for _, st := range w.stmts {
-		err = errors.Join(err, st.Close())
-	}
-	return errors.Join(err, w.conn.Close())
 }
 
 // ids runs a query whose one column is an id and returns the ids. query is

@@ -1,0 +1,245 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// maxBatch bounds the writes of one group commit, so that the first of
+// them waits for at most this many others.
+const maxBatch = 256
+
+// sqliteWriter is SQLite's single writer: one connection, with its
+// statements prepared once (database/sql would prepare every statement
+// of a transaction anew, about a third of a fenced renewal), and group
+// commit. Every write queued while a transaction runs goes into the next
+// one: whoever takes the turn leads, runs every queued write (each in its
+// own savepoint, so that one write's failure rolls back only its own
+// statements) and commits them together, then answers each caller — only
+// after the commit, so an answer is never ahead of the disk. With
+// synchronous=FULL that is one fsync for the whole batch (K9).
+//
+// No goroutine of its own: the leader is a caller, so a store inside a
+// testing/synctest bubble does not outlive it.
+type sqliteWriter struct {
+	// turn is held by the leader of a batch. A channel, so that a waiter
+	// inside a synctest bubble is durably blocked.
+	turn chan struct{}
+
+	mu    sync.Mutex  // guards queue
+	queue []*writeReq // writes waiting for a leader, oldest first
+
+	conn  *sql.Conn
+	stmts map[string]*sql.Stmt // only touched while holding turn
+
+	commits atomic.Int64 // transactions committed, for the tests that count them
+}
+
+// writeReq is one caller's write, waiting in the queue or running in a batch.
+type writeReq struct {
+	ctx  context.Context
+	fn   func(tx txn) error
+	done chan error // buffered; the answer, sent once after the commit
+}
+
+func (w *sqliteWriter) write(ctx context.Context, fn func(tx txn) error) error {
+	req := &writeReq{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	w.mu.Lock()
+	w.queue = append(w.queue, req)
+	w.mu.Unlock()
+	for {
+		select {
+		case err := <-req.done:
+			return err
+		case w.turn <- struct{}{}:
+			w.lead()
+			<-w.turn
+		case <-ctx.Done():
+			if w.withdraw(req) {
+				return ctx.Err()
+			}
+			// A leader has it: the write may commit, so wait for its answer.
+			return <-req.done
+		}
+	}
+}
+
+// withdraw takes a write that no batch has taken off the queue.
+func (w *sqliteWriter) withdraw(req *writeReq) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, r := range w.queue {
+		if r == req {
+			w.queue = append(w.queue[:i], w.queue[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// lead runs one batch of queued writes in one transaction. Its own
+// statements are never cancelled (the batch is other callers' too), and
+// neither are the writes' (writer methods drop cancellation): an
+// interrupted statement would roll back the whole transaction.
+func (w *sqliteWriter) lead() {
+	w.mu.Lock()
+	n := min(len(w.queue), maxBatch)
+	batch := make([]*writeReq, n)
+	copy(batch, w.queue)
+	w.queue = append(w.queue[:0], w.queue[n:]...)
+	w.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	ctx := context.Background()
+	answers := make([]error, n)
+	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		for i := range answers {
+			answers[i] = fmt.Errorf("begin: %w", err)
+		}
+		w.answer(batch, answers)
+		return
+	}
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			answers[i] = err // gone before it ran: nothing to commit
+			continue
+		}
+		var broken error
+		answers[i], broken = w.run(ctx, r)
+		if broken != nil {
+			// The transaction itself failed (SQLite rolls back on an I/O
+			// error or a full disk): nothing of this batch commits. The
+			// writes not run yet go back to the queue for the next leader.
+			w.rollback()
+			for j := range i + 1 {
+				answers[j] = fmt.Errorf("write batch rolled back: %w", broken)
+			}
+			w.requeue(batch[i+1:])
+			w.answer(batch[:i+1], answers[:i+1])
+			return
+		}
+	}
+	if _, err := w.conn.ExecContext(ctx, "COMMIT"); err != nil {
+		w.rollback()
+		for i := range answers {
+			answers[i] = fmt.Errorf("commit: %w", err)
+		}
+	} else {
+		w.commits.Add(1)
+	}
+	w.answer(batch, answers)
+}
+
+// run runs one write in its own savepoint: answer is the write's own
+// result, broken a failure of the transaction around it.
+func (w *sqliteWriter) run(ctx context.Context, r *writeReq) (answer, broken error) {
+	if _, err := w.conn.ExecContext(ctx, "SAVEPOINT w"); err != nil {
+		return nil, err
+	}
+	err := w.call(r)
+	var k keep
+	if err != nil && !errors.As(err, &k) {
+		if _, rerr := w.conn.ExecContext(ctx, "ROLLBACK TO w"); rerr != nil {
+			return nil, errors.Join(err, rerr)
+		}
+	}
+	if _, rerr := w.conn.ExecContext(ctx, "RELEASE w"); rerr != nil {
+		return nil, rerr
+	}
+	if err != nil && errors.As(err, &k) {
+		return k.err, nil // committed, and refused (a stale report is kept)
+	}
+	return err, nil
+}
+
+// call runs a write's function; a panic fails that write only.
+func (w *sqliteWriter) call(r *writeReq) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("write panicked: %v", p)
+		}
+	}()
+	return r.fn(w)
+}
+
+func (w *sqliteWriter) answer(batch []*writeReq, answers []error) {
+	for i, r := range batch {
+		r.done <- answers[i]
+	}
+}
+
+// requeue puts writes back at the front of the queue, in their order.
+func (w *sqliteWriter) requeue(rs []*writeReq) {
+	if len(rs) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.queue = append(append([]*writeReq{}, rs...), w.queue...)
+	w.mu.Unlock()
+}
+
+func (w *sqliteWriter) rollback() {
+	_, _ = w.conn.ExecContext(context.Background(), "ROLLBACK")
+}
+
+func (w *sqliteWriter) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
+	if st, ok := w.stmts[query]; ok {
+		return st, nil
+	}
+	st, err := w.conn.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	w.stmts[query] = st
+	return st, nil
+}
+
+// multi reports a script of several statements (a migration), which is
+// run as it is rather than prepared.
+func multi(query string) bool { return strings.Contains(strings.TrimSpace(query), ";") }
+
+// The txn methods drop the caller's cancellation (see lead).
+
+func (w *sqliteWriter) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	ctx = context.WithoutCancel(ctx)
+	if multi(query) {
+		return w.conn.ExecContext(ctx, query, args...)
+	}
+	st, err := w.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.ExecContext(ctx, args...)
+}
+
+func (w *sqliteWriter) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	ctx = context.WithoutCancel(ctx)
+	st, err := w.stmt(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+func (w *sqliteWriter) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	ctx = context.WithoutCancel(ctx)
+	st, err := w.stmt(ctx, query)
+	if err != nil {
+		return w.conn.QueryRowContext(ctx, query, args...) // carries the error
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (w *sqliteWriter) close() error {
+	var err error
+	for _, st := range w.stmts {
+		err = errors.Join(err, st.Close())
+	}
+	return errors.Join(err, w.conn.Close())
+}
