@@ -49,9 +49,16 @@ type Config struct {
 	// missing.
 	Workspace string
 	// StateDir holds the supervisor's durable state (the native turn
-	// ordinal). Default: Workspace/.runnerd, so it lives and dies with the
-	// workspace (a docker volume survives its container).
+	// ordinal, the boundary R31 verifies). It must not be inside the
+	// workspace, where the agent writes at will. Default: "supervisor-state"
+	// beside the workspace. Whether the agent can reach it anyway is the
+	// backend's business (docs/operations.md): docker mounts a directory
+	// only root can write and runs the agent as AgentCredential.
 	StateDir string
+	// AgentCredential, if set, is the user the agents run as; the
+	// supervisor then needs CAP_SETUID, CAP_SETGID and CAP_KILL (to stop
+	// them). Default: the supervisor's own user.
+	AgentCredential *syscall.Credential
 	// ID is the sandbox identity reported by status. Default "".
 	ID string
 	// AgentEnv is the agent's whole environment. Default: PATH, LANG and
@@ -88,7 +95,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("supervisor: socket and workspace are required")
 	}
 	if c.StateDir == "" {
-		c.StateDir = filepath.Join(c.Workspace, ".runnerd")
+		c.StateDir = filepath.Join(filepath.Dir(filepath.Clean(c.Workspace)), "supervisor-state")
+	}
+	if within(c.StateDir, c.Workspace) {
+		return c, errors.New("supervisor: the state directory must not be inside the workspace, where the agent writes")
 	}
 	if c.AgentEnv == nil {
 		c.AgentEnv = []string{
@@ -156,8 +166,8 @@ func Serve(ctx context.Context, cfg Config) error {
 	if err := os.MkdirAll(cfg.Workspace, 0o755); err != nil {
 		return fmt.Errorf("supervisor: create workspace: %w", err)
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("supervisor: create state dir: %w", err)
+	if err := ensurePrivateDir(cfg.StateDir); err != nil {
+		return fmt.Errorf("supervisor: state dir: %w", err)
 	}
 	s := &server{cfg: cfg, instance: randomHex(6), startedAt: time.Now(), log: cfg.Logger}
 	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
@@ -413,7 +423,36 @@ func (s *server) setNativeTurn(n int64) {
 	}
 }
 
-const nativeTurnFile = "native_turn"
+// within reports whether path is dir or inside it (lexically, after
+// making both absolute).
+func within(path, dir string) bool {
+	p, err1 := filepath.Abs(path)
+	d, err2 := filepath.Abs(dir)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	rel, err := filepath.Rel(d, p)
+	return err == nil && (rel == "." || rel != ".." && !strings.HasPrefix(rel, "../"))
+}
+
+// ensurePrivateDir makes dir (0700) if missing and checks that it is a
+// directory of this process's user, not a symlink put in its place.
+func ensurePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !fi.IsDir() || !ok || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s is not a directory of uid %d", dir, os.Geteuid())
+	}
+	return os.Chmod(dir, 0o700)
+}
+
+const nativeTurnFile = sandbox.NativeTurnFile
 
 func loadNativeTurn(dir string) (int64, error) {
 	b, err := os.ReadFile(filepath.Join(dir, nativeTurnFile))

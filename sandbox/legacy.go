@@ -1,0 +1,87 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// NativeTurnFile is the file, in the supervisor's state directory, that
+// holds the native turn ordinal: the boundary R31 verifies.
+const NativeTurnFile = "native_turn"
+
+// LegacyStateDir is where the previous release kept the supervisor's state:
+// inside the workspace, where the agent can overwrite it.
+const LegacyStateDir = ".runnerd"
+
+// AdoptLegacyState moves the native turn ordinal a supervisor of the
+// previous release kept in workspace/.runnerd into stateDir, once: if
+// stateDir has one already, nothing changes. A backend calls it before it
+// starts a supervisor over stateDir for a workspace an older release may
+// have served. It reports whether it moved anything. Only a regular file
+// holding one number is taken; the legacy file is then removed (best
+// effort: what is left there is never read again).
+func AdoptLegacyState(workspace, stateDir string) (bool, error) {
+	target := filepath.Join(stateDir, NativeTurnFile)
+	if _, err := os.Lstat(target); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return false, err
+	}
+	// The agent could write both components: follow no symlink (a backend
+	// may read a container's workspace from the host).
+	if di, err := os.Lstat(filepath.Join(workspace, LegacyStateDir)); errors.Is(err, fs.ErrNotExist) || err == nil && !di.IsDir() {
+		return false, nil
+	}
+	legacy := filepath.Join(workspace, LegacyStateDir, NativeTurnFile)
+	fi, err := os.Lstat(legacy)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return false, fmt.Errorf("adopt legacy state: %s is not a regular file", legacy)
+	}
+	f, err := os.Open(legacy)
+	if err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 64))
+	f.Close()
+	if err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || n < 0 {
+		return false, fmt.Errorf("adopt legacy state: %s does not hold a native turn", legacy)
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	tmp, err := os.CreateTemp(stateDir, NativeTurnFile+".*")
+	if err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	_, err = fmt.Fprintf(tmp, "%d\n", n)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), target)
+	}
+	if err != nil {
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	}
+	_ = os.Remove(legacy)
+	_ = os.Remove(filepath.Dir(legacy)) // only if empty
+	return true, nil
+}
