@@ -7,11 +7,18 @@
 // directory. Use it for the demo, for tests and for agents you would run on
 // the host anyway; use the docker backend for anything else.
 //
+// The supervisor's state (the native turn boundary R31 verifies) is kept
+// beside the workspace, not in it, so an agent that rewrites or wipes its
+// workspace leaves it alone. It is NOT protected from an agent that means
+// to change it: the agent is the same user and can write any file of the
+// sandbox directory, and connect to the supervisor's socket.
+//
 // Layout, per conversation (directory mode 0700):
 //
 //	STATE/sandboxes/<conversation>/
 //	    id               the sandbox identity, recorded with the control plane
 //	    workspace/       the agent's working directory and native session
+//	    supervisor-state/ the supervisor's durable state (0700)
 //	    supervisor.sock  the supervisor's socket
 //	    supervisor.pid   the supervisor's pid (checked against its command line)
 //	    supervisor.log   its records and the agent's stderr (one .1 kept)
@@ -36,6 +43,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -122,6 +130,11 @@ func (b *Backend) Dir(conversationID string) string {
 // Workspace is the conversation's workspace directory.
 func (b *Backend) Workspace(conversationID string) string {
 	return filepath.Join(b.Dir(conversationID), "workspace")
+}
+
+// StateDir is the directory of the conversation's supervisor state.
+func (b *Backend) StateDir(conversationID string) string {
+	return filepath.Join(b.Dir(conversationID), "supervisor-state")
 }
 
 // SocketPath is the conversation's supervisor socket.
@@ -226,17 +239,27 @@ func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	pctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
 	st, err := sb.Client().Status(pctx)
 	cancel()
-	if err == nil {
-		if st.ID != id {
-			return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: the supervisor on the socket serves %q, not %q", st.ID, id)
-		}
+	switch {
+	case err == nil && st.ID != id:
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: the supervisor on the socket serves %q, not %q", st.ID, id)
+	case err == nil && !b.legacySupervisor(dir, sb.Socket):
 		return sb, nil
-	}
-	if ctx.Err() != nil {
+	case err == nil:
+		// Started by the previous release, with its state in the
+		// workspace: replace it (its receipts go, R28), so the state moves
+		// out of the agent's way below.
+		recordReplaced(b.log, "legacy_state_layout")
+	case ctx.Err() != nil:
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", ctx.Err())
 	}
-	// No answer: whatever supervisor the pid file names is dead or hung.
+	// No answer (whatever supervisor the pid file names is dead or hung),
+	// or an old supervisor to replace.
 	b.stopRecorded(dir, sb.Socket, 0)
+	if moved, err := sandbox.AdoptLegacyState(b.Workspace(conv), b.StateDir(conv)); err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
+	} else if moved {
+		recordStateAdopted(b.log)
+	}
 	if err := b.start(ctx, conv, id); err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
 	}
@@ -305,7 +328,7 @@ func (b *Backend) start(ctx context.Context, conv, id string) error {
 	defer readyR.Close()
 
 	args := append(append([]string(nil), b.cfg.Command[1:]...),
-		"--socket", b.SocketPath(conv), "--workspace", b.Workspace(conv), "--id", id, "--ready-fd", "3")
+		"--socket", b.SocketPath(conv), "--workspace", b.Workspace(conv), "--state", b.StateDir(conv), "--id", id, "--ready-fd", "3")
 	cmd := exec.Command(b.cfg.Command[0], args...)
 	cmd.Dir = dir
 	cmd.Env = b.cfg.Env
@@ -390,17 +413,36 @@ func (b *Backend) reap(pid int) {
 // servesSocket reports whether pid is alive and was started with
 // "--socket socket": a recycled pid is never signalled.
 func servesSocket(pid int, socket string) bool {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return false
-	}
-	args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+	args := cmdline(pid)
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "--socket" && args[i+1] == socket {
 			return true
 		}
 	}
 	return false
+}
+
+// legacySupervisor reports whether the supervisor the pid file names was
+// started without --state: by the previous release, which kept its state
+// in the workspace.
+func (b *Backend) legacySupervisor(dir, socket string) bool {
+	raw, err := os.ReadFile(filepath.Join(dir, "supervisor.pid"))
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || !servesSocket(pid, socket) {
+		return false
+	}
+	return !slices.Contains(cmdline(pid), "--state")
+}
+
+func cmdline(pid int) []string {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
 }
 
 func lockDir(dir string) (func(), error) {
@@ -504,7 +546,17 @@ const (
 	RecordSupervisorStarted     = "sandbox_supervisor_started"
 	RecordSupervisorStartFailed = "sandbox_supervisor_start_failed"
 	RecordRemoved               = "sandbox_removed"
+	RecordSupervisorReplaced    = "sandbox_supervisor_replaced" // a running supervisor was stopped for a new one, and why
+	RecordStateAdopted          = "sandbox_state_adopted"       // the previous release's state moved out of the workspace
 )
+
+func recordReplaced(l *slog.Logger, reason string) {
+	l.Info(RecordSupervisorReplaced, slog.String("backend", sandbox.BackendProcess), slog.String("reason", reason))
+}
+
+func recordStateAdopted(l *slog.Logger) {
+	l.Info(RecordStateAdopted, slog.String("backend", sandbox.BackendProcess))
+}
 
 func recordStarted(l *slog.Logger, pid int) {
 	l.Info(RecordSupervisorStarted, slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid))
