@@ -367,6 +367,8 @@ func prepareSandbox(ctx context.Context, backend string, bins fleet.Binaries, f 
 	if err := docker.BuildScratchImage(ctx, engine, docker.ScratchImage{
 		Tag:   tag,
 		Files: []docker.ImageFile{{Path: "/demoagent", Source: bins.DemoAgent, Exec: true}},
+		// A non-root agent: the supervisor's state is then out of its reach.
+		User: "65534:65534",
 	}); err != nil {
 		return sandboxSetup{}, err
 	}

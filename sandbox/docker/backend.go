@@ -87,13 +87,29 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		if err != nil && !cerrdefs.IsNotFound(err) {
 			return sandbox.Sandbox{}, fmt.Errorf("inspect container: %w", err)
 		}
-		if err == nil && info.State != nil && info.State.Dead {
+		legacy := false
+		if err == nil && !hasStateMount(info) {
+			// Made by the previous release, whose supervisor kept its state
+			// in the workspace: replace it, over the same volume, once its
+			// state can be moved out (the volume is reachable from here).
+			_, legacy, err = b.volumePath(ctx, workspaceVolume(info, b.cfg.Workspace))
+			if err != nil {
+				return sandbox.Sandbox{}, err
+			}
+		}
+		switch {
+		case err == nil && info.State != nil && info.State.Dead:
 			// The engine could not stop or remove it cleanly; it will never
 			// run again. Remove it and make a new one over the workspace.
 			if err := b.removeContainer(ctx, info.ID); err != nil {
 				return sandbox.Sandbox{}, err
 			}
-		} else if err == nil {
+		case legacy:
+			if err := b.removeContainer(ctx, info.ID); err != nil {
+				return sandbox.Sandbox{}, err
+			}
+			recordContainer(b.cfg.Logger, RecordContainerReplaced, conv, info.ID)
+		case err == nil:
 			return b.reuse(ctx, info)
 		}
 		// Removed (or dead and removed) since the list: make it anew below.

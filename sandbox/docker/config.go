@@ -29,6 +29,7 @@ const (
 const (
 	containerRunnerd   = "/.runnerd/bin/runnerd"
 	containerSocketDir = "/.runnerd/run"
+	containerStateDir  = "/.runnerd/state"
 	socketName         = "supervisor.sock"
 )
 
@@ -57,9 +58,13 @@ type Config struct {
 	// Network is the network mode: "none" (default), "bridge", "host" or a
 	// user-defined network name. Preflight checks that it exists.
 	Network string
-	// User overrides the user the container runs as ("uid:gid" or a name
-	// the image knows). Empty means the image's own USER, which is a
-	// non-root user when the image declares one.
+	// User overrides the user the agents run as ("uid:gid" or a name the
+	// image knows). Empty means the image's own USER, which is a non-root
+	// user when the image declares one. For a non-root agent user the
+	// container runs as root, so that its supervisor can keep its state
+	// where the agent cannot write, and starts the agents as that user; a
+	// root agent user (no USER in the image) runs the container as before,
+	// state unprotected from the agent (docs/operations.md).
 	User string
 	// PidsLimit bounds the number of processes (default 256; negative
 	// means unlimited).

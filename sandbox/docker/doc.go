@@ -3,10 +3,14 @@
 // a workspace volume that outlives it. The container's init is our own
 // supervisor: the static runnerd binary (Config.RunnerdPath) is
 // bind-mounted read-only and started as `runnerd supervise --socket …
-// --workspace … --id …`, so any image works unchanged; the supervisor's
-// socket lives in a host directory under Config.StateDir, bind-mounted for
-// it. Images are never pulled (BuildScratchImage builds one from local
-// files where there is no registry).
+// --workspace … --state … --id …`, so any image works unchanged; the
+// supervisor's socket and its state (the native turn boundary) live in two
+// host directories under Config.StateDir, bind-mounted for it, never in the
+// workspace. When the agents' user is not root, the supervisor runs as root
+// with CAP_SETUID, CAP_SETGID and CAP_KILL only and starts the agents as
+// that user (--agent-user), so they cannot reach its state or its socket.
+// Images are never pulled (BuildScratchImage builds one from local files
+// where there is no registry).
 //
 // Everything the backend creates carries the labels runnerd.managed=true,
 // runnerd.host and runnerd.conversation; it never starts, stops or removes

@@ -379,8 +379,15 @@ func TestDockerSecurityDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	hc := info.HostConfig
-	if !slices.Equal([]string(hc.CapDrop), []string{"ALL"}) || len(hc.CapAdd) != 0 {
-		t.Errorf("CapDrop %v, CapAdd %v; want ALL dropped, none added", hc.CapDrop, hc.CapAdd)
+	// The supervisor runs as root with only what it needs to start and stop
+	// agents as the image's user (and so keep its state out of their reach).
+	if capAdd := slices.Sorted(slices.Values(hc.CapAdd)); !slices.Equal([]string(hc.CapDrop), []string{"ALL"}) ||
+		!slices.Equal(capAdd, []string{"CAP_KILL", "CAP_SETGID", "CAP_SETUID"}) {
+		t.Errorf("CapDrop %v, CapAdd %v; want ALL dropped, only KILL, SETGID and SETUID added", hc.CapDrop, hc.CapAdd)
+	}
+	if info.Config.User != "0:0" || info.Config.Labels[docker.LabelAgentUser] != "agent" {
+		t.Errorf("container user %q, agent user %q; want the supervisor as 0:0 and the agents as the image's user",
+			info.Config.User, info.Config.Labels[docker.LabelAgentUser])
 	}
 	if !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") {
 		t.Errorf("SecurityOpt %v lacks no-new-privileges", hc.SecurityOpt)
@@ -422,8 +429,10 @@ func TestDockerSecurityDefaults(t *testing.T) {
 	if err := json.Unmarshal(out.events[i].Data, &probe); err != nil {
 		t.Fatal(err)
 	}
-	if probe.CapEff != "0000000000000000" || probe.CapBnd != "0000000000000000" {
-		t.Errorf("agent capabilities eff=%s bnd=%s, want none", probe.CapEff, probe.CapBnd)
+	// None effective; the bounding set keeps the supervisor's three, which
+	// no_new_privs keeps the agent from ever gaining.
+	if probe.CapEff != "0000000000000000" || probe.CapBnd != "00000000000000e0" {
+		t.Errorf("agent capabilities eff=%s bnd=%s, want none effective, only KILL, SETGID, SETUID bounding", probe.CapEff, probe.CapBnd)
 	}
 	if probe.NoNewPrivs != "1" {
 		t.Errorf("agent NoNewPrivs = %q, want 1", probe.NoNewPrivs)
@@ -461,11 +470,12 @@ func TestDockerSecurityOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	hc := info.HostConfig
+	agentUser := info.Config.Labels[docker.LabelAgentUser]
 	if hc.NetworkMode != "bridge" || *hc.PidsLimit != 64 || hc.Memory != 256<<20 || hc.NanoCPUs != 500_000_000 ||
-		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Equal([]string(hc.CapAdd), []string{"CAP_CHOWN"}) ||
-		hc.ReadonlyRootfs || info.Config.User != "1234:1234" {
-		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v user %q",
-			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, info.Config.User)
+		slices.Contains(hc.SecurityOpt, "no-new-privileges:true") || !slices.Contains(hc.CapAdd, "CAP_CHOWN") ||
+		hc.ReadonlyRootfs || agentUser != "1234:1234" {
+		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v agent user %q",
+			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, agentUser)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,6 +17,8 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/volume"
+
+	"github.com/runnerd/runnerd/sandbox"
 )
 
 // Labels on everything the backend creates. A container or volume is ours
@@ -25,6 +28,10 @@ const (
 	LabelHost         = "runnerd.host"
 	LabelConversation = "runnerd.conversation"
 	LabelRole         = "runnerd.role" // "sandbox" or "workspace"
+	// LabelAgentUser is the user the container's agents run as (the
+	// supervisor's --agent-user), on containers whose supervisor runs as
+	// root; absent when the agents run as the container's own user.
+	LabelAgentUser = "runnerd.agent_user"
 )
 
 const (
@@ -96,6 +103,49 @@ func (b *Backend) convDir(conversationID string) string {
 
 func (b *Backend) runDir(conversationID string) string {
 	return filepath.Join(b.convDir(conversationID), "run")
+}
+
+// stateDir, in the conversation's host directory, is bind-mounted at
+// containerStateDir for the supervisor's state (the native turn boundary).
+// It is 0700 and the host's root's: a container's root may write it, a
+// non-root agent cannot even look in.
+func (b *Backend) stateDir(conversationID string) string {
+	return filepath.Join(b.convDir(conversationID), "state")
+}
+
+// hasStateMount reports whether a container has the state directory of
+// this release. One without it was made by the previous release, whose
+// supervisor kept its state in the workspace.
+func hasStateMount(info container.InspectResponse) bool {
+	for _, m := range info.Mounts {
+		if m.Destination == containerStateDir {
+			return true
+		}
+	}
+	return false
+}
+
+// isRoot reports whether a container user spec names root (or nobody,
+// which the engine takes for root).
+func isRoot(spec string) bool {
+	u, _, _ := strings.Cut(spec, ":")
+	return u == "" || u == "0" || u == "root"
+}
+
+// agentUser is the user spec the conversation's agents are to run as:
+// Config.User, else the image's own USER.
+func (b *Backend) agentUser(ctx context.Context, image string) (string, error) {
+	if b.cfg.User != "" {
+		return b.cfg.User, nil
+	}
+	img, err := b.cfg.Engine.ImageInspect(ctx, image)
+	if err != nil {
+		return "", fmt.Errorf("inspect image: %w", err)
+	}
+	if img.Config == nil {
+		return "", nil
+	}
+	return img.Config.User, nil
 }
 
 // SocketPath is the host path of the conversation's supervisor socket as
@@ -216,16 +266,26 @@ func (b *Backend) ensureVolume(ctx context.Context, conversationID string) (name
 
 // containerSpec is what the backend creates: the security defaults of
 // Config, the supervisor as the entrypoint, the workspace volume, the
-// socket directory and the runnerd binary.
-func (b *Backend) containerSpec(conversationID, image, volumeName, instance string) (*container.Config, *container.HostConfig) {
+// socket and state directories and the runnerd binary. With a non-root
+// agent user the supervisor runs as root with only the capabilities it
+// needs to start and stop agents as that user (which keeps none of them).
+func (b *Backend) containerSpec(conversationID, image, volumeName, instance, agentUser string) (*container.Config, *container.HostConfig) {
 	cfg := b.cfg
 	labels := b.labels(conversationID, roleSandbox)
 	labels[LabelInstance] = instance
+	user, capAdd := agentUser, cfg.CapAdd
+	argv := b.superviseArgv(instance)
+	if !isRoot(agentUser) {
+		labels[LabelAgentUser] = agentUser
+		user = "0:0"
+		capAdd = append(slices.Clip(capAdd), "CAP_SETUID", "CAP_SETGID", "CAP_KILL")
+		argv = append(argv, "--agent-user", agentUser)
+	}
 	cc := &container.Config{
 		Image:      image,
-		User:       cfg.User,
+		User:       user,
 		WorkingDir: cfg.Workspace,
-		Entrypoint: b.superviseArgv(instance),
+		Entrypoint: argv,
 		Cmd:        nil, // the image's CMD is not used once Entrypoint is set
 		Labels:     labels,
 		// No stdin, no tty: the supervisor speaks only on its socket.
@@ -235,10 +295,11 @@ func (b *Backend) containerSpec(conversationID, image, volumeName, instance stri
 	hc := &container.HostConfig{
 		NetworkMode: container.NetworkMode(cfg.Network),
 		CapDrop:     []string{"ALL"},
-		CapAdd:      cfg.CapAdd,
+		CapAdd:      capAdd,
 		Mounts: []mount.Mount{
 			{Type: mount.TypeBind, Source: cfg.RunnerdPath, Target: containerRunnerd, ReadOnly: true},
 			{Type: mount.TypeBind, Source: b.runDir(conversationID), Target: containerSocketDir},
+			{Type: mount.TypeBind, Source: b.stateDir(conversationID), Target: containerStateDir},
 			{Type: mount.TypeVolume, Source: volumeName, Target: cfg.Workspace},
 		},
 		ReadonlyRootfs: !cfg.WritableRootFS,
@@ -275,17 +336,40 @@ func (b *Backend) superviseArgv(instance string) []string {
 		containerRunnerd, "supervise",
 		"--socket", containerSocketDir + "/" + socketName,
 		"--workspace", b.cfg.Workspace,
+		"--state", containerStateDir,
 		"--id", instance,
 	}
 	return append(argv, b.cfg.SuperviseArgs...)
 }
 
 // createContainer creates (does not start) the conversation's container.
+// A native turn boundary the previous release kept in the workspace volume
+// moves to the state directory first.
 func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string) (string, error) {
 	if err := b.prepareRunDir(conversationID); err != nil {
 		return "", err
 	}
-	cc, hc := b.containerSpec(conversationID, image, volumeName, instance)
+	if err := ensureDir(b.stateDir(conversationID), 0o700); err != nil {
+		return "", fmt.Errorf("state directory: %w", err)
+	}
+	mp, ok, err := b.volumePath(ctx, volumeName)
+	if err != nil {
+		return "", err
+	}
+	if ok {
+		moved, err := sandbox.AdoptLegacyState(mp, b.stateDir(conversationID))
+		if err != nil {
+			return "", err
+		}
+		if moved {
+			recordContainer(b.cfg.Logger, RecordStateAdopted, conversationID, "")
+		}
+	}
+	agentUser, err := b.agentUser(ctx, image)
+	if err != nil {
+		return "", err
+	}
+	cc, hc := b.containerSpec(conversationID, image, volumeName, instance, agentUser)
 	resp, err := b.cfg.Engine.ContainerCreate(ctx, cc, hc, nil, nil, b.containerName(conversationID))
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)
@@ -357,4 +441,21 @@ func (b *Backend) removeVolume(ctx context.Context, name string) error {
 		return fmt.Errorf("remove volume: %w", err)
 	}
 	return nil
+}
+
+// volumePath is the host path of a volume's data, when this process can
+// reach it (a local engine, the daemon running as root); see user.go.
+func (b *Backend) volumePath(ctx context.Context, name string) (string, bool, error) {
+	if name == "" {
+		return "", false, nil
+	}
+	v, err := b.cfg.Engine.VolumeInspect(ctx, name)
+	if err != nil {
+		return "", false, fmt.Errorf("inspect workspace volume: %w", err)
+	}
+	fi, err := os.Lstat(v.Mountpoint)
+	if err != nil || !fi.IsDir() {
+		return "", false, nil
+	}
+	return v.Mountpoint, true, nil
 }

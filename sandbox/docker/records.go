@@ -13,6 +13,12 @@ const (
 	RecordContainerRestart = "sandbox_container_restarted"
 	RecordSwept            = "sandbox_swept"
 	RecordSweepFailed      = "sandbox_sweep_failed"
+	// RecordStateAdopted: the native turn boundary the previous release
+	// kept in the workspace volume was moved to the state directory.
+	RecordStateAdopted = "sandbox_state_adopted"
+	// RecordContainerReplaced: a container of the previous release's
+	// layout was removed, to be made anew over the same workspace.
+	RecordContainerReplaced = "sandbox_container_replaced"
 )
 
 func recordCreated(l *slog.Logger, conv, id string) {

@@ -33,33 +33,37 @@ import (
 // workspace directory, or the supervisor fails to start and Ensure says so.
 
 // handWorkspace gives the root of workspace volume vol to the user the
-// created (not yet started) container id runs as, if that user is not
-// root and the directory still belongs to root.
+// agents of the created (not yet started) container id run as, if that
+// user is not root and the directory still belongs to root.
 func (b *Backend) handWorkspace(ctx context.Context, id, vol string) error {
 	info, err := b.cfg.Engine.ContainerInspect(ctx, id)
 	if err != nil {
 		return fmt.Errorf("inspect container: %w", err)
 	}
-	uid, gid, err := b.resolveUser(ctx, id, info.Config.User)
+	agent, ok := info.Config.Labels[LabelAgentUser]
+	if !ok {
+		agent = info.Config.User
+	}
+	uid, gid, err := b.resolveUser(ctx, id, agent)
 	if err != nil {
-		return fmt.Errorf("resolve the container's user %q: %w", info.Config.User, err)
+		return fmt.Errorf("resolve the agents' user %q: %w", agent, err)
 	}
 	if uid == 0 || vol == "" {
 		return nil
 	}
-	v, err := b.cfg.Engine.VolumeInspect(ctx, vol)
-	if err != nil {
-		return fmt.Errorf("inspect workspace volume: %w", err)
+	mp, ok, err := b.volumePath(ctx, vol)
+	if err != nil || !ok {
+		return err // nil when not reachable from here: see above
 	}
-	fi, err := os.Lstat(v.Mountpoint)
-	if err != nil || !fi.IsDir() {
-		return nil // not reachable from here: see above
+	fi, err := os.Lstat(mp)
+	if err != nil {
+		return nil
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if !ok || st.Uid != 0 {
 		return nil // the image's own directory was copied in: keep its owner
 	}
-	if err := os.Lchown(v.Mountpoint, uid, gid); err != nil {
+	if err := os.Lchown(mp, uid, gid); err != nil {
 		return fmt.Errorf("hand the workspace volume to uid %d: %w", uid, err)
 	}
 	return nil

@@ -3,6 +3,12 @@
 //	testagent probe   emits one "probe" event describing what the sandbox
 //	                  allows it: effective capabilities, no_new_privs, uid,
 //	                  whether / is writable, the network interfaces.
+//	testagent scribble overwrites every file of the workspace (its working
+//	                  directory) with "999", writes 999 where the previous
+//	                  release kept the supervisor's native turn
+//	                  (.runnerd/native_turn), tries the same in the
+//	                  supervisor's state directory and its socket, and
+//	                  emits one "scribbled" event saying what it could do.
 //	testagent         (anything else) a minimal native session: it counts
 //	                  turns in .testagent-turn in the working directory and
 //	                  emits {"type":"turn.end","native_turn":N}; a prompt
@@ -16,8 +22,10 @@ import (
 	"bufio"
 	"encoding/json"
 	"io"
+	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +36,10 @@ func main() {
 	prompt, _ := io.ReadAll(bufio.NewReader(os.Stdin))
 	if len(os.Args) > 1 && os.Args[1] == "probe" {
 		probe(out)
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "scribble" {
+		scribble(out)
 		return
 	}
 	b, _ := os.ReadFile(".testagent-turn")
@@ -77,5 +89,31 @@ func probe(out *json.Encoder) {
 		"root_writable": rootWritable,
 		"interfaces":    ifaces,
 		"pid":           os.Getpid(),
+	})
+}
+
+func scribble(out *json.Encoder) {
+	overwritten := 0
+	_ = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && os.WriteFile(path, []byte("999\n"), 0o644) == nil {
+			overwritten++
+		}
+		return nil
+	})
+	legacy := os.MkdirAll(".runnerd", 0o755) == nil && os.WriteFile(".runnerd/native_turn", []byte("999\n"), 0o644) == nil
+	_, listErr := os.ReadDir("/.runnerd/state")
+	stateWritable := os.WriteFile("/.runnerd/state/native_turn", []byte("999\n"), 0o644) == nil
+	socketReachable := false
+	if c, err := net.Dial("unix", "/.runnerd/run/supervisor.sock"); err == nil {
+		c.Close()
+		socketReachable = true
+	}
+	_ = out.Encode(map[string]any{
+		"type":             "scribbled",
+		"overwritten":      overwritten,
+		"legacy_written":   legacy,
+		"state_listable":   listErr == nil,
+		"state_writable":   stateWritable,
+		"socket_reachable": socketReachable,
 	})
 }
