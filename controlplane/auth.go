@@ -3,8 +3,8 @@ package controlplane
 import (
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
+	"errors"
 	"net/http"
 	"strings"
 
@@ -45,24 +45,33 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
-// user wraps a user-API handler with the user token check.
+// user wraps a user-API handler with the user token check: the token must
+// be one the store holds and has not revoked. Neither the token nor its
+// hash is ever logged or echoed.
 func (s *Server) user(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.userToken != nil {
-			tok := bearer(r)
-			if tok == "" || subtle.ConstantTimeCompare(HashToken(tok), s.userToken) != 1 {
-				if strings.HasPrefix(r.URL.Path, "/admin/") {
-					w.Header().Set("WWW-Authenticate", `Basic realm="runnerd control plane", charset="UTF-8"`)
-				}
-				if tok == "" {
-					writeError(w, errNoToken)
-				} else {
-					writeError(w, errBadToken)
-				}
+		if s.cfg.OpenUserAPI {
+			h(w, r)
+			return
+		}
+		tok := bearer(r)
+		refused := errNoToken
+		if tok != "" {
+			t, err := s.cfg.Store.UserTokenByHash(r.Context(), HashToken(tok))
+			switch {
+			case err == nil && t.RevokedAt == nil:
+				h(w, r)
+				return
+			case err != nil && !errors.Is(err, store.ErrUnauthorized):
+				s.fail(w, r, "user_token", err)
 				return
 			}
+			refused = errBadToken
 		}
-		h(w, r)
+		if strings.HasPrefix(r.URL.Path, "/admin/") {
+			w.Header().Set("WWW-Authenticate", `Basic realm="runnerd control plane", charset="UTF-8"`)
+		}
+		writeError(w, refused)
 	}
 }
 

@@ -91,11 +91,13 @@ func newFixtureOn(t *testing.T, st store.Store) *fixture {
 		logs:  &syncbuf.Buffer{},
 	}
 	f.srv = controlplane.New(controlplane.Config{
-		Store:     f.st,
-		Logger:    slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Now:       f.clock.Now,
-		UserToken: userToken,
+		Store:  f.st,
+		Logger: slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Now:    f.clock.Now,
 	})
+	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), f.clock.Now()); err != nil {
+		t.Fatalf("create the user token: %v", err)
+	}
 	hs := httptest.NewServer(f.srv.Handler())
 	t.Cleanup(hs.Close)
 	f.url = hs.URL

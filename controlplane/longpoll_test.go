@@ -35,7 +35,7 @@ func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
 		t.Fatalf("open sqlite store: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler)})
+	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), OpenUserAPI: true})
 	l := memnet.Listen("cp.test")
 	hs := &http.Server{Handler: srv.Handler()}
 	go hs.Serve(l)

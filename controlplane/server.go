@@ -63,19 +63,19 @@ type Config struct {
 	// reaper reclaims it (P8); negative never reclaims.
 	Retention time.Duration
 
-	// UserToken is the bearer token of the user API and the admin pages.
-	// Empty means the user API is open to anyone who can reach it: for
-	// tests only; `controlplane serve` always sets one.
-	UserToken string
+	// OpenUserAPI lets anyone who can reach the server use the user API
+	// and the admin pages: for tests only. Otherwise a request needs a
+	// bearer token the store holds and has not revoked (user tokens live
+	// in the database, so every replica accepts the same ones).
+	OpenUserAPI bool
 }
 
 // Server serves the worker API, the user API and the admin pages. It
 // starts no goroutine: Handler only routes, and RunReaper runs on the
 // caller's goroutine.
 type Server struct {
-	cfg       Config
-	log       *slog.Logger
-	userToken []byte // sha256 of Config.UserToken, nil when open
+	cfg Config
+	log *slog.Logger
 }
 
 // New returns a server for cfg with its defaults filled in.
@@ -98,11 +98,7 @@ func New(cfg Config) *Server {
 	if cfg.MaxWorkerLost == 0 {
 		cfg.MaxWorkerLost = DefaultMaxWorkerLost
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
-	if cfg.UserToken != "" {
-		s.userToken = HashToken(cfg.UserToken)
-	}
-	return s
+	return &Server{cfg: cfg, log: cfg.Logger}
 }
 
 func setDefault(d *time.Duration, def time.Duration) {

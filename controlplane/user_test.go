@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -229,5 +230,35 @@ func TestAdminServersShowLaunchError(t *testing.T) {
 	}
 	if strings.Contains(page, "<script>") || !strings.Contains(page, "&lt;script&gt;") {
 		t.Fatalf("host name not escaped:\n%s", page)
+	}
+}
+
+// User tokens live in the store: one created there is accepted at once,
+// and once revoked it is refused at once, on the user API and the admin
+// page alike, on both stores. Two servers on one PostgreSQL database share
+// them (cmd/controlplane.TestUserTokensSharedByReplicas runs two replicas).
+func TestUserTokensFromTheStore(t *testing.T) {
+	for _, sc := range stores {
+		t.Run(sc.name, func(t *testing.T) {
+			f := newFixtureOn(t, sc.open(t))
+			ctx := context.Background()
+			tok := controlplane.NewToken(controlplane.UserTokenPrefix)
+			ut, err := f.st.CreateUserToken(ctx, "second", controlplane.HashToken(tok), f.clock.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.expect("GET", "/v1/conversations", tok, "", http.StatusOK, "")
+			f.expect("GET", "/admin/servers", tok, "", http.StatusOK, "")
+			if _, err := f.st.RevokeUserToken(ctx, ut.ID, f.clock.Now()); err != nil {
+				t.Fatal(err)
+			}
+			f.expect("GET", "/v1/conversations", tok, "", http.StatusUnauthorized, wire.CodeUnauthorized)
+			f.expect("POST", "/v1/conversations", tok, `{"image":"i","agent_command":["a"]}`, http.StatusUnauthorized, wire.CodeUnauthorized)
+			f.expect("GET", "/admin/servers", tok, "", http.StatusUnauthorized, wire.CodeUnauthorized)
+			f.expect("GET", "/v1/conversations", userToken, "", http.StatusOK, "")
+			if strings.Contains(f.logs.String(), tok) {
+				t.Fatal("a user token reached the log")
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@
 //
 //	controlplane serve      run the HTTP server and the reaper (SQLite by default)
 //	controlplane host add   register a sandbox host and print its token once
+//	controlplane token …    create, list or revoke user tokens (any replica accepts them)
 //	controlplane submit     send a message to a conversation and follow the turn
 //
 // docs/protocol.md describes the API it serves. Most flags have an
@@ -53,6 +54,7 @@ const topUsage = `usage: controlplane <command> [flags]
 commands:
   serve      run the control plane (HTTP API, admin page, reaper)
   host add   register a sandbox host; prints its token once
+  token      create, list or revoke user tokens (kept hashed in the database)
   submit     send a message to a conversation and follow the turn
   version    print the version
 
@@ -77,6 +79,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		name = "host add"
 		err = hostAdd(ctx, args[2:], getenv, stdout, stderr)
+	case "token":
+		if len(args) > 1 {
+			name = "token " + args[1]
+		}
+		err = token(ctx, args[1:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
 	case "version":
@@ -84,7 +91,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, submit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, submit)", name)
 	}
 	var ue *usageError
 	switch {

@@ -159,15 +159,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := os.MkdirAll(d.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create the data directory: %w", err)
 	}
-	userToken, created, err := loadOrCreateToken(*tokenFile)
-	if err != nil {
-		return err
-	}
 	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff))
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	tokenNote, err := userTokenFile(ctx, st, *tokenFile)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", *listen, err)
@@ -176,7 +176,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	srv := controlplane.New(controlplane.Config{
 		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
 		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost, Retention: *retention,
-		UserToken: userToken,
 	})
 	hs := &http.Server{
 		Handler:           srv.Handler(),
@@ -189,12 +188,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 
-	what := "in"
-	if created {
-		what = "created in"
-	}
 	fmt.Fprintf(stderr, "controlplane %s: serving http://%s on %s\n", version, ln.Addr(), where)
-	fmt.Fprintf(stderr, "controlplane: user API token %s %s (send it as Authorization: Bearer …)\n", what, *tokenFile)
+	fmt.Fprintf(stderr, "controlplane: %s\n", tokenNote)
 	fmt.Fprintf(stderr, "controlplane: admin page http://%s/admin/servers (any user name, the token as password)\n", ln.Addr())
 
 	var wg sync.WaitGroup
@@ -234,33 +229,75 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	return nil
 }
 
-// loadOrCreateToken reads the user token from path, or creates a new one
-// there (0600, never overwriting) on first start. A token file others may
-// read is refused.
-func loadOrCreateToken(path string) (token string, created bool, err error) {
-	b, err := os.ReadFile(path)
+// userTokenFile keeps the one-machine case working with user tokens that
+// live in the database (docs/operations.md): on the first start of a
+// database it creates a user token, writes it to path (0600, never
+// overwriting) and stores its hash; a file from before (an upgrade) is
+// registered once. A replica that finds tokens in the database and no file
+// writes none. It returns the line serve prints about it, which never
+// holds the token.
+func userTokenFile(ctx context.Context, st store.Store, path string) (note string, err error) {
+	token, err := readSecret(path, "the user token")
 	if errors.Is(err, fs.ErrNotExist) {
-		token = controlplane.NewToken(controlplane.UserTokenPrefix)
-		if err := writeSecret(path, token+"\n"); err != nil {
-			return "", false, fmt.Errorf("create the user token: %w", err)
+		have, err := st.ListUserTokens(ctx)
+		if err != nil {
+			return "", fmt.Errorf("read the user tokens: %w", err)
 		}
-		return token, true, nil
+		if len(have) > 0 {
+			return "user tokens are in the database; no token file here (controlplane token create makes one)", nil
+		}
+		token = controlplane.NewToken(controlplane.UserTokenPrefix)
+		// Written before the token is stored, so that a token that could
+		// not be kept never works; removed again if it cannot be stored.
+		if err := writeSecret(path, token+"\n"); err != nil {
+			return "", fmt.Errorf("create the user token: %w", err)
+		}
+		if _, err := st.CreateUserToken(ctx, "first start", controlplane.HashToken(token), time.Now()); err != nil {
+			_ = os.Remove(path)
+			return "", fmt.Errorf("create the user token: %w", err)
+		}
+		return "user API token created in " + path + " (send it as Authorization: Bearer …)", nil
 	}
 	if err != nil {
-		return "", false, fmt.Errorf("read the user token: %w", err)
+		return "", err
+	}
+	t, err := st.UserTokenByHash(ctx, controlplane.HashToken(token))
+	switch {
+	case errors.Is(err, store.ErrUnauthorized):
+		if _, err := st.CreateUserToken(ctx, "file "+path, controlplane.HashToken(token), time.Now()); err != nil && !errors.Is(err, store.ErrExists) {
+			return "", fmt.Errorf("register the user token of %s: %w", path, err)
+		}
+		return "user API token in " + path + ", now kept in the database too (send it as Authorization: Bearer …)", nil
+	case err != nil:
+		return "", fmt.Errorf("read the user tokens: %w", err)
+	case t.RevokedAt != nil:
+		return "the user token in " + path + " was revoked (" + t.ID + "); create one with controlplane token create", nil
+	}
+	return "user API token in " + path + " (send it as Authorization: Bearer …)", nil
+}
+
+// readSecret reads a token from a file only its owner may read; what
+// names it in errors.
+func readSecret(path, what string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", what, err)
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
-		return "", false, fmt.Errorf("read the user token: %w", err)
+		return "", fmt.Errorf("read %s: %w", what, err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
-		return "", false, fmt.Errorf("the user token file %s has mode %04o; others may read it: chmod 600 it", path, fi.Mode().Perm())
+		return "", fmt.Errorf("the file %s of %s has mode %04o; others may read it: chmod 600 it", path, what, fi.Mode().Perm())
 	}
-	token = strings.TrimSpace(string(b))
+	token := strings.TrimSpace(string(b))
 	if token == "" {
-		return "", false, fmt.Errorf("the user token file %s is empty", path)
+		return "", fmt.Errorf("the file %s of %s is empty", path, what)
 	}
-	return token, false, nil
+	return token, nil
 }
 
 // writeSecret creates path 0600 with content; it never replaces a file.

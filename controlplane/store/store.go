@@ -55,6 +55,15 @@ type Host struct {
 	Name string
 }
 
+// UserToken is a bearer token of the user API and the admin pages, as the
+// store knows it: never the token itself, only its hash is kept.
+type UserToken struct {
+	ID        string
+	Name      string // an operator's label, e.g. who holds it
+	CreatedAt time.Time
+	RevokedAt *time.Time // nil while the token is accepted
+}
+
 // AttemptAuth is what a worker token authorizes: one attempt of one job.
 type AttemptAuth struct {
 	JobID     string
@@ -112,6 +121,18 @@ type Store interface {
 	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
 	RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error
 	ListServers(ctx context.Context) ([]wire.Server, error)
+
+	// User tokens, kept in the database so that every replica accepts the
+	// same ones. UserTokenByHash returns a token revoked or not (the
+	// caller refuses a revoked one); ErrUnauthorized if none has the hash.
+	CreateUserToken(ctx context.Context, name string, tokenHash []byte, now time.Time) (UserToken, error)
+	UserTokenByHash(ctx context.Context, tokenHash []byte) (UserToken, error)
+	// ListUserTokens lists every token ever created, revoked ones
+	// included, oldest first.
+	ListUserTokens(ctx context.Context) ([]UserToken, error)
+	// RevokeUserToken refuses the token from now on, on every replica;
+	// revoking it again keeps the first time. ErrNotFound if none has the id.
+	RevokeUserToken(ctx context.Context, id string, now time.Time) (UserToken, error)
 
 	// User API.
 	CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error)

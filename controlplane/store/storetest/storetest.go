@@ -37,6 +37,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 var tests = []test{
 	{"BasicFlow", testBasicFlow},
 	{"Hosts", testHosts},
+	{"UserTokens", testUserTokens},
 	{"AuthorizeAttempt", testAuthorizeAttempt},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},
