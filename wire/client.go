@@ -9,7 +9,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Client is the thin protocol client: one method per call, no goroutines,
@@ -26,6 +28,9 @@ type StatusError struct {
 	Op     string
 	Status int
 	Code   string
+	// RetryAfter is the answer's Retry-After (seconds or an HTTP date), 0
+	// when it had none. A retry policy waits at least this long (K1).
+	RetryAfter time.Duration
 }
 
 func (e *StatusError) Error() string {
@@ -42,18 +47,28 @@ type TransportError struct {
 func (e *TransportError) Error() string { return e.Op + ": " + e.Err.Error() }
 func (e *TransportError) Unwrap() error { return e.Err }
 
-// Retry classes (architecture: "Retry classes, everywhere").
+// Retry classes (architecture: "Retry classes, everywhere"). Which of
+// them a call retries is its retry policy's choice (internal/retry): the
+// receipts retry only Transient (R24), the terminal reports Transient and
+// ServerFault (K1). Only Definitive and CredentialRefused are verdicts.
 type RetryClass int
 
 const (
-	// Transient: transport errors and 408/502/503/504. Retry.
+	// Transient: transport errors and 408/502/503/504: no answer from the
+	// application itself.
 	Transient RetryClass = iota
 	// Definitive: 409 and 410. The answer will not change.
 	Definitive
 	// CredentialRefused: 401/403/404 on an attempt-scoped call.
 	CredentialRefused
-	// Permanent: any other status; not retried.
+	// Permanent: any other status (400 and the rest of 4xx): the request
+	// itself is wrong, a bug of ours; no retry changes it, and it is no
+	// verdict about the lease either.
 	Permanent
+	// ServerFault: 429 and every 5xx but 502/503/504: the server answered
+	// without a verdict (overloaded, or failed inside; a 500 may follow a
+	// commit).
+	ServerFault
 )
 
 func (c RetryClass) String() string {
@@ -62,6 +77,8 @@ func (c RetryClass) String() string {
 		return "transient"
 	case Definitive:
 		return "definitive"
+	case ServerFault:
+		return "server_fault"
 	case CredentialRefused:
 		return "credential_refused"
 	default:
@@ -92,6 +109,11 @@ func ClassifyStatus(status int) RetryClass {
 		return Definitive
 	case http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound:
 		return CredentialRefused
+	case http.StatusTooManyRequests:
+		return ServerFault
+	}
+	if status >= 500 && status <= 599 {
+		return ServerFault
 	}
 	return Permanent
 }
@@ -230,7 +252,8 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		var eb ErrorBody
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
-		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code}
+		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code,
+			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	if resp.StatusCode == http.StatusNoContent || out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBodyBytes))
@@ -240,4 +263,22 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 		return resp.StatusCode, &TransportError{Op: op, Err: fmt.Errorf("decode answer: %w", err)}
 	}
 	return resp.StatusCode, nil
+}
+
+// retryAfter reads a Retry-After header: delay seconds or an HTTP date.
+// Anything unreadable, negative or past is 0.
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+		if n <= 0 || n > int64(24*time.Hour/time.Second) {
+			return 0
+		}
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
 }

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/runnerd/runnerd/wire"
 )
@@ -27,8 +28,10 @@ func TestClassifyStatus(t *testing.T) {
 		{http.StatusForbidden, wire.CredentialRefused},
 		{http.StatusNotFound, wire.CredentialRefused},
 		{http.StatusBadRequest, wire.Permanent},
-		{http.StatusInternalServerError, wire.Permanent},
-		{http.StatusTooManyRequests, wire.Permanent},
+		{http.StatusUnprocessableEntity, wire.Permanent},
+		{http.StatusInternalServerError, wire.ServerFault},
+		{http.StatusNotImplemented, wire.ServerFault},
+		{http.StatusTooManyRequests, wire.ServerFault},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
@@ -99,5 +102,48 @@ func TestClaimNoContent(t *testing.T) {
 	c := &wire.Client{BaseURL: srv.URL, HTTP: srv.Client()}
 	if _, err := c.Claim(context.Background(), "rdh_x", wire.ClaimRequest{WaitMS: 10}); !errors.Is(err, wire.ErrNoClaim) {
 		t.Fatalf("err = %v, want ErrNoClaim", err)
+	}
+}
+
+// TestStatusErrorCarriesRetryAfter: a 429 or 503 answer's Retry-After, in
+// seconds or as an HTTP date, reaches the caller's retry policy (K1);
+// nonsense is ignored.
+func TestStatusErrorCarriesRetryAfter(t *testing.T) {
+	date := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	tests := []struct {
+		name   string
+		status int
+		header string
+		min    time.Duration
+		max    time.Duration
+	}{
+		{"seconds", http.StatusTooManyRequests, "7", 7 * time.Second, 7 * time.Second},
+		{"date", http.StatusServiceUnavailable, date, 80 * time.Second, 90 * time.Second},
+		{"none", http.StatusInternalServerError, "", 0, 0},
+		{"nonsense", http.StatusServiceUnavailable, "soon", 0, 0},
+		{"negative", http.StatusServiceUnavailable, "-3", 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tt.header != "" {
+					w.Header().Set("Retry-After", tt.header)
+				}
+				w.WriteHeader(tt.status)
+			}))
+			defer srv.Close()
+			c := &wire.Client{BaseURL: srv.URL}
+			_, err := c.Finish(context.Background(), "tok", "job", wire.FinishRequest{})
+			var se *wire.StatusError
+			if !errors.As(err, &se) || se.Status != tt.status {
+				t.Fatalf("err = %v, want HTTP %d", err, tt.status)
+			}
+			if se.RetryAfter < tt.min || se.RetryAfter > tt.max {
+				t.Fatalf("RetryAfter = %v, want in [%v, %v]", se.RetryAfter, tt.min, tt.max)
+			}
+			if wire.Classify(err) != wire.Transient && wire.Classify(err) != wire.ServerFault {
+				t.Fatalf("class %v, want one a report retries", wire.Classify(err))
+			}
+		})
 	}
 }
