@@ -25,7 +25,7 @@ const (
 	ClassStateUnwritable  = "state_unwritable"
 	ClassWorkerLost       = "daemon_restarted"
 	ClassHostStopped      = turn.ClassHostStopped
-	ClassReleaseRefused   = "release_refused"
+	ClassReleaseRefused   = settlement.ClassReleaseRefused
 )
 
 // Why the daemon stopped a turn. The first reason wins; lease loss
@@ -52,17 +52,18 @@ type attempt struct {
 	id        diagnostics.Attempt
 	ref       wire.AttemptRef
 	renewer   *heartbeat.Renewer
+	// reporter sends the terminal report and fences the attempt (K1).
+	reporter *settlement.Reporter
 
 	fenced context.Context // done once the lease is gone
 	fence  context.CancelFunc
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
 	stopChild context.CancelFunc
 
-	mu      sync.Mutex
-	turn    *handover.Turn // set once the child accepted
-	reason  stopReason
-	facts   settlement.Facts
-	session *settlement.Session
+	mu     sync.Mutex     // guards turn, reason and facts
+	turn   *handover.Turn // set once the child accepted
+	reason stopReason
+	facts  settlement.Facts
 }
 
 func (a *attempt) stop(r stopReason) {
@@ -73,9 +74,7 @@ func (a *attempt) stop(r stopReason) {
 	}
 	if r == stopLease {
 		a.fence()
-		if a.session != nil {
-			a.session.LeaseLost()
-		}
+		a.reporter.LeaseLost()
 	}
 }
 
@@ -140,6 +139,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
+	a.reporter = d.newReporter(claim)
 
 	// 1. Persist before anything else: a restart must find every lease we hold.
 	if err := d.state.save(record{Claim: claim, ClaimedAt: a.claimedAt}); err != nil {
@@ -201,25 +201,13 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		return
 	}
 	rep, outcome := d.reportOf(a, ended)
-	if class, failed := failureClass(rep); failed {
+	if class, failed := rep.Failed(); failed {
 		// The positive record of the failure and its class, written before
 		// the report is tried, so it stands whether or not the report gets
 		// through (R18, R22).
 		d.rec.TurnFailed(context.Background(), a.id, diagnostics.StageTurn, class)
 	}
 	d.finish(runCtx, a, rep, outcome)
-}
-
-// failureClass is the class of a report of a failed turn: an abandon (a
-// failure before admission, R29) or a failed finish.
-func failureClass(r report) (string, bool) {
-	switch {
-	case r.Abandon != nil:
-		return r.Abandon.Class, true
-	case r.Finish != nil && r.Finish.Outcome == wire.OutcomeFailed:
-		return r.Finish.Class, true
-	}
-	return "", false
 }
 
 // watch stops the child when the lease is lost, the user cancels, the drain
@@ -318,7 +306,7 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 	}
 	if releasable {
 		req := wire.ReleaseRequest{AttemptRef: a.ref, Class: rel.Class()}
-		d.finish(runCtx, a, report{Release: &req}, "released")
+		d.finish(runCtx, a, settlement.Report{Release: &req}, "released")
 		return
 	}
 	outcome, class := wire.OutcomeFailed, na.Class
@@ -329,7 +317,7 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 		outcome, class = wire.OutcomeWorkerLost, ClassHostStopped
 	}
 	rep := settlement.Facts{}.Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: "the turn child never accepted"})
-	d.finish(runCtx, a, fromSettlement(rep), outcome)
+	d.finish(runCtx, a, rep, outcome)
 }
 
 // launchFailed counts a launch failure and pauses claiming past the threshold.
@@ -359,15 +347,16 @@ func (d *Daemon) turnEnded(a *attempt, e handover.Ended) {
 
 // reportOf is the terminal report of an accepted turn: the child's own from
 // its RESULT, or one built from its last PROGRESS facts.
-func (d *Daemon) reportOf(a *attempt, e handover.Ended) (report, string) {
+func (d *Daemon) reportOf(a *attempt, e handover.Ended) (settlement.Report, string) {
 	if e.Outcome == handover.OutcomeResult {
 		var res turn.Result
-		if err := json.Unmarshal(e.Result, &res); err == nil && validReport(res.Report, a.ref) {
+		// The child reports a finish or an abandon, never a release.
+		if err := json.Unmarshal(e.Result, &res); err == nil && res.Report.Valid(a.ref) && res.Report.Release == nil {
 			outcome := res.Outcome
 			if res.Report.Abandon != nil {
 				outcome = "abandoned"
 			}
-			return fromSettlement(res.Report), outcome
+			return res.Report, outcome
 		}
 		e.Outcome = handover.OutcomeExitedWithoutResult
 		e.Err = errors.New("unreadable RESULT")
@@ -395,7 +384,7 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (report, string) {
 	if rep.Abandon != nil {
 		outcome = "abandoned"
 	}
-	return fromSettlement(rep), outcome
+	return rep, outcome
 }
 
 // childSawLeaseRejected: the child's RESULT says one of its own writes was
@@ -403,19 +392,4 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (report, string) {
 func childSawLeaseRejected(e handover.Ended) bool {
 	var res turn.Result
 	return e.Outcome == handover.OutcomeResult && json.Unmarshal(e.Result, &res) == nil && res.LeaseRejected
-}
-
-// validReport: exactly one of finish and abandon, about this attempt.
-func validReport(r settlement.Report, ref wire.AttemptRef) bool {
-	switch {
-	case r.Finish != nil && r.Abandon == nil:
-		return r.Finish.AttemptRef == ref && r.Finish.Outcome != ""
-	case r.Abandon != nil && r.Finish == nil:
-		return r.Abandon.AttemptRef == ref && r.Abandon.Class != ""
-	}
-	return false
-}
-
-func fromSettlement(r settlement.Report) report {
-	return report{Finish: r.Finish, Abandon: r.Abandon}
 }

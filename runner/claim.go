@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net/http"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -108,7 +107,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
 				return
 			}
-		case status == http.StatusUnauthorized || status == http.StatusForbidden:
+		case wire.Classify(err) == wire.CredentialRefused:
 			d.claimDone(false)
 			d.refuseHost("claim", status)
 		default:
@@ -159,7 +158,7 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 				}
 			case ctx.Err() != nil:
 				return
-			case status == http.StatusUnauthorized || status == http.StatusForbidden:
+			case wire.Classify(err) == wire.CredentialRefused:
 				d.refuseHost("host_heartbeat", status)
 			default:
 				if !failing {

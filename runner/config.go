@@ -11,9 +11,9 @@ import (
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/settlement"
 )
 
 // Defaults of Config's zero fields.
@@ -106,8 +106,13 @@ type Config struct {
 	// Jitter is the fraction by which polling and backoff waits vary
 	// (default 0.2; negative means none).
 	Jitter float64
-	// Receipts is the retry policy of terminal reports and releases (R24).
-	Receipts settlement.Policy
+	// Receipts paces the turn child's receipts: their TryTimeout and Wait
+	// (settlement.ReceiptPolicy keeps the rest of R24).
+	Receipts retry.Policy
+	// Reports is the policy of the terminal reports the daemon sends —
+	// finish, abandon, release — and of the restart's lease question
+	// (settlement.ReportPolicy fills its zero fields, K1).
+	Reports retry.Policy
 
 	// Notifier receives READY=1, WATCHDOG=1 and STOPPING=1; nil means none.
 	// WatchdogInterval is the period of WATCHDOG=1 (0: no watchdog).

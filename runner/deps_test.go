@@ -23,12 +23,12 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner":      {"diagnostics", "handover", "heartbeat", "runner/turn", "sandbox", "settlement", "wire"},
-	"runner/turn": {"diagnostics", "handover", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
+	"runner":      {"diagnostics", "handover", "heartbeat", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner/turn": {"diagnostics", "handover", "internal/retry", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
 
 	"heartbeat":  {"diagnostics", "wire"},
 	"handover":   {},
-	"settlement": {"diagnostics", "wire"},
+	"settlement": {"diagnostics", "internal/retry", "wire"},
 
 	"sandbox":                  {"wire"},
 	"sandbox/docker":           {"sandbox"},
@@ -45,6 +45,7 @@ var moduleImports = map[string][]string{
 
 	"internal/fleet":   {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":  {},
+	"internal/retry":   {"wire"},
 	"internal/syncbuf": {}, // tests only
 	"internal/tools":   {}, // pins go.mod's requirements (build tag tools)
 }

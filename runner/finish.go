@@ -4,22 +4,40 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
-// sendBackoffMax caps the wait between rounds of a report that the
-// control plane keeps failing while the lease is still renewed.
-const sendBackoffMax = time.Minute
+// newReporter is the attempt's Reporter: its terminal report under the
+// report policy (K1) and its fence.
+func (d *Daemon) newReporter(c wire.Claim) *settlement.Reporter {
+	return settlement.NewReporter(settlement.ReporterConfig{
+		BaseURL:     d.cfg.ControlPlaneURL,
+		Transport:   d.cfg.Transport,
+		WorkerToken: c.WorkerToken,
+		JobID:       c.JobID,
+		Attempt:     wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
+		Logger:      d.log,
+		Reports:     d.cfg.Reports,
+	})
+}
 
-// finish persists the attempt's terminal report, sends it, forgets the
-// attempt and stops renewal, in this order (P2: a restart in between
-// re-sends the same report). After a hard stop the report stays persisted
-// for the next start. outcome labels the turns metric.
-func (d *Daemon) finish(runCtx context.Context, a *attempt, rep report, outcome string) {
+// finish persists the attempt's terminal report, then sends it through the
+// attempt's Reporter while renewal goes on, until it is acknowledged or
+// definitively refused (K1). Only then is the attempt forgotten and its
+// renewal stopped (P2: a restart before that re-sends the same report):
+//
+//	acknowledged            forgotten
+//	lease rejected          forgotten (409/410/401/403/404: nothing more is ours)
+//	lease expired locally   kept for the next start, which asks the control plane
+//	refused (400)           kept, runnerd_report_refused: our bug, for a person
+//	hard stop               kept for the next start
+//
+// outcome labels the turns metric.
+func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Report, outcome string) {
 	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, Report: &rep}); err != nil {
 		// The report can still be sent; only a restart before the answer
 		// would lose it, and then the reaper decides (R21).
@@ -29,103 +47,45 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep report, outcome 
 		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
 		return
 	}
-	// Until the lease is lost or the daemon stops hard, a report is owed:
-	// rounds of the receipt policy, further apart each time (R21).
-	ctx, cancel := context.WithCancel(runCtx)
-	defer cancel()
-	defer context.AfterFunc(a.fenced, cancel)()
-	wait := d.cfg.Timings.RetryDelay
-	for {
-		resp, err := d.send(ctx, a, rep)
-		switch {
-		case err == nil:
-			d.m.Turns.WithLabelValues(outcome).Inc()
-			d.logAttempt(slog.LevelInfo, MsgReportSent, a.id, slog.String(keyOutcome, outcome),
-				slog.String(keyJobState, resp.JobState), slog.String(keyConvState, resp.ConversationState))
-			if resp.ConversationState == wire.ConversationLost {
-				d.removeSandbox(a.claim.Turn.ConversationID)
-			}
-			d.forget(a, "")
-			return
-		case a.stopReason() == stopLease || errors.Is(err, settlement.ErrLeaseRejected) || settlement.RejectsLease(err):
-			d.forget(a, "lease_lost")
-			return
-		case runCtx.Err() != nil:
-			d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
-			return
-		case wire.Classify(err) != wire.Transient:
-			// A refusal no retry changes (400, a 409 that is not about the
-			// lease): the control plane's reaper decides.
-			d.logErrClass(slog.LevelError, MsgReportAbandoned, a.id, opOf(rep), err)
-			d.forget(a, "refused")
-			return
-		}
-		if !sleep(ctx.Done(), jitter(wait, d.cfg.Jitter)) {
-			continue // the loop's next send sees why
-		}
-		wait = min(wait*2, sendBackoffMax)
-	}
-}
-
-// send sends one report under the receipt policy (R24) through a
-// settlement.Session, which fences every write once the lease is lost:
-// release, finish or abandon.
-func (d *Daemon) send(ctx context.Context, a *attempt, rep report) (wire.FinishResponse, error) {
-	s, err := settlement.New(settlement.Config{
-		BaseURL:     d.cfg.ControlPlaneURL,
-		Transport:   d.cfg.Transport,
-		WorkerToken: a.claim.WorkerToken,
-		JobID:       a.claim.JobID,
-		Attempt:     a.ref,
-		Logger:      d.log,
-		Policy:      d.cfg.Receipts,
-	})
-	if err != nil {
-		return wire.FinishResponse{}, err
-	}
-	defer s.Close()
-	a.mu.Lock()
-	a.session = s
-	lost := a.reason == stopLease
-	a.mu.Unlock()
-	if lost {
-		s.LeaseLost()
-	}
-	defer func() {
-		a.mu.Lock()
-		a.session = nil
-		a.mu.Unlock()
-	}()
-	if rep.Release != nil {
-		err := s.Release(ctx, rep.Release.Class)
-		if err == nil {
-			d.logAttempt(slog.LevelInfo, MsgTurnReleased, a.id, slog.String(diagnostics.KeyClass, rep.Release.Class))
-			return wire.FinishResponse{JobState: wire.JobQueued}, nil
-		}
-		if !isAdmittedRefusal(err) {
-			return wire.FinishResponse{}, err
-		}
-		// The control plane says the job was admitted: the child did
-		// accept after all. Never requeue it (R36); fail it instead.
-		f := settlement.Facts{Admitted: true}.Report(a.ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: ClassReleaseRefused})
-		rep = fromSettlement(f)
-	}
-	return s.Send(ctx, settlement.Report{Finish: rep.Finish, Abandon: rep.Abandon})
-}
-
-func isAdmittedRefusal(err error) bool {
-	var se *wire.StatusError
-	return errors.As(err, &se) && se.Code == wire.CodeAdmitted
-}
-
-func opOf(r report) string {
+	resp, err := a.reporter.Send(runCtx, rep)
 	switch {
-	case r.Release != nil:
-		return wire.OpRelease
-	case r.Abandon != nil:
-		return wire.OpAbandon
+	case err == nil:
+		d.m.Turns.WithLabelValues(outcome).Inc()
+		if rep.Release != nil && resp.JobState == wire.JobQueued {
+			d.logAttempt(slog.LevelInfo, MsgTurnReleased, a.id, slog.String(diagnostics.KeyClass, rep.Release.Class))
+		}
+		d.logAttempt(slog.LevelInfo, MsgReportSent, a.id, slog.String(keyOutcome, outcome),
+			slog.String(keyJobState, resp.JobState), slog.String(keyConvState, resp.ConversationState))
+		if resp.ConversationState == wire.ConversationLost {
+			d.removeSandbox(a.claim.Turn.ConversationID)
+		}
+		d.forget(a, "")
+	case runCtx.Err() != nil:
+		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
+	case errors.Is(err, settlement.ErrLeaseRejected) && expiredLocally(a.renewer):
+		// No answer for a whole lease is no verdict: the next start asks
+		// the control plane whether the lease is still ours (P4).
+		d.m.Turns.WithLabelValues("lease_lost").Inc()
+		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
+	case errors.Is(err, settlement.ErrLeaseRejected):
+		d.forget(a, "lease_lost")
+	default:
+		// A refusal no retry changes (a 400): a bug of ours. Say so loudly
+		// and keep the report for a person; the reaper decides the job.
+		d.m.Turns.WithLabelValues("refused").Inc()
+		d.logErrClass(slog.LevelError, MsgReportRefused, a.id, rep.Op(), err)
 	}
-	return wire.OpFinish
+}
+
+// expiredLocally: the renewer ended because its last acknowledgement is a
+// whole lease old (R10), not on an answer.
+func expiredLocally(r *heartbeat.Renewer) bool {
+	select {
+	case <-r.Done():
+		return r.Verdict().Outcome == heartbeat.Expired
+	default:
+		return false
+	}
 }
 
 // forget removes the attempt's state file: the attempt is settled, released

@@ -21,6 +21,7 @@ const (
 	MsgTurnStopped       = "runnerd_turn_stopped"       // the daemon stopped a turn, and why
 	MsgReportSent        = "runnerd_report_sent"        // a terminal report or release was acknowledged
 	MsgReportAbandoned   = "runnerd_report_unsent"      // a report could not be sent; it stays persisted or the reaper decides
+	MsgReportRefused     = "runnerd_report_refused"     // the control plane refused a report or the restart's lease question with a status no retry changes (400): kept on disk for a person
 	MsgPersistFailed     = "runnerd_persist_failed"     // the state directory refused a write
 	MsgRecovered         = "runnerd_attempt_recovered"  // a persisted attempt was resolved at start (P5, P6)
 	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside

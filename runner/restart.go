@@ -8,6 +8,8 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/retry"
+	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -16,6 +18,7 @@ const (
 	decisionResent      = "resent"      // the persisted report was sent again (P2)
 	decisionWorkerLost  = "worker_lost" // no report: finished as worker lost (P6)
 	decisionRejected    = "rejected"    // the lease is no longer ours: nothing written
+	decisionRefused     = "refused"     // the lease question was refused with a status no retry changes (400): kept for a person
 	decisionUnreachable = "unreachable" // no answer for a whole lease: kept for the next start
 	decisionUnsent      = "unsent"      // the lease was ours but the report could not be sent
 	decisionStopped     = "stopped"     // the daemon was stopped meanwhile
@@ -33,8 +36,11 @@ const (
 //	                    (never admitted: requeued, not counted, P6; admitted:
 //	                    the conversation becomes LOST and is never replayed)
 //	409/410/401/403/404 the lease is gone: write nothing, forget the attempt
-//	no answer           retried until a whole lease has passed, then kept for
-//	                    the next start (the reaper decides meanwhile)
+//	400 (our bug)       runnerd_report_refused; kept for a person
+//	no verdict          transport failures, 408, 429, 5xx: retried under the
+//	                    report policy (K1) until a whole lease has passed,
+//	                    then kept for the next start (the reaper decides
+//	                    meanwhile)
 //
 // The attempts are resolved concurrently; each holds a slot while it is.
 func (d *Daemon) recoverAll(ctx context.Context) {
@@ -66,23 +72,26 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
+	a.reporter = d.newReporter(c)
 	decide := func(decision string) string {
 		d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
 			slog.Bool("report_persisted", r.Report != nil))
 		return decision
 	}
 
-	sent, ttl, ok := d.askLease(ctx, a)
+	sent, ttl, answer := d.askLease(ctx, a)
 	switch {
 	case ctx.Err() != nil:
 		return decide(decisionStopped)
-	case !ok && ttl < 0:
+	case answer == leaseRejected:
 		d.m.Turns.WithLabelValues("lease_lost").Inc()
 		if err := d.state.remove(c.AttemptID); err != nil {
 			d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "forget", err)
 		}
 		return decide(decisionRejected)
-	case !ok:
+	case answer == leaseRefused:
+		return decide(decisionRefused)
+	case answer != leaseOurs:
 		return decide(decisionUnreachable)
 	}
 
@@ -108,12 +117,12 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	}()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done(); close(over); <-watched }()
 
-	decision, rep, outcome := decisionResent, report{}, "resent"
+	decision, rep, outcome := decisionResent, settlement.Report{}, "resent"
 	if r.Report != nil {
 		rep = *r.Report
 	} else {
 		decision, outcome = decisionWorkerLost, wire.OutcomeWorkerLost
-		rep = report{Finish: &wire.FinishRequest{
+		rep = settlement.Report{Finish: &wire.FinishRequest{
 			AttemptRef: a.ref, Outcome: wire.OutcomeWorkerLost, Class: ClassWorkerLost,
 			Reason: "the host daemon restarted while the turn ran",
 		}}
@@ -130,35 +139,49 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	return decide(decision)
 }
 
-// askLease renews the attempt's lease once to learn whether it is still
-// ours: ok with the renewal's send time and granted lease; not ok with a
-// negative ttl when the control plane rejected it; not ok otherwise when no
-// answer came for a whole lease (or ctx ended). Transient failures are
-// retried every RetryDelay.
-func (d *Daemon) askLease(ctx context.Context, a *attempt) (sent time.Time, ttl time.Duration, ok bool) {
+// What the restart's lease question learned.
+type leaseAnswer int
+
+const (
+	leaseUnknown  leaseAnswer = iota // no verdict for a whole lease, or ctx ended
+	leaseOurs                        // 200: the lease is ours again
+	leaseRejected                    // 409/410/401/403/404: the lease is gone
+	leaseRefused                     // a status no retry changes (400): our bug
+)
+
+// askLease renews the attempt's lease to learn whether it is still ours,
+// under the report policy (K1) paced as a renewal — each try bounded by the
+// renewal timeout (R3), the next one RetryDelay later (R4) — for at most
+// one lease: a lease can be valid no longer than that after our last
+// acknowledged renewal. It returns the send time of the
+// answered try and the lease it granted. A refusal is recorded
+// (runnerd_report_refused); the first failure of an outage once.
+func (d *Daemon) askLease(ctx context.Context, a *attempt) (sent time.Time, ttl time.Duration, answer leaseAnswer) {
 	t := d.cfg.Timings
-	giveUp := time.Now().Add(t.LeaseTTL)
+	ctx, cancel := context.WithTimeout(ctx, t.LeaseTTL)
+	defer cancel()
+	policy := settlement.ReportPolicy(d.cfg.Reports)
+	policy.TryTimeout, policy.Wait, policy.MaxWait = t.RequestTimeout, t.RetryDelay, t.RetryDelay
 	req := wire.RenewRequest{AttemptRef: a.ref, LeaseTTLMS: t.LeaseTTL.Milliseconds()}
-	for failures := 0; ; {
+	var resp wire.RenewResponse
+	err := policy.Do(ctx, func(ctx context.Context) error {
 		sent = time.Now()
-		rctx, cancel := context.WithTimeout(ctx, t.RequestTimeout)
-		resp, err := d.renew.Renew(rctx, a.claim.WorkerToken, a.claim.JobID, req)
-		cancel()
-		if err == nil {
-			return sent, time.Duration(resp.LeaseTTLMS) * time.Millisecond, true
+		var err error
+		resp, err = d.renew.Renew(ctx, a.claim.WorkerToken, a.claim.JobID, req)
+		return err
+	}, func(f retry.Failure) {
+		if f.Try == 1 {
+			d.rec.ControlFailure(context.Background(), wire.OpRenew, a.id, f.Err)
 		}
-		if ctx.Err() != nil {
-			return sent, 0, false
-		}
-		switch wire.Classify(err) {
-		case wire.Definitive, wire.CredentialRefused, wire.Permanent:
-			return sent, -1, false
-		}
-		if failures++; failures == 1 {
-			d.rec.ControlFailure(context.Background(), wire.OpRenew, a.id, err)
-		}
-		if time.Now().Add(t.RetryDelay).After(giveUp) || !sleep(ctx.Done(), t.RetryDelay) {
-			return sent, 0, false
-		}
+	})
+	switch cls := wire.Classify(err); {
+	case err == nil:
+		return sent, time.Duration(resp.LeaseTTLMS) * time.Millisecond, leaseOurs
+	case cls == wire.Definitive || cls == wire.CredentialRefused:
+		return sent, 0, leaseRejected
+	case cls == wire.Permanent && diagnostics.Status(err) != 0:
+		d.logErrClass(slog.LevelError, MsgReportRefused, a.id, wire.OpRenew, err)
+		return sent, 0, leaseRefused
 	}
+	return sent, 0, leaseUnknown
 }

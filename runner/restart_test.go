@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -59,6 +60,8 @@ func newTestDaemon(t *testing.T, c *cp, mod func(*Config)) (*Daemon, *logBuf) {
 	}
 	cfg.Receipts.Wait = 100 * time.Millisecond
 	cfg.Receipts.TryTimeout = 5 * time.Second
+	cfg.Reports.Wait = 100 * time.Millisecond
+	cfg.Reports.TryTimeout = 5 * time.Second
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -154,7 +157,7 @@ func TestP6RestartDecisions(t *testing.T) {
 			c.advance(tt.expire)
 			rec := record{Claim: cl, ClaimedAt: time.Now()}
 			if tt.report {
-				rec.Report = &report{Finish: &wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted"}}
+				rec.Report = &settlement.Report{Finish: &wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted"}}
 			}
 			if err := d.state.save(rec); err != nil {
 				t.Fatal(err)

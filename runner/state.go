@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -21,13 +22,7 @@ type record struct {
 	// Report is the terminal report, persisted before it is sent so that a
 	// daemon restarted before the answer re-sends the same idempotent
 	// report (P2). Exactly one of Finish, Release, Abandon is set.
-	Report *report `json:"report,omitempty"`
-}
-
-type report struct {
-	Finish  *wire.FinishRequest  `json:"finish,omitempty"`
-	Release *wire.ReleaseRequest `json:"release,omitempty"`
-	Abandon *wire.AbandonRequest `json:"abandon,omitempty"`
+	Report *settlement.Report `json:"report,omitempty"`
 }
 
 // stateDir is the daemon's state directory: one file per live attempt under

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -26,7 +27,7 @@ func TestStateFilesArePrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := testRecord("att-1")
-	want.Report = &report{Finish: &wire.FinishRequest{AttemptRef: wire.AttemptRef{AttemptID: "att-1", LeaseGeneration: 3}, Outcome: wire.OutcomeFailed}}
+	want.Report = &settlement.Report{Finish: &wire.FinishRequest{AttemptRef: wire.AttemptRef{AttemptID: "att-1", LeaseGeneration: 3}, Outcome: wire.OutcomeFailed}}
 	if err := s.save(want); err != nil {
 		t.Fatal(err)
 	}

@@ -178,9 +178,8 @@ func (u *uploader) run(ctx context.Context) {
 			}
 			continue
 		}
-		c := &call{s: s, op: wire.OpEvents, once: true, quiet: failing}
 		var resp wire.EventsResponse
-		err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+		err := s.rep.do(ctx, &write{op: wire.OpEvents, policy: uploadPolicy(s.cfg.Receipts), every: true, quiet: failing}, func(ctx context.Context, wc *wire.Client) error {
 			var err error
 			resp, err = wc.Events(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.EventsRequest{AttemptRef: s.cfg.Attempt, Events: evs})
 			return err
@@ -194,7 +193,7 @@ func (u *uploader) run(ctx context.Context) {
 			return
 		}
 		failing = true
-		t := time.NewTimer(s.cfg.Policy.Wait)
+		t := time.NewTimer(s.cfg.Receipts.Wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()

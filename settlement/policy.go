@@ -3,38 +3,67 @@ package settlement
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"time"
 
-	"github.com/hashicorp/go-retryablehttp"
-
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Defaults of the receipt retry policy (R24).
+// Defaults of the receipt policy (R24), also the first try timeout and
+// pause of the report policy (K1).
 const (
 	DefaultTries      = 3
 	DefaultWait       = 5 * time.Second
 	DefaultTryTimeout = 10 * time.Second
+	// DefaultReportMaxWait caps the doubling pause between tries of a
+	// terminal report (K1).
+	DefaultReportMaxWait = time.Minute
 )
 
-// Policy is the one retry policy of the attempt-scoped writes: up to Tries
-// tries, each bounded by TryTimeout, Wait between them. Only transport
-// failures and 408/502/503/504 are retried (wire.ClassifyStatus); 409 and
-// 410 are definitive and every other status is final too. Zero fields mean
-// the defaults.
-type Policy struct {
-	Tries      int
-	Wait       time.Duration
-	TryTimeout time.Duration
-}
-
-func (p Policy) withDefaults() Policy {
+// ReceiptPolicy is the policy of the container record, the admission and
+// the settlement (R24): up to three tries, 10 s each, 5 s apart; only
+// transport failures and 408/502/503/504 (wire.Transient) are retried: a
+// 500 or a 429 may follow a commit, and a receipt that may have committed
+// is not asked for again blindly. p's non-zero fields are kept (tests
+// scale the times down).
+func ReceiptPolicy(p retry.Policy) retry.Policy {
+	p.Name = "receipt"
+	p.Retry = []wire.RetryClass{wire.Transient}
 	if p.Tries <= 0 {
 		p.Tries = DefaultTries
 	}
 	if p.Wait <= 0 {
 		p.Wait = DefaultWait
+	}
+	p.MaxWait = p.Wait
+	if p.TryTimeout <= 0 {
+		p.TryTimeout = DefaultTryTimeout
+	}
+	return p
+}
+
+// ReportPolicy is the policy of the terminal reports — finish, abandon,
+// release — and the shared_workspace_settled notice (K1): every answer that
+// is not a verdict is tried again — transport failures, 408, 429, every
+// 5xx — without a bound on the tries, 10 s each, the pause starting at 5 s
+// and doubling to a minute, longer when the answer's Retry-After asks.
+// Only 409/410 (the lease) and 401/403/404 (the credential) are verdicts;
+// a 400 ends the call too (it is our bug: no retry changes it), and the
+// caller keeps the report. What bounds the tries is the caller: the lease
+// fence (the renewer's verdict, R8, R10, R11) or a deadline. p's non-zero
+// times are kept.
+func ReportPolicy(p retry.Policy) retry.Policy {
+	p.Name = "report"
+	p.Retry = []wire.RetryClass{wire.Transient, wire.ServerFault}
+	p.Tries = 0
+	if p.Wait <= 0 {
+		p.Wait = DefaultWait
+	}
+	if p.MaxWait <= 0 {
+		p.MaxWait = DefaultReportMaxWait
 	}
 	if p.TryTimeout <= 0 {
 		p.TryTimeout = DefaultTryTimeout
@@ -42,107 +71,108 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// call is one logical call under the policy: it counts the tries, records
-// each failed one, and remembers whether any try ended without a
-// definitive answer (the request may have been applied).
-type call struct {
-	s      *Session
-	op     string
-	quiet  bool // record no failed try (the event uploader records outages itself)
-	once   bool // one try only (the event uploader retries on its own cadence)
-	tries  int
-	unsure bool
+// uploadPolicy is the event uploader's: one try per call; it retries on
+// its own cadence (events.go).
+func uploadPolicy(p retry.Policy) retry.Policy {
+	p = ReceiptPolicy(p)
+	p.Name, p.Tries = "events", 1
+	return p
 }
 
-// check is retryablehttp's CheckRetry, driven by wire.ClassifyStatus.
-func (c *call) check(ctx context.Context, resp *http.Response, err error) (bool, error) {
-	c.tries++
-	if err != nil {
-		if errors.Is(err, ErrLeaseRejected) {
-			return false, err // never sent
-		}
-		if !isDial(err) {
-			c.unsure = true
-		}
-		c.failed(err)
-		if ctx.Err() != nil {
-			return false, err // the caller gave up or the lease was rejected
-		}
-		return true, nil
-	}
-	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		return false, nil
-	}
-	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout {
-		c.unsure = true // a 500 or a gateway answer may follow a commit
-	}
-	cls := wire.ClassifyStatus(resp.StatusCode)
-	c.failed(&wire.StatusError{Op: c.op, Status: resp.StatusCode})
-	return cls == wire.Transient && ctx.Err() == nil, nil
-}
-
-func (c *call) failed(err error) {
-	if !c.quiet {
-		c.s.recordControlFailure(c.op, err)
-	}
-}
-
-// client is a wire.Client whose requests run under the policy for this call.
-// retryablehttp drives the tries (its logger off); the inner http.Client
-// bounds each try; the fence under it refuses every try after a lease
-// rejection.
-func (c *call) client() *wire.Client {
-	p := c.s.cfg.Policy
-	if c.once {
-		p.Tries = 1
-	}
-	rc := &retryablehttp.Client{
-		HTTPClient:   &http.Client{Transport: c.s.fence, Timeout: p.TryTimeout},
-		Logger:       nil,
-		RetryMax:     p.Tries - 1,
-		RetryWaitMin: p.Wait,
-		RetryWaitMax: p.Wait,
-		Backoff:      func(min, _ time.Duration, _ int, _ *http.Response) time.Duration { return min },
-		CheckRetry:   c.check,
-		ErrorHandler: giveUp,
-		PrepareRetry: func(*http.Request) error {
-			if c.s.Rejected() {
-				return ErrLeaseRejected
-			}
-			return nil
-		},
-	}
-	return &wire.Client{
-		BaseURL: c.s.cfg.BaseURL,
-		HTTP:    &http.Client{Transport: &retryablehttp.RoundTripper{Client: rc}},
-	}
-}
-
-// giveUp hands the last answer to wire.Client when the tries ran out on a
-// status (so it becomes a *wire.StatusError), and only the error otherwise.
-func giveUp(resp *http.Response, err error, _ int) (*http.Response, error) {
-	if err != nil {
-		if resp != nil {
-			resp.Body.Close()
-		}
-		return nil, err
-	}
-	return resp, nil
-}
-
-// fence is the transport under every try: after a lease rejection nothing
-// more leaves the process.
+// fence is the transport under every write of an attempt: after a lease
+// rejection nothing more leaves the process.
 type fence struct {
-	s    *Session
+	r    *Reporter
 	base http.RoundTripper
 }
 
-func (f fence) RoundTrip(r *http.Request) (*http.Response, error) {
-	if f.s.Rejected() {
-		if r.Body != nil {
-			r.Body.Close()
+func (f fence) RoundTrip(req *http.Request) (*http.Response, error) {
+	if f.r.Rejected() {
+		if req.Body != nil {
+			req.Body.Close()
 		}
 		return nil, ErrLeaseRejected
 	}
-	return f.base.RoundTrip(r)
+	return f.base.RoundTrip(req)
+}
+
+// write is one attempt-scoped write about to run under a policy.
+type write struct {
+	op     string
+	policy retry.Policy
+	// every records each failed try; otherwise the first one and each
+	// change of class or status (a long K1 outage is one record per
+	// change, and a retry record per pause).
+	every bool
+	quiet bool // record nothing (the event uploader records outages itself)
+	// unsure is set when a try ended without a definitive answer: the
+	// request may have been applied.
+	unsure bool
+	tries  int
+}
+
+// do runs fn under w's policy through the fence. A lease rejection (the
+// owner's LeaseLost, or an answer that rejects the lease) ends it at once
+// and fences the attempt; the error then wraps ErrLeaseRejected.
+func (r *Reporter) do(ctx context.Context, w *write, fn func(context.Context, *wire.Client) error) error {
+	if r.Rejected() {
+		return fmt.Errorf("%s: %w", w.op, ErrLeaseRejected)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(r.fenced, func() { cancel(ErrLeaseRejected) })()
+	var prev *wire.StatusError
+	err := w.policy.Do(ctx, func(ctx context.Context) error {
+		w.tries++
+		err := fn(ctx, r.client)
+		switch {
+		case err == nil:
+			return nil
+		case RejectsLease(err):
+			r.reject(ErrLeaseRejected)
+			return retry.Final(err)
+		case r.Rejected():
+			return retry.Final(err)
+		}
+		return err
+	}, func(f retry.Failure) {
+		if unsure(f.Err) {
+			w.unsure = true
+		}
+		var se *wire.StatusError
+		errors.As(f.Err, &se)
+		changed := f.Try == 1 || (se == nil) != (prev == nil) || (se != nil && prev != nil && se.Status != prev.Status)
+		prev = se
+		if !w.quiet && (w.every || changed) {
+			r.rec.ControlFailure(context.Background(), w.op, r.attempt(), f.Err)
+		}
+		if !w.quiet && !w.every && f.Next > 0 {
+			r.recordRetry(w.op, f)
+		}
+	})
+	if err != nil && r.Rejected() && !errors.Is(err, ErrLeaseRejected) {
+		return fmt.Errorf("%w: %w", ErrLeaseRejected, err)
+	}
+	return err
+}
+
+// unsure: the try ended without a definitive answer, so the request may
+// have been applied: a transport failure after the connection existed, a
+// timeout, or a 5xx or 408 (which may follow a commit).
+func unsure(err error) bool {
+	if errors.Is(err, ErrLeaseRejected) {
+		return false // never sent
+	}
+	var se *wire.StatusError
+	if errors.As(err, &se) {
+		return se.Status >= 500 || se.Status == http.StatusRequestTimeout
+	}
+	return !isDial(err)
+}
+
+// isDial reports a transport failure before the connection existed: the
+// request certainly never reached the server.
+func isDial(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }

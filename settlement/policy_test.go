@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -172,7 +173,7 @@ func TestPolicyTryTimeoutAndWaitFromConfig(t *testing.T) {
 		w := newWorld(t)
 		c := w.turn("", "hello")
 		sess := w.session(c, func(cfg *settlement.Config) {
-			cfg.Policy = settlement.Policy{Tries: 2, Wait: 1 * s, TryTimeout: 2 * s}
+			cfg.Receipts = retry.Policy{Tries: 2, Wait: 1 * s, TryTimeout: 2 * s}
 		})
 		w.in.Plan(wire.OpAdmission, hang, hang, hang)
 		start := time.Now()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -277,8 +278,9 @@ func TestSupervisorUnconfirmedFailsClosed(t *testing.T) {
 }
 
 // TestNoticeFailureStillSucceeds: with supervisor and control-plane
-// settlement done, a notice that cannot be delivered is recorded and the
-// turn still reports success (R23).
+// settlement done, a notice that cannot be delivered is retried under the
+// report policy for at most a lease (K1: 5 s, doubling), recorded once with
+// a retry record per pause, and the turn still reports success (R23).
 func TestNoticeFailureStillSucceeds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -291,15 +293,26 @@ func TestNoticeFailureStillSucceeds(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.in.Always(wire.OpNotices, status(503))
+		start := time.Now()
 		if err := sess.Notify(ctx); err == nil {
 			t.Fatalf("notify succeeded through a 503")
 		}
-		if n := len(w.in.Hits(wire.OpNotices)); n != 3 {
-			t.Errorf("%d notice tries, want 3", n)
+		var at []time.Duration
+		for _, h := range w.in.Hits(wire.OpNotices) {
+			at = append(at, h.at-start.Sub(w.in.start))
+		}
+		if want := []time.Duration{0, 5 * s, 15 * s, 35 * s, 75 * s}; !slices.Equal(at, want) {
+			t.Errorf("notice tries at %v, want %v (the next pause would pass the lease)", at, want)
+		}
+		if took := time.Since(start); took != 75*s {
+			t.Errorf("notify took %v, want 75s", took)
 		}
 		recs := w.records("agent_control_failure")
-		if len(recs) != 3 || recs[0]["op"] != wire.OpNotices || recs[0]["status"] != float64(503) {
-			t.Errorf("records %v, want 3 notice failures with status 503", recs)
+		if len(recs) != 1 || recs[0]["op"] != wire.OpNotices || recs[0]["status"] != float64(503) {
+			t.Errorf("records %v, want one notice failure with status 503", recs)
+		}
+		if n := len(w.records(settlement.MsgReportRetry)); n != 4 {
+			t.Errorf("%d retry records, want 4", n)
 		}
 		if _, err := sess.Finish(ctx, settlement.Result{Outcome: wire.OutcomeSucceeded}); err != nil {
 			t.Fatalf("finish: %v", err)
@@ -582,9 +595,10 @@ func TestAdmitCancelledBeforeSendingIsNotAmbiguous(t *testing.T) {
 	})
 }
 
-// TestReleaseUnderThePolicy: a release goes through the same policy (a
+// TestReleaseUnderThePolicy: a release goes through the report policy (a
 // lost answer is asked again and repeats harmlessly) and requeues the
-// turn; after admission the control plane refuses it (R33, R36).
+// turn; after admission the control plane refuses it (R33, R36), and the
+// Reporter fails the turn instead of requeueing it.
 func TestReleaseUnderThePolicy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -592,7 +606,10 @@ func TestReleaseUnderThePolicy(t *testing.T) {
 		c := w.turn("", "hello")
 		sess := w.session(c)
 		w.in.Plan(wire.OpRelease, lose)
-		if err := sess.Release(ctx, "declined:image_missing"); err != nil {
+		rel := func(c wire.Claim, class string) settlement.Report {
+			return settlement.Report{Release: &wire.ReleaseRequest{AttemptRef: wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}, Class: class}}
+		}
+		if resp, err := sess.Reporter().Send(ctx, rel(c, "declined:image_missing")); err != nil || resp.JobState != wire.JobQueued {
 			t.Fatalf("release: %v", err)
 		}
 		if n := len(w.in.Hits(wire.OpRelease)); n != 2 {
@@ -610,22 +627,25 @@ func TestReleaseUnderThePolicy(t *testing.T) {
 		if _, err := sess2.Admit(ctx, "act-2"); err != nil {
 			t.Fatal(err)
 		}
-		err = sess2.Release(ctx, "declined:late")
-		var se *wire.StatusError
-		if !errors.As(err, &se) || se.Code != wire.CodeAdmitted || sess2.Rejected() {
-			t.Errorf("release after admission: %v (rejected %v), want 409 admitted", err, sess2.Rejected())
+		resp, err := sess2.Reporter().Send(ctx, rel(again, "declined:late"))
+		if err != nil || resp.JobState != wire.JobFailed || sess2.Rejected() {
+			t.Errorf("release after admission: %+v, %v (rejected %v), want the turn failed", resp, err, sess2.Rejected())
 		}
-		if j := w.job(c.JobID); j.State != wire.JobRunning {
-			t.Errorf("job %s, want still running", j.State)
+		if h := w.in.Hits(wire.OpRelease); len(h) != 3 || h[2].code != wire.CodeAdmitted {
+			t.Errorf("release requests %+v, want the third refused 409 admitted", h)
+		}
+		if j := w.job(c.JobID); j.State != wire.JobFailed {
+			t.Errorf("job %s, want failed, never queued again", j.State)
 		}
 	})
 }
 
 // TestReaperBackstopWhenEventsAndFinishDown: with event upload and finish
-// both unavailable, the turn's finish gives up after its three tries and
-// the control plane's reaper ends the attempt once its lease is past:
-// the admitted, unsettled turn leaves the conversation LOST and is not
-// queued again (R21, R30).
+// both unavailable, the finish keeps trying (K1) until the owner fences
+// the attempt — as the renewer does once the lease can no longer be valid
+// (R10) — and the control plane's reaper ends the attempt once its lease
+// is past: the admitted, unsettled turn leaves the conversation LOST and
+// is not queued again (R21, R30).
 func TestReaperBackstopWhenEventsAndFinishDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -637,16 +657,22 @@ func TestReaperBackstopWhenEventsAndFinishDown(t *testing.T) {
 		admitAndPrompt(t, sess, ag)
 		sess.Event("error", json.RawMessage(`{"class":"agent_interrupted"}`))
 		ctx := context.Background()
-		if _, err := sess.Finish(ctx, settlement.Result{Class: "agent_interrupted"}); err == nil {
-			t.Fatalf("finish succeeded through a hung control plane")
-		}
-		if n := len(w.in.Hits(wire.OpFinish)); n != 3 {
-			t.Errorf("%d finish tries, want 3", n)
+		finished := make(chan error, 1)
+		go func() {
+			_, err := sess.Finish(ctx, settlement.Result{Class: "agent_interrupted"})
+			finished <- err
+		}()
+		time.Sleep(3 * time.Minute) // past the lease and the reaper's grace
+		if n := len(w.in.Hits(wire.OpFinish)); n < 4 {
+			t.Errorf("%d finish tries in 3 minutes, want more than R24's three", n)
 		}
 		if j := w.job(c.JobID); j.State != wire.JobRunning {
 			t.Fatalf("job %s before the reaper, want running", j.State)
 		}
-		time.Sleep(3 * time.Minute) // past the lease and the reaper's grace
+		sess.LeaseLost()
+		if err := <-finished; !errors.Is(err, settlement.ErrLeaseRejected) {
+			t.Fatalf("finish after the fence: %v, want ErrLeaseRejected", err)
+		}
 		if _, err := w.st.Reap(ctx, store.ReapParams{Now: time.Now(), Grace: 30 * time.Second}); err != nil {
 			t.Fatal(err)
 		}

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -60,8 +61,17 @@ type Config struct {
 	Prompt string
 	// Logger receives the records; nil means slog.Default().
 	Logger *slog.Logger
-	// Policy is the retry policy of every write (R24).
-	Policy Policy
+	// Receipts is the policy of the container record, the admission and
+	// the settlement (ReceiptPolicy fills its zero fields, R24); its
+	// TryTimeout and Wait also pace the event upload.
+	Receipts retry.Policy
+	// Reports is the policy of the notice and the terminal report
+	// (ReportPolicy fills its zero fields, K1).
+	Reports retry.Policy
+	// LeaseTTL bounds the notice's tries (K1: while the lease can be
+	// valid; the notice is information, R23, and must not hold the turn
+	// open). Default 120 s.
+	LeaseTTL time.Duration
 	// Events bounds the event buffer and upload.
 	Events EventsConfig
 }
@@ -80,25 +90,20 @@ type Facts struct {
 // Session is the control-plane side of one attempt. Its methods are safe
 // for concurrent use; LeaseLost may come from the renewal goroutine.
 type Session struct {
-	cfg   Config
-	rec   diagnostics.Recorder
-	fence fence
-
-	fenced context.Context // done once the lease is rejected
-	reject context.CancelCauseFunc
+	cfg Config
+	rec diagnostics.Recorder
+	rep *Reporter // the fence, and the terminal report
 
 	admitMu  sync.Mutex // one Admit at a time
 	settleMu sync.Mutex // one Settle at a time
-	finishMu sync.Mutex // one terminal report at a time
 
-	mu        sync.Mutex
+	mu        sync.Mutex // guards the fields below
 	facts     Facts
 	admitDone bool
 	adm       *Admission
 	admErr    error
 	boundary  *wire.Boundary
 	noticed   bool
-	finished  *wire.FinishResponse
 
 	ev *uploader
 }
@@ -106,23 +111,33 @@ type Session struct {
 // New returns a Session for one attempt and starts its event uploader;
 // Close stops it and waits.
 func New(cfg Config) (*Session, error) {
-	if cfg.BaseURL == "" || cfg.WorkerToken == "" || cfg.JobID == "" || cfg.Attempt.AttemptID == "" {
-		return nil, errors.New("settlement: BaseURL, WorkerToken, JobID and Attempt.AttemptID are required")
-	}
-	if cfg.Transport == nil {
-		cfg.Transport = http.DefaultTransport
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	cfg.Policy = cfg.Policy.withDefaults()
+	rcfg := ReporterConfig{
+		BaseURL: cfg.BaseURL, Transport: cfg.Transport, WorkerToken: cfg.WorkerToken,
+		JobID: cfg.JobID, Attempt: cfg.Attempt, Logger: cfg.Logger, Reports: cfg.Reports,
+	}
+	if !rcfg.complete() {
+		return nil, errIncomplete
+	}
+	rep := NewReporter(rcfg)
+	cfg.Receipts = ReceiptPolicy(cfg.Receipts)
+	cfg.Reports = rep.cfg.Reports
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
 	cfg.Events = cfg.Events.withDefaults()
-	s := &Session{cfg: cfg, rec: diagnostics.NewRecorder(cfg.Logger)}
-	s.fence = fence{s: s, base: cfg.Transport}
-	s.fenced, s.reject = context.WithCancelCause(context.Background())
+	s := &Session{cfg: cfg, rec: diagnostics.NewRecorder(cfg.Logger), rep: rep}
 	s.ev = startUploader(s)
 	return s, nil
 }
+
+// DefaultLeaseTTL is Config.LeaseTTL's default (R1).
+const DefaultLeaseTTL = 120 * time.Second
+
+// Reporter is the Session's Reporter: its fence, and its terminal report.
+func (s *Session) Reporter() *Reporter { return s.rep }
 
 // Close stops the event uploader and waits for it. It writes nothing.
 func (s *Session) Close() error {
@@ -134,10 +149,10 @@ func (s *Session) Close() error {
 // answered 409/401/403/404, or the last acknowledgement is a whole lease
 // old). From now on nothing is written about the attempt, and requests in
 // flight are cancelled.
-func (s *Session) LeaseLost() { s.reject(ErrLeaseRejected) }
+func (s *Session) LeaseLost() { s.rep.LeaseLost() }
 
 // Rejected reports whether the lease was rejected.
-func (s *Session) Rejected() bool { return s.fenced.Err() != nil }
+func (s *Session) Rejected() bool { return s.rep.Rejected() }
 
 // Facts returns what the Session has learned so far.
 func (s *Session) Facts() Facts {
@@ -146,57 +161,11 @@ func (s *Session) Facts() Facts {
 	return s.facts
 }
 
-// do runs one wire call under the policy, cancelled by a lease rejection.
-// An answer that rejects the lease fences the Session.
-func (s *Session) do(ctx context.Context, c *call, fn func(context.Context, *wire.Client) error) error {
-	if s.Rejected() {
-		return fmt.Errorf("%s: %w", c.op, ErrLeaseRejected)
-	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(s.fenced, func() { cancel(ErrLeaseRejected) })
-	defer stop()
-	err := fn(ctx, c.client())
-	if err == nil {
-		return nil
-	}
-	if RejectsLease(err) {
-		s.reject(ErrLeaseRejected)
-	}
-	if s.Rejected() && !errors.Is(err, ErrLeaseRejected) {
-		return fmt.Errorf("%w: %w", ErrLeaseRejected, err)
-	}
-	return err
-}
-
-// RejectsLease reports whether an error from the wire client means the
-// attempt's lease is gone: the credential refused (401/403/404), the job
-// gone (410), or a 409 that is not one of the answers about admission or
-// the conversation (admitted, not_admitted, conversation_lost).
-func RejectsLease(err error) bool {
-	var se *wire.StatusError
-	if !errors.As(err, &se) {
-		return false
-	}
-	switch wire.ClassifyStatus(se.Status) {
-	case wire.CredentialRefused:
-		return true
-	case wire.Definitive:
-		switch se.Code {
-		case wire.CodeAdmitted, wire.CodeNotAdmitted, wire.CodeConversationLost:
-			return false
-		}
-		return true
-	}
-	return false
-}
-
 // RecordContainer records the retained sandbox's identity with the control
 // plane. Only a recorded identity lets a failure before admission abandon
 // the activation and keep the conversation usable (R29).
 func (s *Session) RecordContainer(ctx context.Context, backend, containerID string) error {
-	c := &call{s: s, op: wire.OpContainer}
-	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+	err := s.rep.do(ctx, &write{op: wire.OpContainer, policy: s.cfg.Receipts, every: true}, func(ctx context.Context, wc *wire.Client) error {
 		return wc.Container(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ContainerRequest{
 			AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID,
 		})
@@ -240,9 +209,9 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 		return nil, fmt.Errorf("admit job %s: %w", s.cfg.JobID, err) // nothing was sent: not ambiguous
 	}
 
-	c := &call{s: s, op: wire.OpAdmission}
+	w := &write{op: wire.OpAdmission, policy: s.cfg.Receipts, every: true}
 	var rcpt wire.AdmissionReceipt
-	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+	err := s.rep.do(ctx, w, func(ctx context.Context, wc *wire.Client) error {
 		var err error
 		rcpt, err = wc.Admission(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.AdmissionRequest{
 			AttemptRef: s.cfg.Attempt, ActivationID: activationID,
@@ -251,7 +220,7 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 	})
 	if err == nil && (rcpt.JobID != s.cfg.JobID || rcpt.ActivationID != activationID) {
 		// A receipt for something else proves nothing about this request.
-		err, c.unsure = errors.New("admission: receipt for another job or activation"), true
+		err, w.unsure = errors.New("admission: receipt for another job or activation"), true
 	}
 
 	s.mu.Lock()
@@ -261,9 +230,9 @@ func (s *Session) Admit(ctx context.Context, activationID string) (*Admission, e
 	case err == nil:
 		s.facts.Admitted = true
 		s.adm = &Admission{s: s, receipt: rcpt}
-	case c.unsure:
+	case w.unsure:
 		s.facts.Ambiguous = true
-		s.admErr = fmt.Errorf("admit job %s after %d tries: %w", s.cfg.JobID, c.tries, ErrAmbiguousAdmission)
+		s.admErr = fmt.Errorf("admit job %s after %d tries: %w", s.cfg.JobID, w.tries, ErrAmbiguousAdmission)
 	default:
 		s.admErr = fmt.Errorf("admit job %s: %w", s.cfg.JobID, err)
 	}
@@ -332,9 +301,8 @@ func (s *Session) Settle(ctx context.Context, a *Admission, supervisor func(cont
 		return wire.Boundary{}, fmt.Errorf("settle activation %s: receipt for another activation: %w", act, ErrUnconfirmed)
 	}
 
-	c := &call{s: s, op: wire.OpSettlement}
 	var got wire.Boundary
-	err = s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+	err = s.rep.do(ctx, &write{op: wire.OpSettlement, policy: s.cfg.Receipts, every: true}, func(ctx context.Context, wc *wire.Client) error {
 		var err error
 		got, err = wc.Settlement(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.SettlementRequest{
 			AttemptRef: s.cfg.Attempt, ActivationID: act, Supervisor: rcpt,
@@ -352,9 +320,10 @@ func (s *Session) Settle(ctx context.Context, a *Admission, supervisor func(cont
 }
 
 // Notify sends the shared_workspace_settled notice for the recorded
-// boundary. Its failure is recorded (agent_control_failure) and returned
-// for information only: the turn still succeeds (R23). Before settlement
-// or after a lease rejection it writes nothing.
+// boundary under the report policy (K1), for at most Config.LeaseTTL. Its
+// failure is recorded (agent_control_failure) and returned for
+// information only: the turn still succeeds (R23). Before settlement or
+// after a lease rejection it writes nothing.
 func (s *Session) Notify(ctx context.Context) error {
 	s.mu.Lock()
 	b, done := s.boundary, s.noticed
@@ -365,8 +334,9 @@ func (s *Session) Notify(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	c := &call{s: s, op: wire.OpNotices}
-	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.LeaseTTL)
+	defer cancel()
+	err := s.rep.do(ctx, &write{op: wire.OpNotices, policy: s.cfg.Reports}, func(ctx context.Context, wc *wire.Client) error {
 		return wc.Notice(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.NoticeRequest{
 			AttemptRef: s.cfg.Attempt, Kind: wire.NoticeSharedWorkspaceSettled, Boundary: *b,
 		})
@@ -385,12 +355,6 @@ type Result struct {
 	Outcome string // wire.Outcome*; "" means failed
 	Class   string // error class of a failure
 	Reason  string // operator detail; no secrets
-}
-
-// Report is a terminal report: exactly one of Finish and Abandon is set.
-type Report struct {
-	Finish  *wire.FinishRequest  `json:"finish,omitempty"`
-	Abandon *wire.AbandonRequest `json:"abandon,omitempty"`
 }
 
 // Report decides the terminal report of an attempt from what is known:
@@ -418,90 +382,21 @@ func (f Facts) Report(ref wire.AttemptRef, r Result) Report {
 	}}
 }
 
-// Finish sends the attempt's terminal report (Facts.Report) under the
-// policy, after giving pending events a bounded chance (EventsConfig.Flush);
-// event upload never gates it (R21). It runs even if ctx is already
-// cancelled (a terminal report is owed), but not after a lease rejection.
-// Finishing twice returns the first answer.
+// Finish sends the attempt's terminal report (Facts.Report) through the
+// Session's Reporter under the report policy (K1), after giving pending
+// events a bounded chance (EventsConfig.Flush); event upload never gates it
+// (R21). It runs even if ctx is already cancelled (a terminal report is
+// owed) until it is acknowledged or refused, but not after a lease
+// rejection, which also ends it. Finishing twice returns the first answer.
 func (s *Session) Finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
-	if rep := s.Facts().Report(s.cfg.Attempt, r); rep.failed() {
-		s.rec.TurnFailed(context.Background(), s.attempt(), diagnostics.StageTurn, rep.class())
-	}
-	return s.finish(ctx, r)
-}
-
-func (s *Session) finish(ctx context.Context, r Result) (wire.FinishResponse, error) {
-	s.finishMu.Lock()
-	defer s.finishMu.Unlock()
-	if s.finished != nil {
-		return *s.finished, nil
+	rep := s.Facts().Report(s.cfg.Attempt, r)
+	if class, failed := rep.Failed(); failed {
+		s.rec.TurnFailed(context.Background(), s.attempt(), diagnostics.StageTurn, class)
 	}
 	if s.Rejected() {
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w", ErrLeaseRejected)
 	}
 	ctx = context.WithoutCancel(ctx)
 	s.ev.flush(ctx)
-	resp, err := s.Send(ctx, s.Facts().Report(s.cfg.Attempt, r))
-	if err != nil {
-		return wire.FinishResponse{}, err
-	}
-	s.finished = &resp
-	return resp, nil
-}
-
-func (r Report) failed() bool { return r.Abandon != nil || r.Finish.Outcome == wire.OutcomeFailed }
-
-func (r Report) class() string {
-	if r.Abandon != nil {
-		return r.Abandon.Class
-	}
-	return r.Finish.Class
-}
-
-// Send sends a terminal report under the policy. An abandon the control
-// plane refuses because the job was admitted (409 admitted) becomes an
-// ambiguous failure: the admission committed although no receipt arrived.
-func (s *Session) Send(ctx context.Context, rep Report) (wire.FinishResponse, error) {
-	var resp wire.FinishResponse
-	if rep.Abandon != nil {
-		c := &call{s: s, op: wire.OpAbandon}
-		err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
-			var err error
-			resp, err = wc.Abandon(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Abandon)
-			return err
-		})
-		var se *wire.StatusError
-		if !errors.As(err, &se) || se.Code != wire.CodeAdmitted {
-			return resp, err
-		}
-		rep = Report{Finish: &wire.FinishRequest{
-			AttemptRef: rep.Abandon.AttemptRef, Outcome: wire.OutcomeFailed,
-			Class: rep.Abandon.Class, Reason: rep.Abandon.Reason, Ambiguous: true,
-		}}
-	}
-	c := &call{s: s, op: wire.OpFinish}
-	err := s.do(ctx, c, func(ctx context.Context, wc *wire.Client) error {
-		var err error
-		resp, err = wc.Finish(ctx, s.cfg.WorkerToken, s.cfg.JobID, *rep.Finish)
-		return err
-	})
-	return resp, err
-}
-
-// Release gives a turn whose child provably never accepted it back to the
-// queue (R33), under the policy. The control plane refuses it with 409
-// admitted when a membership admitted the job (R36); that answer is
-// returned as it is and does not fence the Session.
-func (s *Session) Release(ctx context.Context, class string) error {
-	c := &call{s: s, op: wire.OpRelease}
-	return s.do(context.WithoutCancel(ctx), c, func(ctx context.Context, wc *wire.Client) error {
-		return wc.Release(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ReleaseRequest{AttemptRef: s.cfg.Attempt, Class: class})
-	})
-}
-
-// isDial reports a transport failure before the connection existed: the
-// request certainly never reached the server.
-func isDial(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
+	return s.rep.Send(ctx, rep)
 }

@@ -195,6 +195,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		c.SandboxSweep = -1 // runner.Config: zero is the default, negative is off
 	}
 	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
+	c.Reports.TryTimeout, c.Reports.Wait = receiptTimeout, receiptRetry
 	c.LogFormat = o.logFormat
 	c.Docker = turn.DockerOptions{
 		Network:     c.Docker.Network,

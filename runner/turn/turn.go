@@ -13,6 +13,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/settlement"
@@ -154,10 +155,15 @@ func (t *turn) run(ctx context.Context) Result {
 		Attempt:     ref,
 		Prompt:      c.Turn.Prompt,
 		Logger:      t.log,
-		Policy: settlement.Policy{
+		Receipts: retry.Policy{
 			TryTimeout: ms(t.p.RequestTimeoutMS, DefaultRequestTimeout),
 			Wait:       ms(t.p.RetryDelayMS, DefaultRetryDelay),
 		},
+		Reports: retry.Policy{
+			TryTimeout: ms(t.p.RequestTimeoutMS, DefaultRequestTimeout),
+			Wait:       ms(t.p.RetryDelayMS, DefaultRetryDelay),
+		},
+		LeaseTTL: ms(c.LeaseTTLMS, settlement.DefaultLeaseTTL),
 	})
 	if err != nil {
 		// Only a malformed payload gets here; without a session nothing can

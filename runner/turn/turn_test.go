@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
@@ -121,9 +122,9 @@ func TestLeaseLostStopFencesTheSession(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				sess, err := settlement.New(settlement.Config{
 					BaseURL: "http://127.0.0.1:1", WorkerToken: "rdw_test", JobID: "job_1",
-					Attempt: wire.AttemptRef{AttemptID: "att_1", LeaseGeneration: 1},
-					Logger:  slog.New(slog.DiscardHandler),
-					Policy:  settlement.Policy{TryTimeout: time.Second, Wait: time.Millisecond},
+					Attempt:  wire.AttemptRef{AttemptID: "att_1", LeaseGeneration: 1},
+					Logger:   slog.New(slog.DiscardHandler),
+					Receipts: retry.Policy{TryTimeout: time.Second, Wait: time.Millisecond},
 				})
 				if err != nil {
 					t.Fatal(err)
