@@ -131,10 +131,11 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	switch {
 	case ctx.Err() != nil:
 		return decide(decisionStopped)
+	case d.state.exists(c.AttemptID):
+		// Kept: refused, or the lease expired locally with no verdict (K1).
+		return decide(decisionUnsent)
 	case a.stopReason() == stopLease:
 		return decide(decisionRejected)
-	case d.state.exists(c.AttemptID):
-		return decide(decisionUnsent)
 	}
 	return decide(decision)
 }
