@@ -3,6 +3,7 @@ package heartbeat_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -16,15 +17,19 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// R3: connect, TLS handshake, each write, the response header and the whole
-// request have separate limits; each phase stuck alone fails at its own.
+// R3: connect, TLS handshake, each write, each read and the whole request
+// have separate limits; each phase stuck alone fails at its own. The read
+// limit is not the request's: it bounds the wait for the answer's first
+// byte after the write, then for each further piece; an answer that keeps
+// trickling in is ended by the request limit.
 func TestR3SeparateLimits(t *testing.T) {
 	cfg := heartbeat.HTTPConfig{
-		DialTimeout:           2 * time.Second,
-		WriteTimeout:          3 * time.Second,
-		TLSHandshakeTimeout:   4 * time.Second,
-		ResponseHeaderTimeout: 6 * time.Second,
-		RequestTimeout:        10 * time.Second,
+		DialTimeout:         2 * time.Second,
+		WriteTimeout:        3 * time.Second,
+		TLSHandshakeTimeout: 4 * time.Second,
+		ReadTimeout:         6 * time.Second,
+		PoolTimeout:         time.Second, // shorter than the dial: a dial is no pool wait
+		RequestTimeout:      10 * time.Second,
 	}
 	// Peers, each stuck in one phase. They run on l until it closes.
 	neverAccept := func(*testing.T, *memnet.Listener) {}
@@ -72,10 +77,21 @@ func TestR3SeparateLimits(t *testing.T) {
 		{"dial", "http", neverAccept, 2 * time.Second},
 		{"write", "http", acceptNeverRead, 3 * time.Second},
 		{"tls handshake", "https", readNeverWrite, 4 * time.Second},
-		{"response header", "http", serve(func(w http.ResponseWriter, r *http.Request) {
+		{"read: the answer's first byte", "http", serve(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body) // then the server notices the client leaving
 			<-r.Context().Done()
 		}), 6 * time.Second},
+		{"read: the answer stops halfway", "http", serve(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			time.Sleep(time.Second)
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, `{"lease_ttl_ms":`)
+			w.(http.Flusher).Flush()
+			time.Sleep(2 * time.Second)
+			io.WriteString(w, ` `)
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		}), 1*time.Second + 2*time.Second + 6*time.Second},
 		{"whole request", "http", serve(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
 			w.WriteHeader(http.StatusOK)
@@ -116,9 +132,11 @@ func TestR3SeparateLimits(t *testing.T) {
 	}
 }
 
-// R3: the wait for a pooled connection is bounded. With the pool full (one
-// connection, held by a request without limits), a renewal sent at 1 s
-// gives up at exactly 11 s, its own overall limit, without reaching the server.
+// R3: the wait for a pooled connection has its own limit. With the pool
+// full (one connection, held by a request without limits), a renewal gives
+// up after exactly PoolTimeout (3 s, well before its 10 s overall limit),
+// with a timeout, without reaching the server; once the connection is
+// free, the next renewal rides it.
 func TestR3PoolWaitIsBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := memnet.Listen(host)
@@ -132,7 +150,7 @@ func TestR3PoolWaitIsBounded(t *testing.T) {
 		defer srv.Close()
 		defer close(release)
 		hc := heartbeat.NewHTTPClient(heartbeat.HTTPConfig{
-			DialContext: l.Dial, MaxConnsPerHost: 1, ResponseHeaderTimeout: time.Hour,
+			DialContext: l.Dial, MaxConnsPerHost: 1, ReadTimeout: time.Hour, PoolTimeout: 3 * time.Second,
 		})
 		defer hc.CloseIdleConnections()
 		holder := &http.Client{Transport: hc.Transport} // same pool, no overall limit
@@ -146,8 +164,12 @@ func TestR3PoolWaitIsBounded(t *testing.T) {
 		time.Sleep(time.Second)
 		start := time.Now()
 		_, err := (&wire.Client{BaseURL: "http://" + host, HTTP: hc}).Renew(context.Background(), token, jobID, wire.RenewRequest{})
-		if got := time.Since(start); got != 10*time.Second || diagnostics.Class(err) != diagnostics.ClassTimeout {
-			t.Fatalf("renewal waiting for the pool ended after %v with %v, want a timeout after 10s", got, err)
+		if got := time.Since(start); got != 3*time.Second || diagnostics.Class(err) != diagnostics.ClassTimeout || wire.Classify(err) != wire.Transient {
+			t.Fatalf("renewal waiting for the pool ended after %v with %v (%v), want a transient timeout after 3s", got, err, wire.Classify(err))
+		}
+		var pt *heartbeat.PhaseTimeout
+		if !errors.As(err, &pt) || pt.Phase != "pool wait" {
+			t.Fatalf("err %v, want the pool wait's own timeout", err)
 		}
 		if len(arrivals) != 0 {
 			t.Fatal("the renewal reached the server though the pool was full")
