@@ -40,8 +40,9 @@ var moduleImports = map[string][]string{
 	"diagnostics": {"wire"},
 	"wire":        {},
 
-	"controlplane":       {"controlplane/store", "wire"},
-	"controlplane/store": {"controlplane/store", "wire"}, // and the stores below it
+	"controlplane":                        {"controlplane/store", "wire"},
+	"controlplane/store":                  {"controlplane/store", "wire"},  // and the stores below it
+	"controlplane/store/sqlstore/sqltest": {"controlplane/store/sqlstore"}, // tests only: both stores behind one helper
 
 	"internal/fleet":   {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":  {},

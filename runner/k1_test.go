@@ -316,6 +316,7 @@ func TestK1ReportsSurviveTransientAnswers(t *testing.T) {
 				// The conversation takes its next turn (or this one again).
 				var next wire.Claim
 				if tt.requeued {
+					time.Sleep(store.DefaultReleaseBackoff) // K7: a released job waits out its backoff
 					next = w.claim2()
 				} else {
 					next = w.claim(c.Turn.ConversationID)
