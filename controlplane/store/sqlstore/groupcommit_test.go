@@ -224,3 +224,44 @@ func TestK9GroupCommitFailingWriteSparesNeighbours(t *testing.T) {
 		}
 	})
 }
+
+// A write whose caller gives up while it waits for the writer is taken
+// off the queue and never runs; the writes queued beside it still commit.
+func TestGroupCommitWithdrawnWriteNeverRuns(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		f := newBatchFixture(t, dir, 0)
+		release := sqlstore.HoldWriter(f.st)
+		ctx, cancel := context.WithCancel(context.Background())
+		gaveUp := make(chan error, 1)
+		go func() {
+			_, err := f.st.CreateHost(ctx, "host-withdrawn", storetest.Hash("withdrawn"), f.now)
+			gaveUp <- err
+		}()
+		kept := make(chan error, 1)
+		go func() {
+			_, err := f.st.CreateHost(context.Background(), "host-kept", storetest.Hash("kept"), f.now)
+			kept <- err
+		}()
+		synctest.Wait()
+		cancel()
+		if err := <-gaveUp; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a write given up in the queue: %v, want context.Canceled", err)
+		}
+		release()
+		if err := <-kept; err != nil {
+			t.Fatalf("the write queued beside it: %v", err)
+		}
+		servers, err := f.st.ListServers(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range servers {
+			names = append(names, s.Name)
+		}
+		if len(names) != 2 || names[0] != "host-a" || names[1] != "host-kept" {
+			t.Fatalf("hosts %v: the withdrawn write ran, or the kept one did not", names)
+		}
+	})
+}

@@ -212,9 +212,11 @@ type txn interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
-// write runs fn in a write transaction: BEGIN IMMEDIATE on SQLite's one
-// writer connection, READ COMMITTED on PostgreSQL, retried there on a
-// deadlock or serialization failure.
+// write runs fn in a write transaction: on SQLite's one writer
+// connection a savepoint of a BEGIN IMMEDIATE transaction that commits
+// every write queued with it (group commit, sqliteWriter); READ COMMITTED
+// on PostgreSQL, retried there on a deadlock or serialization failure.
+// Either way it returns only after the commit.
 func (s *Store) write(ctx context.Context, fn func(tx txn) error) error {
 	if s.d == sqlite {
 		return s.sw.write(ctx, fn)
