@@ -88,13 +88,22 @@ func (f *batchFixture) batch(t *testing.T, writes ...func(ctx context.Context) e
 	release := sqlstore.HoldWriter(f.st)
 	before := sqlstore.Commits(f.st)
 	errs := make([]error, len(writes))
+	early := make([]bool, len(writes))
 	var wg sync.WaitGroup
 	for i, w := range writes {
-		wg.Go(func() { errs[i] = w(context.Background()) })
+		wg.Go(func() {
+			errs[i] = w(context.Background())
+			early[i] = sqlstore.Commits(f.st) == before
+		})
 	}
 	synctest.Wait() // every write is queued behind the writer
 	release()
 	wg.Wait()
+	for i := range early {
+		if early[i] {
+			t.Errorf("write %d was answered before its batch committed", i)
+		}
+	}
 	return errs, sqlstore.Commits(f.st) - before
 }
 
