@@ -27,6 +27,7 @@ type bubble struct {
 	srv       *controlplane.Server
 	wc        *wire.Client
 	hostToken string
+	userToken string
 }
 
 func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
@@ -35,7 +36,7 @@ func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
 		t.Fatalf("open sqlite store: %v", err)
 	}
 	t.Cleanup(func() { st.Close() })
-	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), OpenUserAPI: true})
+	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler)})
 	l := memnet.Listen("cp.test")
 	hs := &http.Server{Handler: srv.Handler()}
 	go hs.Serve(l)
@@ -45,6 +46,10 @@ func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
 	b := &bubble{st: st, srv: srv, wc: &wire.Client{BaseURL: "http://cp.test", HTTP: &http.Client{Transport: tr}}}
 	b.hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
 	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(b.hostToken), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	b.userToken = controlplane.NewToken(controlplane.UserTokenPrefix)
+	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(b.userToken), time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -152,7 +157,7 @@ func TestFollowEventsLongPoll(t *testing.T) {
 			t.Fatal(err)
 		}
 		var page wire.JobEventList
-		if _, err := b.wc.Do(ctx, "GET", "/v1/jobs/"+j.ID+"/events", "", nil, &page); err != nil || len(page.Events) == 0 {
+		if _, err := b.wc.Do(ctx, "GET", "/v1/jobs/"+j.ID+"/events", b.userToken, nil, &page); err != nil || len(page.Events) == 0 {
 			t.Fatalf("first page: %+v, %v", page, err)
 		}
 		cursor := page.Events[len(page.Events)-1].ID
@@ -163,7 +168,7 @@ func TestFollowEventsLongPoll(t *testing.T) {
 		}()
 		start := time.Now()
 		path := fmt.Sprintf("/v1/jobs/%s/events?after=%d&wait_ms=25000", j.ID, cursor)
-		if _, err := b.wc.Do(ctx, "GET", path, "", nil, &page); err != nil {
+		if _, err := b.wc.Do(ctx, "GET", path, b.userToken, nil, &page); err != nil {
 			t.Fatal(err)
 		}
 		took := time.Since(start)
@@ -174,7 +179,7 @@ func TestFollowEventsLongPoll(t *testing.T) {
 		cursor = page.Events[len(page.Events)-1].ID
 		start = time.Now()
 		path = fmt.Sprintf("/v1/jobs/%s/events?after=%d&wait_ms=25000", j.ID, cursor)
-		if _, err := b.wc.Do(ctx, "GET", path, "", nil, &page); err != nil || !page.Ended || len(page.Events) != 0 || time.Since(start) != 0 {
+		if _, err := b.wc.Do(ctx, "GET", path, b.userToken, nil, &page); err != nil || !page.Ended || len(page.Events) != 0 || time.Since(start) != 0 {
 			t.Fatalf("follow past the end: %+v, %v after %v", page, err, time.Since(start))
 		}
 	})

@@ -62,12 +62,6 @@ type Config struct {
 	// Retention is how long an ended job keeps its bulky detail before the
 	// reaper reclaims it (P8); negative never reclaims.
 	Retention time.Duration
-
-	// OpenUserAPI lets anyone who can reach the server use the user API
-	// and the admin pages: for tests only. Otherwise a request needs a
-	// bearer token the store holds and has not revoked (user tokens live
-	// in the database, so every replica accepts the same ones).
-	OpenUserAPI bool
 }
 
 // Server serves the worker API, the user API and the admin pages. It
