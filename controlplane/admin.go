@@ -55,7 +55,7 @@ td.num { text-align: right; }
 </head>
 <body>
 <h1>Servers</h1>
-<p>{{len .Servers}} host(s) · as of {{stamp .Now}}</p>
+<p>{{len .Servers}} host(s) · as of {{stamp .Now}}{{with .Skew}} · this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}</p>
 {{if .Servers}}
 <table>
 <thead><tr><th>Host</th><th>Last heartbeat</th><th>Capacity</th><th>Running</th><th>Draining</th><th>Launch error</th><th>Version</th></tr></thead>
@@ -83,11 +83,16 @@ func (s *Server) handleServersPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	now, ok := s.now(w, r, "servers_page")
+	if !ok {
+		return
+	}
 	var buf bytes.Buffer
 	data := struct {
 		Now     time.Time
+		Skew    time.Duration // this replica's clock minus the store's
 		Servers []wire.Server
-	}{s.cfg.Now(), list}
+	}{now, s.cfg.Now().Sub(now).Round(time.Second), list}
 	if err := serversPage.Execute(&buf, data); err != nil {
 		s.fail(w, r, "servers_page", err)
 		return
@@ -105,7 +110,11 @@ func (s *Server) handleServersPage(w http.ResponseWriter, r *http.Request) {
 // plain words instead of waiting for that host for ever. Refused (400)
 // while a turn of it runs; a LOST conversation is answered as it is.
 func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) {
-	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), s.cfg.Now())
+	now, ok := s.now(w, r, "lose_conversation")
+	if !ok {
+		return
+	}
+	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), now)
 	if err != nil {
 		s.fail(w, r, "lose_conversation", err)
 		return

@@ -19,7 +19,7 @@ import (
 func TestBadInputRefused(t *testing.T) {
 	for _, sc := range stores {
 		t.Run(sc.name, func(t *testing.T) {
-			f := newFixtureOn(t, sc.open(t))
+			f := newFixtureOn(t, sc.db(t))
 			conv := f.newConversation()
 			f.send(conv.ID, "hello")
 			c := f.claim()

@@ -22,18 +22,63 @@ import (
 )
 
 // openStore opens a real SQLite store in a fresh temporary directory.
-func openStore(t testing.TB) store.Store {
+func openStore(t testing.TB, opts ...sqlstore.Option) store.Store {
 	t.Helper()
-	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
-	if err != nil {
-		t.Fatalf("open sqlite store: %v", err)
-	}
-	t.Cleanup(func() { st.Close() })
-	return st
+	return sqliteDB(t).open(t, opts...)
 }
 
-// clock is the server's Now, moved by hand where a test needs leases to
-// expire; everything else in these tests runs on real time.
+// database is one real database; open gives a new handle on it, as a
+// restarted control plane or another replica would open it.
+type database struct {
+	name string
+	open func(t testing.TB, opts ...sqlstore.Option) store.Store
+}
+
+// sqliteDB is a SQLite database in a fresh temporary directory.
+func sqliteDB(t testing.TB) database {
+	path := filepath.Join(t.TempDir(), "cp.db")
+	return database{name: "sqlite", open: func(t testing.TB, opts ...sqlstore.Option) store.Store {
+		t.Helper()
+		st, err := sqlstore.OpenSQLite(context.Background(), path, opts...)
+		if err != nil {
+			t.Fatalf("open sqlite store: %v", err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}}
+}
+
+// postgresDB is a fresh schema of the PostgreSQL test database (see
+// sqltest.PostgresSchema).
+func postgresDB(t testing.TB) database {
+	t.Helper()
+	dsn := sqltest.PostgresSchema(t)
+	return database{name: "postgres", open: func(t testing.TB, opts ...sqlstore.Option) store.Store {
+		t.Helper()
+		return sqltest.OpenPostgres(t, dsn, opts...)
+	}}
+}
+
+// stores are the two databases the HTTP tests of server behaviour that
+// depends on the database run on.
+var stores = []struct {
+	name string
+	db   func(t testing.TB) database
+}{
+	{"sqlite", sqliteDB},
+	{"postgres", postgresDB},
+}
+
+// onEachDatabase runs fn as a subtest on each of stores.
+func onEachDatabase(t *testing.T, fn func(t *testing.T, db database)) {
+	for _, sc := range stores {
+		t.Run(sc.name, func(t *testing.T) { fn(t, sc.db(t)) })
+	}
+}
+
+// clock is the store's clock (and the server's own), moved by hand where
+// a test needs leases to expire; everything else in these tests runs on
+// real time.
 type clock struct {
 	mu sync.Mutex
 	t  time.Time
@@ -57,7 +102,9 @@ const userToken = "rdu_test-user-token-0123456789"
 // httptest server, with one registered host.
 type fixture struct {
 	t         *testing.T
+	db        database
 	st        store.Store
+	hs        *httptest.Server
 	srv       *controlplane.Server
 	clock     *clock
 	url       string
@@ -68,42 +115,52 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	return newFixtureOn(t, openStore(t))
+	return newFixtureOn(t, sqliteDB(t))
 }
 
-// stores are the two stores the HTTP tests of server behaviour that
-// depends on the database run on.
-var stores = []struct {
-	name string
-	open func(t testing.TB) store.Store
-}{
-	{"sqlite", openStore},
-	{"postgres", func(t testing.TB) store.Store { return sqltest.Postgres(t) }},
-}
-
-// newFixtureOn is newFixture on the given store.
-func newFixtureOn(t *testing.T, st store.Store) *fixture {
+// newFixtureOn is newFixture on db.
+func newFixtureOn(t *testing.T, db database) *fixture {
 	t.Helper()
 	f := &fixture{
 		t:     t,
-		st:    st,
+		db:    db,
 		clock: &clock{t: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)},
 		logs:  &syncbuf.Buffer{},
 	}
+	f.start()
+	if _, err := f.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), f.clock.Now()); err != nil {
+		t.Fatalf("create the user token: %v", err)
+	}
+	f.hostToken = f.addHost("host-a")
+	return f
+}
+
+// start opens a handle on the fixture's database whose clock is the
+// fixture's, and serves it.
+func (f *fixture) start() {
+	f.t.Helper()
+	f.st = f.db.open(f.t, sqlstore.WithClock(func(time.Time) time.Time { return f.clock.Now() }))
 	f.srv = controlplane.New(controlplane.Config{
 		Store:  f.st,
 		Logger: slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Now:    f.clock.Now,
 	})
-	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), f.clock.Now()); err != nil {
-		t.Fatalf("create the user token: %v", err)
+	f.hs = httptest.NewServer(f.srv.Handler())
+	f.t.Cleanup(f.hs.Close)
+	f.url = f.hs.URL
+	f.wc = &wire.Client{BaseURL: f.hs.URL, HTTP: f.hs.Client()}
+}
+
+// restart stops serving and closes the store, then opens the same
+// database again and serves it at a new address, as a restarted control
+// plane would. It does not sweep.
+func (f *fixture) restart() {
+	f.t.Helper()
+	f.hs.Close()
+	if err := f.st.Close(); err != nil {
+		f.t.Fatalf("close store: %v", err)
 	}
-	hs := httptest.NewServer(f.srv.Handler())
-	t.Cleanup(hs.Close)
-	f.url = hs.URL
-	f.wc = &wire.Client{BaseURL: hs.URL, HTTP: hs.Client()}
-	f.hostToken = f.addHost("host-a")
-	return f
+	f.start()
 }
 
 func (f *fixture) addHost(name string) string {

@@ -16,11 +16,13 @@ const reapBatch = 1000
 const reclaimBatch = 1000
 
 // RunReaper runs the reaper on the caller's goroutine until ctx is done,
-// then returns nil. Each sweep first gives every running lease a full TTL
-// if the control plane itself was away (P4), then supersedes the attempts
-// whose lease expired more than ReaperGrace ago (P3, R30, R35, P6), then
-// reclaims the detail of jobs that ended more than Retention ago (P8). A
-// failed sweep is recorded and tried again at the next tick.
+// then returns nil. Each sweep first ends the control plane's own absence
+// (P4, K3), then supersedes the attempts whose lease expired more than
+// ReaperGrace ago (P3, R30, R35, P6, K2), then reclaims the detail of jobs
+// that ended more than Retention ago (P8). A failed sweep is recorded and
+// tried again at the next tick. `controlplane serve` calls Resume before
+// it accepts a request, so the first request after a restart meets leases
+// that were resumed already.
 func (s *Server) RunReaper(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.ReaperInterval)
 	defer t.Stop()
@@ -34,30 +36,51 @@ func (s *Server) RunReaper(ctx context.Context) error {
 	}
 }
 
-// minAbsence is the shortest gap between sweeps that counts as the control
-// plane's own absence, so that a slow sweep on a busy machine with a short
-// interval does not hand every lease a new TTL.
+// minAbsence is the shortest gap in the record of sweeps that counts as
+// the control plane's own absence, so that a slow sweep on a busy machine
+// with a short interval does not hand every lease a new TTL.
 const minAbsence = 10 * time.Second
 
-// absence is the gap between two sweeps that counts as the control plane's
-// own absence (P4).
+// absence is the gap in the database's record of sweeps that counts as the
+// control plane's own absence (P4).
 func (s *Server) absence() time.Duration { return max(3*s.cfg.ReaperInterval, minAbsence) }
 
 // Sweep is one reaper pass (RunReaper calls it every interval).
 func (s *Server) Sweep(ctx context.Context) {
-	now := s.cfg.Now()
-	n, err := s.cfg.Store.ResumeAfterAbsence(ctx, now, s.absence())
+	now, err := s.resume(ctx)
 	if err != nil {
 		s.sweepFailed(ctx, "resume_after_absence", err)
 		return
+	}
+	if s.reap(ctx, now) {
+		s.reclaim(ctx, now)
+	}
+}
+
+// Resume ends the control plane's own absence, if the database's record
+// shows one, before the server serves (P4, K3).
+func (s *Server) Resume(ctx context.Context) error {
+	_, err := s.resume(ctx)
+	return err
+}
+
+// resume reads the store's clock, gives every lease a full TTL if the
+// record of sweeps shows an absence, records this sweep, and returns the
+// time it judged on.
+func (s *Server) resume(ctx context.Context) (time.Time, error) {
+	now, err := s.cfg.Store.Now(ctx)
+	if err != nil {
+		return now, err
+	}
+	n, err := s.cfg.Store.ResumeAfterAbsence(ctx, now, s.absence())
+	if err != nil {
+		return now, err
 	}
 	if n > 0 {
 		s.log.LogAttrs(ctx, slog.LevelWarn, MsgLeasesResumed,
 			slog.Int("leases", n), slog.Duration("absence_over", s.absence()))
 	}
-	if s.reap(ctx, now) {
-		s.reclaim(ctx, now)
-	}
+	return now, nil
 }
 
 // reap supersedes expired attempts; false if the sweep failed.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
@@ -91,6 +92,16 @@ func fromStore(err error) (*apiError, bool) {
 
 // fail answers err. A store failure or anything undecided is a 503 and one
 // record with the operation and the error's type, never its text.
+// now reads the store's clock (K3); false after answering the failure.
+func (s *Server) now(w http.ResponseWriter, r *http.Request, op string) (time.Time, bool) {
+	t, err := s.cfg.Store.Now(r.Context())
+	if err != nil {
+		s.fail(w, r, op, err)
+		return time.Time{}, false
+	}
+	return t, true
+}
+
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err error) {
 	var ae *apiError
 	if errors.As(err, &ae) {

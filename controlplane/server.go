@@ -37,7 +37,11 @@ type Config struct {
 	Store store.Store
 	// Logger receives the server's records; nil means slog.Default().
 	Logger *slog.Logger
-	// Now is the clock handed to the store; nil means time.Now.
+	// Now is this replica's own clock; nil means time.Now. Nothing is
+	// judged or stored on it (K3): every time the server hands the store
+	// comes from the store's one clock (Store.Now). The admin page shows
+	// how far Now is from the store's clock, so an operator sees a skewed
+	// replica.
 	Now func() time.Time
 
 	// LeaseTTL is the lease of a claim or renewal that asks for none.
@@ -49,10 +53,11 @@ type Config struct {
 	// ClaimWaitMax caps the long poll of a claim and of an event follow.
 	ClaimWaitMax time.Duration
 
-	// ReaperInterval is the period of RunReaper's sweep. A gap between two
-	// sweeps longer than three intervals (and at least 10 s) counts as the
-	// control plane's own absence: every running lease then gets a full
-	// TTL (P4).
+	// ReaperInterval is the period of RunReaper's sweep. A gap in the
+	// database's record of sweeps longer than three intervals (and at
+	// least 10 s) counts as the control plane's own absence: a request is
+	// never refused for an expiry inside it, and the next sweep gives
+	// every running lease a full TTL (P4, K3).
 	ReaperInterval time.Duration
 	// ReaperGrace is added to a lease's expiry before the reaper
 	// supersedes its attempt (P3).

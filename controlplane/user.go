@@ -21,7 +21,11 @@ func (s *Server) handleCreateConversation(w http.ResponseWriter, r *http.Request
 		writeError(w, invalid("agent_command needs at least the program to run."))
 		return
 	}
-	c, err := s.cfg.Store.CreateConversation(r.Context(), req, s.cfg.Now())
+	now, ok := s.now(w, r, "create_conversation")
+	if !ok {
+		return
+	}
+	c, err := s.cfg.Store.CreateConversation(r.Context(), req, now)
 	if err != nil {
 		s.fail(w, r, "create_conversation", err)
 		return
@@ -62,7 +66,11 @@ func (s *Server) handleSendMessage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("prompt must not be empty."))
 		return
 	}
-	j, err := s.cfg.Store.EnqueueTurn(r.Context(), r.PathValue("id"), req.Prompt, s.cfg.Now())
+	now, ok := s.now(w, r, "send_message")
+	if !ok {
+		return
+	}
+	j, err := s.cfg.Store.EnqueueTurn(r.Context(), r.PathValue("id"), req.Prompt, now)
 	if err != nil {
 		s.fail(w, r, "send_message", err)
 		return
@@ -138,7 +146,11 @@ func queryInt(r *http.Request, name string) (int64, *apiError) {
 // handleCancelJob ends a queued job at once, or sets the cancel flag that
 // the running attempt's next renewal answer carries (P7).
 func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
-	j, err := s.cfg.Store.CancelJob(r.Context(), r.PathValue("id"), s.cfg.Now())
+	now, ok := s.now(w, r, "cancel_job")
+	if !ok {
+		return
+	}
+	j, err := s.cfg.Store.CancelJob(r.Context(), r.PathValue("id"), now)
 	if err != nil {
 		s.fail(w, r, "cancel_job", err)
 		return

@@ -240,7 +240,7 @@ func TestAdminServersShowLaunchError(t *testing.T) {
 func TestUserTokensFromTheStore(t *testing.T) {
 	for _, sc := range stores {
 		t.Run(sc.name, func(t *testing.T) {
-			f := newFixtureOn(t, sc.open(t))
+			f := newFixtureOn(t, sc.db(t))
 			ctx := context.Background()
 			tok := controlplane.NewToken(controlplane.UserTokenPrefix)
 			ut, err := f.st.CreateUserToken(ctx, "second", controlplane.HashToken(tok), f.clock.Now())

@@ -95,9 +95,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	var c wire.Claim
 	var held time.Duration
 	found, err := poll(r.Context(), wait, func(ctx context.Context) (bool, error) {
-		held, p.Now = time.Since(arrived), s.cfg.Now()
+		held = time.Since(arrived)
 		var ok bool
 		var err error
+		if p.Now, err = s.cfg.Store.Now(ctx); err != nil {
+			return false, err
+		}
 		c, ok, err = s.cfg.Store.Claim(ctx, p)
 		return ok, err
 	})
@@ -142,7 +145,10 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("launch_error needs a class, a consecutive count of at least 1 and the time since when."))
 		return
 	}
-	now := s.cfg.Now()
+	now, ok := s.now(w, r, op)
+	if !ok {
+		return
+	}
 	if err := s.cfg.Store.RecordHostHeartbeat(r.Context(), h.ID, req, now); err != nil {
 		s.fail(w, r, op, err)
 		return
@@ -185,7 +191,11 @@ func attemptCall[Req any](s *Server, op string, ref func(*Req) wire.AttemptRef,
 				return
 			}
 		}
-		out, err := do(r.Context(), &req, s.cfg.Now())
+		now, ok := s.now(w, r, op)
+		if !ok {
+			return
+		}
+		out, err := do(r.Context(), &req, now)
 		if err != nil {
 			s.fail(w, r, op, err)
 			return

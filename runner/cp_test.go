@@ -38,12 +38,13 @@ func newCP(t *testing.T) *cp {
 	t.Helper()
 	// Releases are retried after 200 ms rather than 5 s, scaled down with
 	// the tests' other timings (K7).
+	c := &cp{t: t}
 	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"),
-		sqlstore.WithReleaseBackoff(200*time.Millisecond))
+		sqlstore.WithReleaseBackoff(200*time.Millisecond), sqlstore.WithClock(func(time.Time) time.Time { return c.now() }))
 	if err != nil {
 		t.Fatalf("open sqlite store: %v", err)
 	}
-	c := &cp{t: t, st: st}
+	c.st = st
 	c.srv = controlplane.New(controlplane.Config{
 		Store:        st,
 		Logger:       slog.New(slog.DiscardHandler),

@@ -192,6 +192,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	fmt.Fprintf(stderr, "controlplane: %s\n", tokenNote)
 	fmt.Fprintf(stderr, "controlplane: admin page http://%s/admin/servers (any user name, the token as password)\n", ln.Addr())
 
+	// P4, K3: leases that expired while the control plane was away are
+	// resumed before the first request is accepted.
+	if err := srv.Resume(ctx); err != nil {
+		return fmt.Errorf("resume leases after an absence: %w", err)
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	served := make(chan error, 1)

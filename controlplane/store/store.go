@@ -111,11 +111,18 @@ type ReclaimParams struct {
 }
 
 // Store is the control plane's persistence. Every method takes the current
-// time from its caller, so tests control it. Every attempt-scoped write is a
+// time from its caller, so tests control it; a server takes it from Now,
+// the store's one clock (K3). Every attempt-scoped write is a
 // single guarded statement (attempt id, lease generation, state running,
 // lease not expired at Now); a refused one returns ErrLeaseLost and records
 // a lease.stale_report event on the job (P1).
 type Store interface {
+	// Now reads the store's one clock, on which every lease, expiry,
+	// reaping and absence is judged (K3): the database's on PostgreSQL,
+	// so that replicas whose own clocks differ agree; the process's on
+	// SQLite, where the one process is the one clock.
+	Now(ctx context.Context) (time.Time, error)
+
 	// Hosts.
 	CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (Host, error)
 	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
@@ -142,7 +149,10 @@ type Store interface {
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
 	// GetJob returns the job with its attempts and events.
 	GetJob(ctx context.Context, id string) (wire.Job, error)
-	// JobEvents returns events with ID > after, oldest first, at most limit.
+	// JobEvents returns events numbered above after, in order, at most
+	// limit. Events are numbered per job from 1, and a job's events become
+	// visible in the order of their numbers, so a follower paging by the
+	// last number it saw sees every event once.
 	JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error)
 	// LoseConversation marks a conversation LOST on an operator's word,
 	// for when the host holding its sandbox is gone for good: its queued
@@ -210,10 +220,13 @@ type Store interface {
 	// DetailReclaimedAt. It returns how many jobs it reclaimed; a job is
 	// reclaimed once.
 	ReclaimDetail(ctx context.Context, p ReclaimParams) (int, error)
-	// ResumeAfterAbsence gives every running lease a full TTL from now when
-	// the control plane was away longer than its own heartbeat gap (P4).
-	// It records now as the control plane's last sign of life and returns
-	// how many leases it extended.
+	// ResumeAfterAbsence gives every running lease that had not expired
+	// before the absence a full TTL from now when the control plane was
+	// away longer than maxGap (P4), judged on the database's record of its
+	// last sign of life. It records now and maxGap, and returns how many
+	// leases it extended. Until a sweep resumes an absence, every guarded
+	// write accepts a lease that expired inside it and Reap supersedes
+	// none of those (K3).
 	ResumeAfterAbsence(ctx context.Context, now time.Time, maxGap time.Duration) (int, error)
 
 	Close() error

@@ -54,13 +54,16 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 			WHERE `+guard+` RETURNING job_id, admitted_at, settled_at`),
 			args([]any{req.Outcome, ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID, &admitted, &settled)
 		if errors.Is(err, sql.ErrNoRows) {
-			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 			if err != nil {
 				return err
 			}
 			if r, ok := repeated(a, ref, rep); ok {
 				resp = r
 				return nil
+			}
+			if a.live(ref) {
+				return errRaced
 			}
 			return s.stale(ctx, tx, wire.OpFinish, ref, a, now)
 		}
@@ -188,7 +191,7 @@ func (s *Store) Abandon(ctx context.Context, ref wire.AttemptRef, req wire.Aband
 			WHERE `+guard+` AND admitted_at IS NULL RETURNING job_id`),
 			args([]any{ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID)
 		if errors.Is(err, sql.ErrNoRows) {
-			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 			if err != nil {
 				return err
 			}
@@ -196,7 +199,10 @@ func (s *Store) Abandon(ctx context.Context, ref wire.AttemptRef, req wire.Aband
 				resp = r
 				return nil
 			}
-			if a.live(ref, now) {
+			if a.live(ref) && !a.admitted {
+				return errRaced
+			}
+			if a.live(ref) {
 				return store.ErrAdmitted
 			}
 			return s.stale(ctx, tx, wire.OpAbandon, ref, a, now)
@@ -238,14 +244,14 @@ func (s *Store) Release(ctx context.Context, ref wire.AttemptRef, req wire.Relea
 			WHERE `+releaseGuard+` RETURNING job_id`),
 			args([]any{ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID)
 		if errors.Is(err, sql.ErrNoRows) {
-			a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+			a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 			if err != nil {
 				return err
 			}
 			if a.state == wire.AttemptReleased && a.generation == ref.LeaseGeneration && a.report == rep {
 				return nil // the same release again
 			}
-			if a.live(ref, now) {
+			if a.live(ref) {
 				return store.ErrAdmitted
 			}
 			return s.stale(ctx, tx, wire.OpRelease, ref, a, now)

@@ -22,7 +22,6 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 	if maxLost <= 0 {
 		maxLost = s.cfg.maxWorkerLost
 	}
-	cutoff := ns(p.Now) - int64(p.Grace)
 	var total store.ReapResult
 	for p.Limit <= 0 || total.Superseded < p.Limit {
 		n := reapBatch
@@ -33,6 +32,14 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		var picked int
 		err := s.write(ctx, func(tx txn) error {
 			res, picked = store.ReapResult{}, 0
+			cutoff := ns(p.Now) - int64(p.Grace)
+			// K3: an expiry inside an absence no sweep has resumed is the
+			// control plane's, not the worker's.
+			if last, absent, err := s.absence(ctx, tx, p.Now, false); err != nil {
+				return err
+			} else if absent {
+				cutoff = min(cutoff, last)
+			}
 			expired, err := ids(ctx, tx, s.q(`SELECT id FROM attempts WHERE state = 'running' AND lease_expires_at < ?
 				ORDER BY lease_expires_at LIMIT ?`+s.lockSkip()), cutoff, n)
 			if err != nil {
@@ -104,32 +111,39 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonLostHostSilent, now)
 }
 
-// ResumeAfterAbsence gives every running lease a full TTL from now when the
-// control plane has not been seen for longer than maxGap (P4), and records
-// now as its last sign of life.
+// ResumeAfterAbsence ends the control plane's own absence (P4, K3): when
+// the database's record of its last sign of life is older than maxGap on
+// the store's clock, every running lease that had not expired before the
+// absence began gets a full TTL from now. It records now (never moving the
+// record back: replicas' sweeps interleave) and maxGap, which the guarded
+// statements read to accept what arrives before this runs.
 func (s *Store) ResumeAfterAbsence(ctx context.Context, now time.Time, maxGap time.Duration) (int, error) {
 	var extended int64
 	err := s.write(ctx, func(tx txn) error {
 		extended = 0
-		var last int64
-		err := tx.QueryRowContext(ctx, `SELECT last_seen FROM control_plane WHERE id = 1`+s.lockRow()).Scan(&last)
-		if err != nil && err != sql.ErrNoRows {
+		last, absent, err := s.absence(ctx, tx, now, true)
+		if err != nil {
 			return err
 		}
-		if err == nil && ns(now)-last > int64(maxGap) {
-			if _, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data)
-				SELECT job_id, id, ?, 'control', 'lease_extended_after_absence', '' FROM attempts
-				WHERE state = 'running' AND lease_expires_at < ? + lease_ttl`, ns(now), ns(now)); err != nil {
+		if !absent && last > 0 && ns(now)-last > int64(maxGap) {
+			absent = true // the first sweep that names a gap
+		}
+		if absent {
+			const resumed = `state = 'running' AND lease_expires_at > ? AND lease_expires_at < ? + lease_ttl`
+			if err := s.events(ctx, tx, `SELECT job_id, id FROM attempts WHERE `+resumed, []any{last, ns(now)},
+				now, "lease_extended_after_absence", nil); err != nil {
 				return err
 			}
-			extended, err = s.exec(ctx, tx, `UPDATE attempts SET lease_expires_at = ? + lease_ttl
-				WHERE state = 'running' AND lease_expires_at < ? + lease_ttl`, ns(now), ns(now))
+			extended, err = s.exec(ctx, tx, `UPDATE attempts SET lease_expires_at = ? + lease_ttl WHERE `+resumed,
+				ns(now), last, ns(now))
 			if err != nil {
 				return err
 			}
 		}
-		_, err = s.exec(ctx, tx, `INSERT INTO control_plane (id, last_seen) VALUES (1, ?)
-			ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen`, ns(now))
+		_, err = s.exec(ctx, tx, `INSERT INTO control_plane (id, last_seen, max_gap) VALUES (1, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET max_gap = excluded.max_gap,
+			last_seen = CASE WHEN excluded.last_seen > control_plane.last_seen THEN excluded.last_seen ELSE control_plane.last_seen END`,
+			ns(now), int64(maxGap))
 		return err
 	})
 	if err != nil {

@@ -12,14 +12,9 @@
 // Callers: OpenSQLite(ctx, path, opts...) or OpenPostgres(ctx, dsn, opts...),
 // then the store.Store methods, then Close. Claim leaves wire.Claim's
 // WorkerToken empty: the server makes the token and passes only its hash.
-// The server calls ResumeAfterAbsence before each reaper sweep (P4).
-//
-// Known limit: on PostgreSQL, job event ids come from a sequence, and two
-// transactions may commit their events out of id order; a follower that
-// pages by "after id" could miss an event written concurrently with a
-// later one of the same job. Writes of one job are mostly serialized by
-// its attempt and job rows, so this needs a refused (stale) write racing
-// another write of that job.
+// The server takes every time it passes from Now, the store's one clock
+// (K3), and calls ResumeAfterAbsence before serving and before each reaper
+// sweep (P4).
 //
 // Only the controlplane packages import sqlstore. It starts no goroutines of
 // its own (database/sql keeps one per pool, ended by Close), so a store
@@ -74,8 +69,9 @@ type config struct {
 	readConns     int
 	leaseTTL      time.Duration
 	maxWorkerLost int
-	maxReleases   int           // K7
-	releaseWait   time.Duration // K7: the first release backoff
+	maxReleases   int                            // K7
+	releaseWait   time.Duration                  // K7: the first release backoff
+	clock         func(base time.Time) time.Time // nil: the base clock as it is
 }
 
 // Option changes one setting of Open*.
@@ -106,6 +102,14 @@ func WithMaxReleases(n int) Option { return func(c *config) { c.maxReleases = n 
 // WithReleaseBackoff sets the first release backoff (K7); it doubles with
 // each further release. Default store.DefaultReleaseBackoff.
 func WithReleaseBackoff(d time.Duration) Option { return func(c *config) { c.releaseWait = d } }
+
+// WithClock changes the time the store judges on: clock receives each
+// reading of the store's own clock (the database's on PostgreSQL, the
+// process's on SQLite) and returns the time to use. Tests move time with
+// it, or give replicas offsets; production never sets it (K3).
+func WithClock(clock func(base time.Time) time.Time) Option {
+	return func(c *config) { c.clock = clock }
+}
 
 func newConfig(opts []Option) config {
 	c := config{}
@@ -215,7 +219,8 @@ type txn interface {
 // write runs fn in a write transaction: on SQLite's one writer
 // connection a savepoint of a BEGIN IMMEDIATE transaction that commits
 // every write queued with it (group commit, sqliteWriter); READ COMMITTED
-// on PostgreSQL, retried there on a deadlock or serialization failure.
+// on PostgreSQL, retried there on a deadlock or serialization failure,
+// or on errRaced.
 // Either way it returns only after the commit.
 func (s *Store) write(ctx context.Context, fn func(tx txn) error) error {
 	if s.d == sqlite {
@@ -223,7 +228,7 @@ func (s *Store) write(ctx context.Context, fn func(tx txn) error) error {
 	}
 	for try := 0; ; try++ {
 		err := s.writeOnce(ctx, fn)
-		if err == nil || try >= 8 || !s.retryable(err) {
+		if err == nil || try >= 8 || !(s.retryable(err) || errors.Is(err, errRaced)) {
 			return err
 		}
 	}

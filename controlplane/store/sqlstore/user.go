@@ -211,8 +211,8 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	return j, rows.Err()
 }
 
-// JobEvents returns events with ID > after, oldest first, at most limit
-// (0: all). ErrNotFound if the job does not exist.
+// JobEvents returns events numbered above after, in the order of their
+// numbers, at most limit (0: all). ErrNotFound if the job does not exist.
 func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
@@ -221,7 +221,7 @@ func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit 
 	if n == 0 {
 		return nil, store.ErrNotFound
 	}
-	query := `SELECT id, job_id, attempt_id, time, source, type, data FROM job_events WHERE job_id = ? AND id > ? ORDER BY id`
+	query := `SELECT n, job_id, attempt_id, time, source, type, data FROM job_events WHERE job_id = ? AND n > ? ORDER BY n`
 	args := []any{jobID, after}
 	if limit > 0 {
 		query += ` LIMIT ?`
@@ -308,9 +308,53 @@ func (s *Store) event(ctx context.Context, tx txn, jobID, attemptID string, now 
 		}
 		body = string(b)
 	}
-	_, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data) VALUES (?, ?, ?, 'control', ?, ?)`,
-		jobID, attemptID, ns(now), typ, body)
+	n, err := s.numberEvents(ctx, tx, jobID, 1)
+	if err != nil {
+		return err
+	}
+	_, err = s.exec(ctx, tx, `INSERT INTO job_events (job_id, n, attempt_id, time, source, type, data) VALUES (?, ?, ?, ?, 'control', ?, ?)`,
+		jobID, n, attemptID, ns(now), typ, body)
 	return err
+}
+
+// events appends one control-plane event to each job a query names: its
+// columns are a job id and an attempt id (” for none).
+func (s *Store) events(ctx context.Context, tx txn, query string, args []any, now time.Time, typ string, data any) error {
+	rows, err := tx.QueryContext(ctx, s.q(query), args...)
+	if err != nil {
+		return err
+	}
+	var pairs [][2]string
+	for rows.Next() {
+		var p [2]string
+		if err := rows.Scan(&p[0], &p[1]); err != nil {
+			rows.Close()
+			return err
+		}
+		pairs = append(pairs, p)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, p := range pairs {
+		if err := s.event(ctx, tx, p[0], p[1], now, typ, data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// numberEvents reserves k event numbers of a job and returns the first.
+// Events are numbered per job under the lock of the job's counter row,
+// held to commit, so a job's events commit in the order of their numbers
+// and a follower paging by number never passes one that commits late.
+func (s *Store) numberEvents(ctx context.Context, tx txn, jobID string, k int64) (int64, error) {
+	var last int64
+	err := tx.QueryRowContext(ctx, s.q(`INSERT INTO job_event_counts (job_id, last) VALUES (?, ?)
+		ON CONFLICT (job_id) DO UPDATE SET last = job_event_counts.last + excluded.last RETURNING last`),
+		jobID, k).Scan(&last)
+	return last - k + 1, err
 }
 
 // advance makes the oldest unfinished job of a conversation its head, if
@@ -332,9 +376,8 @@ func (s *Store) loseConversation(ctx context.Context, tx txn, conversationID, re
 		WHERE id = ? AND state = 'usable'`, reason, ns(now), conversationID); err != nil {
 		return err
 	}
-	if _, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data)
-		SELECT id, '', ?, 'control', 'failed', '{"cause":"conversation_lost"}' FROM jobs
-		WHERE conversation_id = ? AND state = 'queued'`, ns(now), conversationID); err != nil {
+	if err := s.events(ctx, tx, `SELECT id, '' FROM jobs WHERE conversation_id = ? AND state = 'queued'`,
+		[]any{conversationID}, now, "failed", map[string]any{"cause": "conversation_lost"}); err != nil {
 		return err
 	}
 	_, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'failed', outcome = 'failed', reason = ?, head = 0, ended_at = ?

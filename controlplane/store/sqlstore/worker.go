@@ -13,12 +13,13 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// guard is the fencing condition of every attempt-scoped write (P1); its
+// guard is the fencing condition of every attempt-scoped write (P1): the
+// attempt, its generation, running, and a live lease (leaseLive, K3); its
 // arguments come from guardArgs.
-const guard = `id = ? AND generation = ? AND state = 'running' AND lease_expires_at > ?`
+const guard = `id = ? AND generation = ? AND state = 'running' AND ` + leaseLive
 
 func guardArgs(ref wire.AttemptRef, now time.Time) []any {
-	return []any{ref.AttemptID, ref.LeaseGeneration, ns(now)}
+	return []any{ref.AttemptID, ref.LeaseGeneration, ns(now), ns(now)}
 }
 
 func args(first []any, rest ...any) []any { return append(first, rest...) }
@@ -137,7 +138,7 @@ type attemptRow struct {
 	jobID      string
 	generation int64
 	state      string
-	expires    int64
+	leaseLive  bool // leaseLive at the time it was read
 	admitted   bool
 	activation string
 	settled    bool
@@ -145,16 +146,19 @@ type attemptRow struct {
 	response   string
 }
 
-func (a attemptRow) live(ref wire.AttemptRef, now time.Time) bool {
-	return a.generation == ref.LeaseGeneration && a.state == wire.AttemptRunning && a.expires > ns(now)
+func (a attemptRow) live(ref wire.AttemptRef) bool {
+	return a.generation == ref.LeaseGeneration && a.state == wire.AttemptRunning && a.leaseLive
 }
 
-func (s *Store) loadAttempt(ctx context.Context, tx txn, id string) (attemptRow, error) {
+// loadAttempt reads an attempt as a refused write sees it at now.
+func (s *Store) loadAttempt(ctx context.Context, tx txn, id string, now time.Time) (attemptRow, error) {
 	var a attemptRow
 	var admitted, settled sql.NullInt64
-	err := tx.QueryRowContext(ctx, s.q(`SELECT job_id, generation, state, lease_expires_at, admitted_at,
-		COALESCE(activation_id, ''), settled_at, report, response FROM attempts WHERE id = ?`), id).Scan(
-		&a.jobID, &a.generation, &a.state, &a.expires, &admitted, &a.activation, &settled, &a.report, &a.response)
+	var live int64
+	err := tx.QueryRowContext(ctx, s.q(`SELECT job_id, generation, state, CASE WHEN `+leaseLive+` THEN 1 ELSE 0 END, admitted_at,
+		COALESCE(activation_id, ''), settled_at, report, response FROM attempts WHERE id = ?`), ns(now), ns(now), id).Scan(
+		&a.jobID, &a.generation, &a.state, &live, &admitted, &a.activation, &settled, &a.report, &a.response)
+	a.leaseLive = live != 0
 	if errors.Is(err, sql.ErrNoRows) {
 		return a, store.ErrNotFound
 	}
@@ -184,11 +188,11 @@ func (s *Store) stale(ctx context.Context, tx txn, op string, ref wire.AttemptRe
 // unknown attempt, the live attempt's row (for the caller's own verdict),
 // or ErrLeaseLost with a stale report.
 func (s *Store) refused(ctx context.Context, tx txn, op string, ref wire.AttemptRef, now time.Time) (attemptRow, error) {
-	a, err := s.loadAttempt(ctx, tx, ref.AttemptID)
+	a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 	if err != nil {
 		return a, err
 	}
-	if a.live(ref, now) {
+	if a.live(ref) {
 		return a, nil
 	}
 	return a, s.stale(ctx, tx, op, ref, a, now)
@@ -208,7 +212,7 @@ func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duratio
 		if errors.Is(err, sql.ErrNoRows) {
 			_, err := s.refused(ctx, tx, wire.OpRenew, ref, now)
 			if err == nil {
-				err = fmt.Errorf("renew refused without cause")
+				err = errRaced
 			}
 			return err
 		}
@@ -243,10 +247,16 @@ func (s *Store) AppendEvents(ctx context.Context, ref wire.AttemptRef, events []
 		if errors.Is(err, sql.ErrNoRows) {
 			_, err := s.refused(ctx, tx, wire.OpEvents, ref, now)
 			if err == nil {
-				err = fmt.Errorf("events refused without cause")
+				err = errRaced
 			}
 			return err
 		}
+		if err != nil {
+			return err
+		}
+		// The job's row lock numbers the events (numberEvents); a repeat
+		// by (attempt, seq) is not stored again and takes no number.
+		n, err := s.numberEvents(ctx, tx, jobID, 0)
 		if err != nil {
 			return err
 		}
@@ -255,11 +265,16 @@ func (s *Store) AppendEvents(ctx context.Context, ref wire.AttemptRef, events []
 			if t.IsZero() {
 				t = now
 			}
-			if _, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, seq, time, source, type, data)
-				VALUES (?, ?, ?, ?, 'runner', ?, ?) ON CONFLICT DO NOTHING`,
-				jobID, ref.AttemptID, e.Seq, ns(t), e.Type, string(e.Data)); err != nil {
+			added, err := s.exec(ctx, tx, `INSERT INTO job_events (job_id, n, attempt_id, seq, time, source, type, data)
+				VALUES (?, ?, ?, ?, ?, 'runner', ?, ?) ON CONFLICT DO NOTHING`,
+				jobID, n, ref.AttemptID, e.Seq, ns(t), e.Type, string(e.Data))
+			if err != nil {
 				return err
 			}
+			n += added
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE job_event_counts SET last = ? WHERE job_id = ?`, n-1, jobID); err != nil {
+			return err
 		}
 		return tx.QueryRowContext(ctx, s.q(`SELECT COALESCE(MAX(seq), 0) FROM job_events WHERE attempt_id = ? AND seq IS NOT NULL`),
 			ref.AttemptID).Scan(&resp.StoredThrough)
@@ -284,7 +299,7 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 		if errors.Is(err, sql.ErrNoRows) {
 			_, err := s.refused(ctx, tx, wire.OpContainer, ref, now)
 			if err == nil {
-				err = fmt.Errorf("container refused without cause")
+				err = errRaced
 			}
 			return err
 		}
@@ -329,8 +344,12 @@ func (s *Store) Admit(ctx context.Context, ref wire.AttemptRef, activationID str
 			RETURNING job_id, receipt_id, admitted_at`),
 			args(args([]any{ns(now), activationID, newReceipt}, guardArgs(ref, now)...), activationID)...).Scan(&r.JobID, &r.ReceiptID, &at)
 		if errors.Is(err, sql.ErrNoRows) {
-			if _, err := s.refused(ctx, tx, wire.OpAdmission, ref, now); err != nil {
+			a, err := s.refused(ctx, tx, wire.OpAdmission, ref, now)
+			if err != nil {
 				return err
+			}
+			if a.activation == "" || a.activation == activationID {
+				return errRaced
 			}
 			return store.ErrAdmitted // live, admitted under another activation
 		}
@@ -378,6 +397,9 @@ func (s *Store) Settle(ctx context.Context, ref wire.AttemptRef, req wire.Settle
 			if !a.admitted {
 				return store.ErrNotAdmitted
 			}
+			if a.activation == req.ActivationID {
+				return errRaced
+			}
 			return s.stale(ctx, tx, wire.OpSettlement, ref, a, now) // another activation
 		}
 		if err != nil {
@@ -419,25 +441,26 @@ func (s *Store) Notice(ctx context.Context, ref wire.AttemptRef, req wire.Notice
 			WHERE `+guard+` AND settled_at IS NOT NULL RETURNING job_id`),
 			args([]any{ns(now)}, guardArgs(ref, now)...)...).Scan(&jobID)
 		if errors.Is(err, sql.ErrNoRows) {
-			if _, err := s.refused(ctx, tx, wire.OpNotices, ref, now); err != nil {
+			a, err := s.refused(ctx, tx, wire.OpNotices, ref, now)
+			if err != nil {
 				return err
+			}
+			if a.settled {
+				return errRaced
 			}
 			return store.ErrNotAdmitted // live but not settled
 		}
 		if err != nil {
 			return err
 		}
-		data, err := json.Marshal(map[string]any{"workspace_epoch": req.Boundary.WorkspaceEpoch, "snapshot_id": req.Boundary.SnapshotID})
-		if err != nil {
+		// Once per attempt; the guarded UPDATE above orders repeats.
+		var seen int
+		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM job_events WHERE job_id = ? AND attempt_id = ? AND type = ?`),
+			jobID, ref.AttemptID, wire.NoticeSharedWorkspaceSettled).Scan(&seen); err != nil || seen > 0 {
 			return err
 		}
-		// Once per attempt; the guarded UPDATE above orders repeats.
-		_, err = s.exec(ctx, tx, `INSERT INTO job_events (job_id, attempt_id, time, source, type, data)
-			SELECT ?, ?, ?, 'control', ?, ? WHERE NOT EXISTS (
-				SELECT 1 FROM job_events WHERE job_id = ? AND attempt_id = ? AND type = ?)`,
-			jobID, ref.AttemptID, ns(now), wire.NoticeSharedWorkspaceSettled, string(data),
-			jobID, ref.AttemptID, wire.NoticeSharedWorkspaceSettled)
-		return err
+		return s.event(ctx, tx, jobID, ref.AttemptID, now, wire.NoticeSharedWorkspaceSettled,
+			map[string]any{"workspace_epoch": req.Boundary.WorkspaceEpoch, "snapshot_id": req.Boundary.SnapshotID})
 	})
 	if err != nil {
 		return fmt.Errorf("notice: %w", err)

@@ -608,7 +608,13 @@ func testP4ResumeAfterAbsence(t *testing.T, st store.Store) {
 	if len(f.events(c1.JobID, "lease_extended_after_absence")) != 1 {
 		t.Fatal("no lease_extended_after_absence event")
 	}
-	// A worker that really went silent still loses its lease afterwards.
+	// A worker that really went silent still loses its lease afterwards,
+	// while the control plane sweeps as it should.
+	for d := time.Duration(0); d <= 11*time.Minute; d += gap / 2 {
+		if n, err := st.ResumeAfterAbsence(f.ctx, back.Add(d), gap); err != nil || n != 0 {
+			t.Fatalf("ResumeAfterAbsence while present = %d, %v", n, err)
+		}
+	}
 	res, err = st.Reap(f.ctx, store.ReapParams{Now: back.Add(11 * time.Minute), Grace: 10 * time.Second})
 	if err != nil || res.Superseded != 2 {
 		t.Fatalf("later Reap = %+v, %v", res, err)
