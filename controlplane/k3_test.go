@@ -160,7 +160,7 @@ func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 		for i, skew := range []time.Duration{10 * time.Minute, -10 * time.Minute} {
 			st := db.open(t, sqlstore.WithClock(moved.of))
 			srv := controlplane.New(controlplane.Config{
-				Store: st, Logger: slog.New(slog.DiscardHandler), UserToken: userToken,
+				Store: st, Logger: slog.New(slog.DiscardHandler),
 				Now:            func() time.Time { return time.Now().Add(skew) },
 				ReaperInterval: interval, ReaperGrace: grace,
 			})
@@ -174,6 +174,9 @@ func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 					t.Fatal(err)
 				}
 				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := st.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), now); err != nil {
 					t.Fatal(err)
 				}
 			}

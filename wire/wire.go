@@ -191,7 +191,7 @@ type Attempt struct {
 // transitions (Source "control") and events uploaded by the runner
 // (Source "runner").
 type JobEvent struct {
-	ID        int64           `json:"id"` // increasing per control plane; use as a cursor
+	ID        int64           `json:"id"` // numbered per job from 1, visible in order; use as a cursor
 	JobID     string          `json:"job_id"`
 	AttemptID string          `json:"attempt_id,omitempty"`
 	Time      time.Time       `json:"time"`
