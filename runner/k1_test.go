@@ -3,8 +3,11 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/http/httptest"
 	"path"
 	"path/filepath"
 	"slices"
@@ -36,7 +39,9 @@ const k1URL = "http://controlplane"
 // request to the control plane.
 type answer struct {
 	status     int
-	retryAfter string // the Retry-After header, if any
+	retryAfter string        // the Retry-After header, if any
+	hang       bool          // never answer: the client's limit ends the request
+	delay      time.Duration // pass, and hold the control plane's answer this long
 }
 
 type faultProxy struct {
@@ -60,7 +65,20 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a, planned = al, true
 	}
 	p.mu.Unlock()
-	if !planned || a.status == 0 {
+	switch {
+	case planned && a.hang:
+		io.Copy(io.Discard, r.Body) // then the server notices the client leaving
+		<-r.Context().Done()
+		return
+	case planned && a.delay > 0:
+		rec := httptest.NewRecorder()
+		p.next.ServeHTTP(rec, r)
+		time.Sleep(a.delay)
+		maps.Copy(w.Header(), rec.Header())
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
+		return
+	case !planned || a.status == 0:
 		p.next.ServeHTTP(w, r)
 		return
 	}
@@ -141,6 +159,12 @@ func newK1World(t *testing.T) *k1World {
 // through the proxy.
 func (w *k1World) daemon() (*Daemon, *logBuf) {
 	w.t.Helper()
+	return w.daemonWith(nil)
+}
+
+// daemonWith is daemon with mod applied to its Config.
+func (w *k1World) daemonWith(mod func(*Config)) (*Daemon, *logBuf) {
+	w.t.Helper()
 	dial := w.listener.Dial
 	logs := &logBuf{}
 	cfg := Config{
@@ -153,6 +177,9 @@ func (w *k1World) daemon() (*Daemon, *logBuf) {
 		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}
 	cfg.RenewHTTP.DialContext = dial
+	if mod != nil {
+		mod(&cfg)
+	}
 	d, err := New(cfg)
 	if err != nil {
 		w.t.Fatal(err)
