@@ -24,7 +24,9 @@ const LegacyStateDir = ".runnerd"
 // stateDir has one already, nothing changes. A backend calls it before it
 // starts a supervisor over stateDir for a workspace an older release may
 // have served. It reports whether it moved anything. Only a regular file
-// holding one number is taken; the legacy file is then removed (best
+// holding one number, in a real directory, is taken; anything else there
+// is an error, as a corrupt state file is to the supervisor (the sandbox is
+// not used until an operator looks). The legacy file is then removed (best
 // effort: what is left there is never read again).
 func AdoptLegacyState(workspace, stateDir string) (bool, error) {
 	target := filepath.Join(stateDir, NativeTurnFile)
@@ -33,8 +35,14 @@ func AdoptLegacyState(workspace, stateDir string) (bool, error) {
 	}
 	// The agent could write both components: follow no symlink (a backend
 	// may read a container's workspace from the host).
-	if di, err := os.Lstat(filepath.Join(workspace, LegacyStateDir)); errors.Is(err, fs.ErrNotExist) || err == nil && !di.IsDir() {
+	di, err := os.Lstat(filepath.Join(workspace, LegacyStateDir))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("adopt legacy state: %w", err)
+	case !di.IsDir():
+		return false, fmt.Errorf("adopt legacy state: %s is not a directory", LegacyStateDir)
 	}
 	legacy := filepath.Join(workspace, LegacyStateDir, NativeTurnFile)
 	fi, err := os.Lstat(legacy)

@@ -125,8 +125,9 @@ func hasStateMount(info container.InspectResponse) bool {
 	return false
 }
 
-// isRoot reports whether a container user spec names root (or nobody,
-// which the engine takes for root).
+// isRoot reports whether a container user spec names root, or is empty,
+// which the engine takes for root. A name that the image's /etc/passwd maps
+// to uid 0 is not caught here: the supervisor refuses it as --agent-user.
 func isRoot(spec string) bool {
 	u, _, _ := strings.Cut(spec, ":")
 	return u == "" || u == "0" || u == "root"

@@ -194,3 +194,45 @@ func hostStateFile(t *testing.T, cfg docker.Config) string {
 	}
 	return strings.TrimSpace(string(b))
 }
+
+// What an agent of this release writes where the previous release kept
+// the boundary is never taken for one: a new container's supervisor writes
+// its state at once, so a container made anew over the volume adopts
+// nothing — even when no turn had ended yet.
+func TestDockerAgentWrittenLegacyFileIsNeverAdopted(t *testing.T) {
+	b, _, ctx, spec, sb := ensured(t, nil, imgTestAgent)
+	info, err := env.engine.ContainerInspect(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vol string
+	for _, m := range info.Mounts {
+		if m.Destination == docker.DefaultWorkspace {
+			vol = m.Name
+		}
+	}
+	v, err := env.engine.VolumeInspect(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := filepath.Join(v.Mountpoint, ".runnerd", "native_turn")
+	if err := os.MkdirAll(filepath.Dir(legacy), 0o755); err != nil {
+		t.Skipf("the workspace volume is not reachable from the test: %v", err)
+	}
+	if err := os.WriteFile(legacy, []byte("999\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.ContainerRemove(ctx, sb.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb2.ID == sb.ID {
+		t.Fatal("no new container over the volume")
+	}
+	if st, err := sb2.Client().Status(ctx); err != nil || st.NativeTurn != 0 {
+		t.Fatalf("status of the new container %+v, %v; want native turn 0, not the agent's 999", st, err)
+	}
+}

@@ -112,9 +112,6 @@ func TestPreviousLayoutIsMigrated(t *testing.T) {
 		t.Fatal(err)
 	}
 	oldPID := killSupervisor(t, (&sandbox.Sandbox{Socket: b.SocketPath("conv-old")}).Client())
-	if err := os.RemoveAll(b.StateDir("conv-old")); err != nil {
-		t.Fatal(err)
-	}
 	legacy := filepath.Join(b.Workspace("conv-old"), ".runnerd", "native_turn")
 	if err := os.MkdirAll(filepath.Dir(legacy), 0o700); err != nil {
 		t.Fatal(err)
@@ -143,6 +140,11 @@ func TestPreviousLayoutIsMigrated(t *testing.T) {
 	_, _ = io.ReadFull(pr, buf)
 	pr.Close()
 	t.Cleanup(func() { _ = old.Process.Kill(); _ = old.Wait() })
+	// This release's code stands in for the previous release's, which kept
+	// no state beside the workspace: remove what it wrote there.
+	if err := os.RemoveAll(b.StateDir("conv-old")); err != nil {
+		t.Fatal(err)
+	}
 	if err := writeFileAtomic(filepath.Join(b.Dir("conv-old"), "supervisor.pid"), []byte(strconv.Itoa(old.Process.Pid)+"\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -166,5 +168,35 @@ func TestPreviousLayoutIsMigrated(t *testing.T) {
 	}
 	if act, _ := turn(t, sb.Client(), "after the upgrade"); act.NativeTurn != 7 {
 		t.Fatalf("the turn after the migration resumed from %d, want 7", act.NativeTurn)
+	}
+}
+
+// What an agent of this release writes where the previous release kept
+// the boundary is never taken for one: a new sandbox's supervisor writes
+// its state at once, so a later start adopts nothing — even when the agent
+// wrote there before any turn ended.
+func TestAgentWrittenLegacyFileIsNeverAdopted(t *testing.T) {
+	state := t.TempDir()
+	ctx := context.Background()
+	b := newBackend(t, state)
+	cleanup(t, b, "conv-new")
+	sb, err := b.Ensure(ctx, spec("conv-new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	killSupervisor(t, sb.Client())
+	legacy := filepath.Join(b.Workspace("conv-new"), ".runnerd", "native_turn")
+	if err := os.MkdirAll(filepath.Dir(legacy), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(legacy, []byte("999\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sb2, err := newBackend(t, state).Ensure(ctx, spec("conv-new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := sb2.Client().Status(ctx); err != nil || st.NativeTurn != 0 {
+		t.Fatalf("status after the restart %+v, %v; want native turn 0, not the agent's 999", st, err)
 	}
 }

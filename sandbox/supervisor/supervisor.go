@@ -173,6 +173,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
 		return err
 	}
+	// Written at once, 0 for a new session: a state directory of this
+	// release always holds the file, so a backend never takes what an agent
+	// wrote to the previous release's place for a boundary to adopt.
+	if err := storeNativeTurn(cfg.StateDir, s.nativeTurn); err != nil {
+		return fmt.Errorf("supervisor: write native turn: %w", err)
+	}
 	var (
 		wg    sync.WaitGroup
 		cmu   sync.Mutex
