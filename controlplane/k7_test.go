@@ -61,7 +61,7 @@ func TestK7PoisonJobDoesNotDelayHealthyTurns(t *testing.T) {
 			}
 		}
 		var j wire.Job
-		if _, err := b.wc.Do(ctx, "GET", "/v1/jobs/"+poison.ID, "", nil, &j); err != nil {
+		if _, err := b.wc.Do(ctx, "GET", "/v1/jobs/"+poison.ID, b.userToken, nil, &j); err != nil {
 			t.Fatal(err)
 		}
 		if j.State != wire.JobFailed || j.ReleaseCount != maxReleases+1 || j.ReleaseClass != class || !strings.Contains(j.Reason, class) {
