@@ -100,6 +100,11 @@ const (
 	// child died with it. Never admitted: the job is queued again and the
 	// attempt is not counted (P6). Admitted: the conversation becomes LOST.
 	OutcomeWorkerLost = "worker_lost"
+	// OutcomeReportMissing is never reported by a runner: the control
+	// plane ends a job with it when the turn's settlement was recorded but
+	// its finish never arrived (K2). The job succeeded at the recorded
+	// boundary; only the runner's final report is missing.
+	OutcomeReportMissing = "report_missing"
 )
 
 // ---- user API ----

@@ -98,6 +98,9 @@ type ReapResult struct {
 	Requeued            int
 	ConversationsLost   int
 	FailedWorkerLostCap int
+	// ReportsMissing counts settled turns whose finish never arrived,
+	// ended as succeeded with outcome report_missing (K2).
+	ReportsMissing int
 }
 
 // ReclaimParams are the inputs of ReclaimDetail.
@@ -210,7 +213,10 @@ type Store interface {
 
 	// Reap supersedes attempts whose lease expired before Now-Grace with an
 	// attempt_superseded event: never admitted → requeued, counted as
-	// worker lost (P6); admitted → conversation LOST (R30, R35).
+	// worker lost (P6); admitted and not settled → conversation LOST (R30,
+	// R35), counted as worker lost, not as an attempt (P6); settled → the
+	// job succeeded with outcome report_missing and the conversation stays
+	// usable at the recorded boundary (K2).
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)
 	// ReclaimDetail reclaims the bulky detail of jobs that ended before
 	// p.Before (P8): the prompt, the worker token hashes of their attempts,

@@ -94,6 +94,17 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 			if req.Outcome == wire.OutcomeCancelled {
 				state, reason = wire.JobCancelled, reasonCancelled
 			}
+			if req.Outcome == wire.OutcomeWorkerLost && !settled.Valid {
+				// P6: the host died after admission; the counts say so,
+				// and it is not an attempt.
+				if _, err := s.exec(ctx, tx, `UPDATE attempts SET state = 'worker_lost', counts_as_attempt = 0 WHERE id = ?`, ref.AttemptID); err != nil {
+					return err
+				}
+				if _, err := s.exec(ctx, tx, `UPDATE jobs SET worker_lost_count = worker_lost_count + 1, attempt_count = attempt_count - 1
+					WHERE id = ?`, jobID); err != nil {
+					return err
+				}
+			}
 			switch {
 			case (admitted.Valid && !settled.Valid) || req.Ambiguous:
 				// R30: the prompt may have reached the agent, or an

@@ -60,6 +60,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		total.Requeued += res.Requeued
 		total.ConversationsLost += res.ConversationsLost
 		total.FailedWorkerLostCap += res.FailedWorkerLostCap
+		total.ReportsMissing += res.ReportsMissing
 		if picked < n {
 			break
 		}
@@ -70,12 +71,15 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, maxLost int, now time.Time, res *store.ReapResult) error {
 	var jobID, owner string
 	var gen, exp int64
-	var admitted sql.NullInt64
+	var admitted, settled sql.NullInt64
+	// P6: a host lost before settlement is not an attempt of the job; a
+	// settled turn completed (K2) and counts.
 	err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'superseded', ended_at = ?,
-		counts_as_attempt = CASE WHEN admitted_at IS NULL THEN 0 ELSE counts_as_attempt END
+		counts_as_attempt = CASE WHEN settled_at IS NULL THEN 0 ELSE counts_as_attempt END,
+		outcome = CASE WHEN settled_at IS NULL THEN outcome ELSE ? END
 		WHERE id = ? AND state = 'running' AND lease_expires_at < ?
-		RETURNING job_id, generation, lease_owner, lease_expires_at, admitted_at`), ns(now), id, cutoff).Scan(
-		&jobID, &gen, &owner, &exp, &admitted)
+		RETURNING job_id, generation, lease_owner, lease_expires_at, admitted_at, settled_at`),
+		ns(now), wire.OutcomeReportMissing, id, cutoff).Scan(&jobID, &gen, &owner, &exp, &admitted, &settled)
 	if err == sql.ErrNoRows {
 		return nil // finished or renewed meanwhile
 	}
@@ -99,11 +103,24 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 		}
 		return err
 	}
-	// R30, R35: the prompt may have reached the agent; never replayed.
 	var conv string
 	if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), jobID).Scan(&conv); err != nil {
 		return err
 	}
+	if settled.Valid {
+		// K2: the settlement is recorded, so the turn completed for its
+		// conversation at that boundary; only the runner's final report
+		// went missing. The conversation stays usable and its next turn
+		// runs from the recorded boundary.
+		res.ReportsMissing++
+		return s.endJob(ctx, tx, jobID, conv, wire.JobSucceeded, wire.OutcomeReportMissing, reasonReportMissing, now)
+	}
+	// P6: the host was lost, which the counts say; it is not an attempt.
+	if _, err := s.exec(ctx, tx, `UPDATE jobs SET worker_lost_count = worker_lost_count + 1, attempt_count = attempt_count - 1
+		WHERE id = ?`, jobID); err != nil {
+		return err
+	}
+	// R30, R35: the prompt may have reached the agent; never replayed.
 	if err := s.loseConversation(ctx, tx, conv, reasonLostHostSilent, now); err != nil {
 		return err
 	}

@@ -24,7 +24,9 @@ const (
 	reasonCancelled       = "Cancelled."
 	reasonFailed          = "The reply failed."
 	reasonNotStarted      = "The reply could not be started."
-	reasonWorkerLostCap   = "This message could not be answered: the computers that tried to run it stopped responding %d times."
+	// K2: the turn settled, its host never sent the final report.
+	reasonReportMissing = "The reply was completed and saved, but the computer that ran it stopped before confirming it. The conversation continues from this reply."
+	reasonWorkerLostCap = "This message could not be answered: the computers that tried to run it stopped responding %d times."
 	// K7: the count and the last release's class (e.g. declined:agent_missing).
 	reasonReleaseCap = "This message could not be started: the computers that tried could not launch it %d times (last: %s)."
 )
