@@ -50,6 +50,8 @@ var tests = []test{
 	{"P4_ResumeAfterAbsenceGivesFullLease", testP4ResumeAfterAbsence},
 	{"P6_WorkerLostNotCountedAndCapped", testP6WorkerLostNotCounted},
 	{"P7_Cancel", testP7Cancel},
+	{"K2_SettledFinishLostKeepsConversation", testK2SettledFinishLostKeepsConversation},
+	{"P6_AdmittedHostLossCounted", testP6AdmittedHostLossCounted},
 	{"K3_AbsenceDecidedInTheGuard", testK3AbsenceDecidedInTheGuard},
 	{"K3_RenewalsRaceTheResume", testK3RenewalsRaceTheResume},
 	{"K3_AbsenceRecordNeverMovesBack", testK3AbsenceRecordNeverMovesBack},
