@@ -6,7 +6,6 @@ import (
 	_ "github.com/cenkalti/backoff/v4"
 	_ "github.com/coreos/go-systemd/v22/daemon"
 	_ "github.com/docker/docker/client"
-	_ "github.com/hashicorp/go-retryablehttp"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	_ "github.com/prometheus/client_golang/prometheus"
 	_ "go.uber.org/goleak"
