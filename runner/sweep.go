@@ -132,7 +132,7 @@ func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationSta
 			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSweepOff,
 				slog.String(keyDecision, "control_plane_unsupported"), slog.Int(diagnostics.KeyStatus, status))
 		}
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
+	case wire.Classify(err) == wire.CredentialRefused: // 401, 403 (404 is above)
 		d.refuseHost(opSweep, status)
 	case !s.failing:
 		s.failing = true
