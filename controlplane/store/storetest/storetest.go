@@ -73,6 +73,7 @@ var tests = []test{
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
 	{"Race_ReaperVsLateFinish", testRaceReaperVsLateFinish},
+	{"Race_EventsFollowerSeesEveryEventOnce", testRaceEventsFollowerSeesEveryEventOnce},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 }
 
