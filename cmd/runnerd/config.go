@@ -14,6 +14,7 @@ import (
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
 )
 
 // envPrefix makes a flag's environment name: --renew-interval is
@@ -52,6 +53,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		interval, timeout, retry       time.Duration
 		dockerCPUs                     float64
 		dockerPids, dockerMemory       int64
+		dockerLogBytes                 int64
+		dockerLogFiles                 int
 		receiptTimeout, receiptRetry   time.Duration
 		launchBackoff, launchBackoffMx time.Duration
 		sandboxSweep                   time.Duration
@@ -90,6 +93,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.Int64Var(&dockerPids, "docker-pids", 256, "docker backend: process limit per container (negative: none)")
 	fs.Int64Var(&dockerMemory, "docker-memory", 2<<30, "docker backend: memory limit in bytes (negative: none)")
 	fs.Float64Var(&dockerCPUs, "docker-cpus", 1, "docker backend: CPUs per container (negative: none)")
+	fs.Int64Var(&dockerLogBytes, "docker-log-max-size", docker.DefaultLogMaxBytes, "docker backend: bytes per container log file, json-file driver (negative: the engine's own log configuration)")
+	fs.IntVar(&dockerLogFiles, "docker-log-max-files", docker.DefaultLogMaxFiles, "docker backend: container log files kept")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 
 	if err := fs.Parse(args); err != nil {
@@ -183,6 +188,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("--claim-backoff-max %v is shorter than --claim-backoff %v", c.ClaimBackoffMax, c.ClaimBackoff)
 	case c.Sandbox != sandbox.BackendProcess && c.Sandbox != sandbox.BackendDocker:
 		return o, fmt.Errorf("--sandbox %q: want process or docker", c.Sandbox)
+	case dockerLogBytes == 0:
+		return o, errors.New("--docker-log-max-size 0: want a size in bytes (negative: the engine's own log configuration)")
+	case dockerLogFiles < 1:
+		return o, fmt.Errorf("--docker-log-max-files %d: must be at least 1", dockerLogFiles)
 	case o.logFormat != "json" && o.logFormat != "text":
 		return o, fmt.Errorf("--log-format %q: want json or text", o.logFormat)
 	}
@@ -202,6 +211,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		PidsLimit:   dockerPids,
 		MemoryBytes: dockerMemory,
 		NanoCPUs:    int64(dockerCPUs * 1e9),
+		LogMaxBytes: dockerLogBytes,
+		LogMaxFiles: dockerLogFiles,
 	}
 	if dockerCPUs < 0 {
 		c.Docker.NanoCPUs = -1

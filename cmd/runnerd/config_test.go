@@ -38,7 +38,7 @@ func TestConfigPrecedence(t *testing.T) {
 				c.DrainTimeout != runner.DefaultDrainTimeout || c.StateDir != "/var/lib/runnerd" || o.logFormat != "json" ||
 				o.tokenFile != "/etc/runnerd/host-token" || c.ControlPlaneURL != "http://127.0.0.1:8080" || o.metricsListen != "" ||
 				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 ||
-				c.SandboxSweep != time.Minute {
+				c.SandboxSweep != time.Minute || c.Docker.LogMaxBytes != 10<<20 || c.Docker.LogMaxFiles != 3 {
 				t.Fatalf("defaults %+v", o)
 			}
 		}},
@@ -48,6 +48,12 @@ func TestConfigPrecedence(t *testing.T) {
 				if o.cfg.Capacity != 5 || o.cfg.Sandbox != "docker" || o.cfg.Timings.Interval != 20*time.Second ||
 					o.logFormat != "text" || o.cfg.Docker.NanoCPUs != 5e8 || o.metricsListen != ":9464" || o.cfg.HostName != "h1" {
 					t.Fatalf("%+v", o)
+				}
+			}},
+		{"container log caps from the environment", nil, env("RUNNERD_DOCKER_LOG_MAX_SIZE", "1048576", "RUNNERD_DOCKER_LOG_MAX_FILES", "5"),
+			func(t *testing.T, o options) {
+				if o.cfg.Docker.LogMaxBytes != 1<<20 || o.cfg.Docker.LogMaxFiles != 5 {
+					t.Fatalf("log caps %d x %d", o.cfg.Docker.LogMaxBytes, o.cfg.Docker.LogMaxFiles)
 				}
 			}},
 		{"flag over environment", []string{"--capacity=7", "--sandbox", "process", "--renew-interval=25s", "--host-name", "h2"},
@@ -131,6 +137,8 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"bad flag value", []string{"--drain-timeout=soon"}, env(), `invalid value "soon" for flag -drain-timeout`},
 		{"unknown flag", []string{"--capacty=2"}, env(), "flag provided but not defined: -capacty"},
 		{"capacity zero", []string{"--capacity=0"}, env(), "--capacity 0: must be at least 1"},
+		{"zero container log size", []string{"--docker-log-max-size=0"}, env(), "--docker-log-max-size 0: want a size in bytes"},
+		{"no container log files", nil, env("RUNNERD_DOCKER_LOG_MAX_FILES", "0"), "--docker-log-max-files 0: must be at least 1"},
 		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, env(), "--sandbox-sweep -1s: must not be negative"},
 		{"bad sandbox", nil, env("RUNNERD_SANDBOX", "vm"), `--sandbox "vm": want process or docker`},
 		{"bad log format", []string{"--log-format=xml"}, env(), `--log-format "xml": want json or text`},

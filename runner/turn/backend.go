@@ -28,6 +28,8 @@ func OpenBackend(s Sandbox) (sandbox.Backend, error) {
 			PidsLimit:   s.Docker.PidsLimit,
 			MemoryBytes: s.Docker.MemoryBytes,
 			NanoCPUs:    s.Docker.NanoCPUs,
+			LogMaxBytes: s.Docker.LogMaxBytes,
+			LogMaxFiles: s.Docker.LogMaxFiles,
 		})
 	default:
 		return nil, fmt.Errorf("unknown sandbox backend %q (want process or docker)", s.Backend)

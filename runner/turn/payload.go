@@ -47,6 +47,8 @@ type DockerOptions struct {
 	PidsLimit   int64  `json:"pids_limit,omitempty"`
 	MemoryBytes int64  `json:"memory_bytes,omitempty"`
 	NanoCPUs    int64  `json:"nano_cpus,omitempty"`
+	LogMaxBytes int64  `json:"log_max_bytes,omitempty"`
+	LogMaxFiles int    `json:"log_max_files,omitempty"`
 }
 
 // Progress is the body of a PROGRESS frame: what the turn has established so

@@ -22,6 +22,11 @@ const (
 	DefaultProbeTimeout = 5 * time.Second
 	DefaultStopTimeout  = 10 * time.Second
 	DefaultWorkspace    = "/workspace"
+	// A container's log is capped: the engine's default json-file driver
+	// keeps everything a supervisor ever printed.
+	DefaultLogDriver   = "json-file"
+	DefaultLogMaxBytes = 10 << 20 // per file
+	DefaultLogMaxFiles = 3
 )
 
 // Paths inside the container. The runnerd binary and the socket directory
@@ -89,6 +94,15 @@ type Config struct {
 	NoInit bool
 	// Workspace is the workspace volume's mount point (default /workspace).
 	Workspace string
+	// LogMaxBytes caps one file of the container's log (default 10 MiB) and
+	// LogMaxFiles the number of files kept (default 3): the container
+	// logs with the json-file driver, rotated at that size, so one
+	// container's log never holds more than their product. A negative
+	// LogMaxBytes leaves the container's log to the engine's own default
+	// (daemon.json's log-driver and log-opts), unbounded unless the
+	// operator configured it there.
+	LogMaxBytes int64
+	LogMaxFiles int
 
 	// StartTimeout bounds starting a container until its supervisor
 	// answers (default 15 s).
@@ -141,6 +155,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Workspace == "" {
 		c.Workspace = DefaultWorkspace
+	}
+	if c.LogMaxBytes == 0 {
+		c.LogMaxBytes = DefaultLogMaxBytes
+	}
+	if c.LogMaxFiles == 0 {
+		c.LogMaxFiles = DefaultLogMaxFiles
+	}
+	if c.LogMaxBytes > 0 && c.LogMaxFiles < 1 {
+		return c, fmt.Errorf("docker backend config: LogMaxFiles %d: want at least 1", c.LogMaxFiles)
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = DefaultStartTimeout

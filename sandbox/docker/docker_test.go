@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -477,6 +478,57 @@ func TestDockerSecurityOverrides(t *testing.T) {
 		t.Fatalf("overrides not applied: network %s pids %v memory %d cpus %d secopt %v capadd %v ro %v agent user %q",
 			hc.NetworkMode, *hc.PidsLimit, hc.Memory, hc.NanoCPUs, hc.SecurityOpt, hc.CapAdd, hc.ReadonlyRootfs, agentUser)
 	}
+}
+
+// A container's log is capped by default (json-file, rotated at 10 MiB, three
+// files), the caps are Config fields, and a negative size leaves the log to
+// the engine's own configuration — as the engine reports each container.
+func TestDockerContainerLogCapped(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*docker.Config)
+		want   container.LogConfig
+	}{
+		{"default", nil, container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "10485760", "max-file": "3"}}},
+		{"configured", func(c *docker.Config) { c.LogMaxBytes, c.LogMaxFiles = 1<<20, 5 },
+			container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1048576", "max-file": "5"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, _ := newBackend(t, tt.modify)
+			ctx := testCtx(t)
+			sb, err := b.Ensure(ctx, newSpec(imgTestAgent))
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := env.engine.ContainerInspect(ctx, sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := info.HostConfig.LogConfig; got.Type != tt.want.Type || !maps.Equal(got.Config, tt.want.Config) {
+				t.Fatalf("LogConfig %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+	t.Run("engine default", func(t *testing.T) {
+		b, _ := newBackend(t, func(c *docker.Config) { c.LogMaxBytes = -1 })
+		ctx := testCtx(t)
+		sb, err := b.Ensure(ctx, newSpec(imgTestAgent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := env.engine.ContainerInspect(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		engine, err := env.engine.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := info.HostConfig.LogConfig; got.Type != engine.LoggingDriver || got.Config["max-size"] == "10485760" {
+			t.Fatalf("LogConfig %+v, want the engine's default driver %q , not our cap", got, engine.LoggingDriver)
+		}
+	})
 }
 
 type recorder struct {

@@ -327,6 +327,12 @@ func (b *Backend) containerSpec(conversationID, image, volumeName, instance, age
 	if cfg.NanoCPUs > 0 {
 		hc.NanoCPUs = cfg.NanoCPUs
 	}
+	if cfg.LogMaxBytes > 0 {
+		hc.LogConfig = container.LogConfig{Type: DefaultLogDriver, Config: map[string]string{
+			"max-size": strconv.FormatInt(cfg.LogMaxBytes, 10),
+			"max-file": strconv.Itoa(cfg.LogMaxFiles),
+		}}
+	}
 	return cc, hc
 }
 
