@@ -3,7 +3,6 @@ module github.com/runnerd/runnerd
 go 1.26.0
 
 require (
-	github.com/cenkalti/backoff/v4 v4.3.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/docker/docker v28.5.2+incompatible
 	github.com/jackc/pgx/v5 v5.12.0

@@ -6,9 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -26,13 +25,9 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	defer context.AfterFunc(d.drainCtx, cancel)()
 	stop := claimCtx.Done()
 
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(d.cfg.ClaimBackoff),
-		backoff.WithMaxInterval(d.cfg.ClaimBackoffMax),
-		backoff.WithMaxElapsedTime(0),
-		backoff.WithRandomizationFactor(d.cfg.Jitter),
-		backoff.WithMultiplier(2),
-	)
+	// Failed claims pause under this schedule, never giving up.
+	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
+	failures := 0
 	failing := false
 	idle := func() bool {
 		d.health.expect(loopClaim, idleCheck+healthSlack)
@@ -81,7 +76,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		case err == nil:
 			d.claimDone(true)
 			failing = false
-			bo.Reset()
+			failures = 0
 			d.attempts.Add(1)
 			conv := claim.Turn.ConversationID
 			d.holdConversation(conv) // before the sweep can look again
@@ -101,7 +96,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 				failing = false
 				d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
 			}
-			bo.Reset()
+			failures = 0
 			// The long poll already waited; a short random pause keeps a
 			// fleet's polls apart.
 			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
@@ -116,7 +111,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 				failing = true
 				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
 			}
-			if !wait(bo.NextBackOff()) {
+			if failures++; !wait(jitter(claims.Pause(failures), d.cfg.Jitter)) {
 				return
 			}
 		}

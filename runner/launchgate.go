@@ -4,8 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
-
+	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -14,10 +13,11 @@ import (
 // exponentially; the first good launch resets it. The run of failures is
 // what host heartbeats report as launch_error.
 type launchGate struct {
-	threshold int // failures in a row before claiming pauses
+	threshold int          // failures in a row before claiming pauses
+	pauses    retry.Policy // the pause schedule once past the threshold
+	jitter    float64
 
-	mu          sync.Mutex
-	bo          *backoff.ExponentialBackOff
+	mu          sync.Mutex // guards the fields below
 	consecutive int
 	class       string
 	since       time.Time
@@ -25,14 +25,9 @@ type launchGate struct {
 }
 
 func newLaunchGate(threshold int, initial, max time.Duration, jitter float64) *launchGate {
-	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(initial),
-		backoff.WithMaxInterval(max),
-		backoff.WithMaxElapsedTime(0), // never give up: a host keeps trying
-		backoff.WithRandomizationFactor(jitter),
-		backoff.WithMultiplier(2),
-	)
-	return &launchGate{threshold: threshold, bo: bo}
+	// Never gives up: a host keeps trying.
+	return &launchGate{threshold: threshold, jitter: jitter,
+		pauses: retry.Policy{Name: "launch", Wait: initial, MaxWait: max}}
 }
 
 // failure records a launch failure of the given class and returns how long
@@ -42,14 +37,13 @@ func (g *launchGate) failure(class string, now time.Time) time.Duration {
 	defer g.mu.Unlock()
 	if g.consecutive == 0 {
 		g.since = now
-		g.bo.Reset()
 	}
 	g.consecutive++
 	g.class = class
 	if g.consecutive < g.threshold {
 		return 0
 	}
-	d := g.bo.NextBackOff()
+	d := jitter(g.pauses.Pause(g.consecutive-g.threshold+1), g.jitter)
 	g.pausedUntil = now.Add(d)
 	return d
 }

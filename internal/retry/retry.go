@@ -56,7 +56,6 @@ func (p Policy) Retries(c wire.RetryClass) bool { return slices.Contains(p.Retry
 // try's error, as try returned it. observe, when not nil, sees every
 // failed try before the pause that follows it.
 func (p Policy) Do(ctx context.Context, try func(context.Context) error, observe func(Failure)) error {
-	wait := p.Wait
 	for n := 1; ; n++ {
 		err := p.once(ctx, try)
 		if err == nil {
@@ -70,7 +69,7 @@ func (p Policy) Do(ctx context.Context, try func(context.Context) error, observe
 		f := Failure{Try: n, Err: err, Class: wire.Classify(err)}
 		last := final || ctx.Err() != nil || !p.Retries(f.Class) || (p.Tries > 0 && n >= p.Tries)
 		if !last {
-			f.Next = max(wait, retryAfter(err))
+			f.Next = max(p.Pause(n), retryAfter(err))
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= f.Next {
 				last, f.Next = true, 0
 			}
@@ -81,10 +80,18 @@ func (p Policy) Do(ctx context.Context, try func(context.Context) error, observe
 		if last || !sleep(ctx, f.Next) {
 			return err
 		}
-		if p.MaxWait > wait {
-			wait = min(wait*2, p.MaxWait)
-		}
 	}
+}
+
+// Pause is the policy's pause after the n-th failure in a row (n >= 1):
+// Wait, doubling with each further failure up to MaxWait. Do pauses so;
+// a loop that runs on its own (a claim poll, the launch gate) uses it too.
+func (p Policy) Pause(n int) time.Duration {
+	d := p.Wait
+	for i := 1; i < n && d < p.MaxWait; i++ {
+		d = min(d*2, p.MaxWait)
+	}
+	return d
 }
 
 func (p Policy) once(ctx context.Context, try func(context.Context) error) error {

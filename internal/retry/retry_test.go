@@ -93,3 +93,26 @@ func TestDoBoundsEachTry(t *testing.T) {
 		}
 	})
 }
+
+// TestPause: the schedule Do follows and the claim loop and launch gate
+// share: Wait, doubling to MaxWait; without a larger MaxWait, constant.
+func TestPause(t *testing.T) {
+	tests := []struct {
+		name   string
+		policy retry.Policy
+		want   []time.Duration // after 1, 2, 3, … failures
+	}{
+		{"doubling to the cap", retry.Policy{Wait: time.Second, MaxWait: 5 * s}, []time.Duration{s, 2 * s, 4 * s, 5 * s, 5 * s}},
+		{"constant", retry.Policy{Wait: 5 * s}, []time.Duration{5 * s, 5 * s, 5 * s}},
+		{"cap below the first pause", retry.Policy{Wait: 5 * s, MaxWait: s}, []time.Duration{5 * s, 5 * s}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for i, want := range tt.want {
+				if got := tt.policy.Pause(i + 1); got != want {
+					t.Errorf("Pause(%d) = %v, want %v", i+1, got, want)
+				}
+			}
+		})
+	}
+}

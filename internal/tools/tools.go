@@ -3,7 +3,6 @@
 package tools
 
 import (
-	_ "github.com/cenkalti/backoff/v4"
 	_ "github.com/coreos/go-systemd/v22/daemon"
 	_ "github.com/docker/docker/client"
 	_ "github.com/jackc/pgx/v5/stdlib"
