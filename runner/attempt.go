@@ -151,10 +151,9 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}
 	// 2. The claim record, 3. the renewer.
 	d.rec.AttemptClaimed(context.Background(), a.id, claim.LeaseGeneration, d.workerID, d.cfg.HostName)
-	d.m.LeasesHeld.Inc()
-	defer d.m.LeasesHeld.Dec()
 	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log},
 		heartbeat.AttemptFromClaim(claim, sent))
+	defer d.m.holdLease(a.renewer.Deadline)()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 
 	// The watcher turns the renewer's news and the daemon's stops into one
@@ -183,9 +182,9 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	a.turn = t
 	a.mu.Unlock()
 	d.gate.success()
-	d.m.ClaimToAccept.Observe(time.Since(sent).Seconds())
+	d.m.ClaimToAccept.Observe(time.Since(a.claimedAt).Seconds()) // from the answer, not the long poll's start
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
-		slog.Int64("since_claim_ms", time.Since(sent).Milliseconds()))
+		slog.Int64("since_claim_ms", time.Since(a.claimedAt).Milliseconds()))
 
 	// 5. Accepted: the turn runs until its RESULT or its end.
 	ended := t.Wait()
@@ -323,7 +322,7 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 // launchFailed counts a launch failure and pauses claiming past the threshold.
 func (d *Daemon) launchFailed(id diagnostics.Attempt, outcome, class string) {
 	pause := d.gate.failure(class, time.Now())
-	d.m.LaunchFailures.WithLabelValues(class).Inc()
+	d.m.launchFailed(outcome, class)
 	le := d.gate.report()
 	n := 0
 	if le != nil {

@@ -104,9 +104,11 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			}
 		case wire.Classify(err) == wire.CredentialRefused:
 			d.claimDone(false)
+			d.m.claimFailed(err)
 			d.refuseHost("claim", status)
 		default:
 			d.claimDone(false)
+			d.m.claimFailed(err)
 			if !failing {
 				failing = true
 				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)

@@ -72,6 +72,7 @@ func New(cfg Config) (*Daemon, error) {
 		turnConvs: map[string]int{},
 	}
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
+	cfg.Metrics.daemon.CompareAndSwap(nil, d) // the first daemon of these metrics shows its state
 	return d, nil
 }
 

@@ -123,8 +123,9 @@ func TestTurnResultIsReported(t *testing.T) {
 		t.Errorf("runnerd_turns_total{outcome=failed} = %v", got)
 	}
 	waitFor(t, "runnerd_leases_held back to 0", 5*time.Second, func() bool {
-		var held dto.Metric
-		return m.LeasesHeld.Write(&held) == nil && held.GetGauge().GetValue() == 0
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return len(m.leases) == 0
 	})
 	if got := h.GetHistogram().GetSampleCount(); got != 1 {
 		t.Errorf("claim-to-accept samples = %d", got)

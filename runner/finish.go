@@ -50,7 +50,7 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Repor
 	resp, err := a.reporter.Send(runCtx, rep)
 	switch {
 	case err == nil:
-		d.m.Turns.WithLabelValues(outcome).Inc()
+		d.m.turnEnded(outcome, a.claimedAt)
 		if rep.Release != nil && resp.JobState == wire.JobQueued {
 			d.logAttempt(slog.LevelInfo, MsgTurnReleased, a.id, slog.String(diagnostics.KeyClass, rep.Release.Class))
 		}
@@ -65,14 +65,14 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Repor
 	case errors.Is(err, settlement.ErrLeaseRejected) && expiredLocally(a.renewer):
 		// No answer for a whole lease is no verdict: the next start asks
 		// the control plane whether the lease is still ours (P4).
-		d.m.Turns.WithLabelValues("lease_lost").Inc()
+		d.m.turnEnded("lease_lost", a.claimedAt)
 		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
 	case errors.Is(err, settlement.ErrLeaseRejected):
 		d.forget(a, "lease_lost")
 	default:
 		// A refusal no retry changes (a 400): a bug of ours. Say so loudly
 		// and keep the report for a person; the reaper decides the job.
-		d.m.Turns.WithLabelValues("refused").Inc()
+		d.m.turnEnded("refused", a.claimedAt)
 		d.logErrClass(slog.LevelError, MsgReportRefused, a.id, rep.Op(), err)
 	}
 }
@@ -92,7 +92,7 @@ func expiredLocally(r *heartbeat.Renewer) bool {
 // or no longer ours. why labels the turns metric when nothing was reported.
 func (d *Daemon) forget(a *attempt, why string) {
 	if why != "" {
-		d.m.Turns.WithLabelValues(why).Inc()
+		d.m.turnEnded(why, a.claimedAt)
 	}
 	if err := d.state.remove(a.claim.AttemptID); err != nil {
 		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "forget", err)

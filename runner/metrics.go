@@ -1,60 +1,196 @@
 package runner
 
 import (
+	"math"
 	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/handover"
 )
 
 // Metrics are the daemon's Prometheus series. NewMetrics registers them on
 // the registry the caller owns (cmd serves it), so tests can use their own.
+// The gauges of the daemon's state (slots, leases, paused, draining) are
+// read at scrape time from the daemon New binds them to.
 type Metrics struct {
-	LeasesHeld     prometheus.Gauge
 	Renewals       *prometheus.CounterVec // by result class
-	LaunchFailures *prometheus.CounterVec // by class
+	RenewalLatency prometheus.Histogram   // send to answer of each renewal, whatever the answer
+	LaunchFailures *prometheus.CounterVec // by class, declines included
+	Declines       *prometheus.CounterVec // the child's DECLINE, by class
+	ClaimFailures  *prometheus.CounterVec // failed claim requests, by class
 	Turns          *prometheus.CounterVec // by outcome
-	ClaimToAccept  prometheus.Histogram
+	TurnDuration   *prometheus.HistogramVec
+	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
+
+	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
+
+	mu     sync.Mutex // guards leases and nextID
+	leases map[int]func() time.Time
+	nextID int
 }
+
+// Names of the series read at scrape time.
+const (
+	metricLeasesHeld     = "runnerd_leases_held"
+	metricLeaseMarginMin = "runnerd_lease_margin_min_seconds"
+	metricSlots          = "runnerd_slots"
+	metricSlotsBusy      = "runnerd_slots_busy"
+	metricClaimsPaused   = "runnerd_claims_paused"
+	metricDraining       = "runnerd_draining"
+)
+
+var (
+	descLeasesHeld = prometheus.NewDesc(metricLeasesHeld, "Attempt leases this daemon holds now.", nil, nil)
+	descMargin     = prometheus.NewDesc(metricLeaseMarginMin,
+		"Smallest time left, as the daemon counts it, before a lease it holds expires; absent when none is held.", nil, nil)
+	descSlots     = prometheus.NewDesc(metricSlots, "Turns this daemon may run at once (--capacity).", nil, nil)
+	descSlotsBusy = prometheus.NewDesc(metricSlotsBusy, "Slots taken now by running attempts and a claim in flight.", nil, nil)
+	descPaused    = prometheus.NewDesc(metricClaimsPaused,
+		"1 for the reason claiming is paused now, 0 for the others.", []string{"reason"}, nil)
+	descDraining = prometheus.NewDesc(metricDraining, "1 once a drain began.", nil, nil)
+)
 
 // NewMetrics creates the series and registers them on reg (nil: not registered).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		LeasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "runnerd_leases_held", Help: "Attempt leases this daemon holds now.",
-		}),
 		Renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_renewals_total", Help: "Lease renewals by result class.",
 		}, []string{"result"}),
+		RenewalLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "runnerd_renewal_latency_seconds",
+			Help:    "Time from sending a lease renewal to its answer or failure.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+		}),
 		LaunchFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "runnerd_launch_failures_total", Help: "Turn launches that failed before acceptance, by class.",
+			Name: "runnerd_launch_failures_total", Help: "Turn launches that failed before acceptance, by class (declines included).",
+		}, []string{"class"}),
+		Declines: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_declines_total", Help: "Turns the child declined before ACCEPT, by class.",
+		}, []string{"class"}),
+		ClaimFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_claim_failures_total", Help: "Claim requests that failed (not an empty long poll), by class.",
 		}, []string{"class"}),
 		Turns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_turns_total", Help: "Turns ended, by outcome.",
 		}, []string{"outcome"}),
+		TurnDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "runnerd_turn_duration_seconds",
+			Help:    "Time from the claim's answer to the turn's end (its report acknowledged, or it was let go), by outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16),
+		}, []string{"outcome"}),
 		ClaimToAccept: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "runnerd_claim_to_accept_seconds",
-			Help:    "Time from a claim to the child's ACCEPT.",
+			Help:    "Time from the claim's answer to the child's ACCEPT.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		leases: map[int]func() time.Time{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.LeasesHeld, m.Renewals, m.LaunchFailures, m.Turns, m.ClaimToAccept)
+		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
+			m.Turns, m.TurnDuration, m.ClaimToAccept, stateCollector{m})
 	}
 	return m
 }
 
+// holdLease counts a held lease whose expiry deadline reports, until the
+// returned func is called.
+func (m *Metrics) holdLease(deadline func() time.Time) (release func()) {
+	m.mu.Lock()
+	id := m.nextID
+	m.nextID++
+	m.leases[id] = deadline
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.leases, id)
+		m.mu.Unlock()
+	}
+}
+
+// turnEnded counts a turn's end and how long it was held since claimedAt.
+func (m *Metrics) turnEnded(outcome string, claimedAt time.Time) {
+	m.Turns.WithLabelValues(outcome).Inc()
+	if !claimedAt.IsZero() {
+		m.TurnDuration.WithLabelValues(outcome).Observe(time.Since(claimedAt).Seconds())
+	}
+}
+
+// launchFailed counts a launch failure, and a decline besides when it was one.
+func (m *Metrics) launchFailed(outcome, class string) {
+	m.LaunchFailures.WithLabelValues(class).Inc()
+	if outcome == handover.OutcomeDeclined.String() {
+		m.Declines.WithLabelValues(strings.TrimPrefix(class, "declined:")).Inc()
+	}
+}
+
+// claimFailed counts a failed claim request by its class.
+func (m *Metrics) claimFailed(err error) {
+	m.ClaimFailures.WithLabelValues(diagnostics.Class(err)).Inc()
+}
+
+// stateCollector reads the daemon's state at scrape time.
+type stateCollector struct{ m *Metrics }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLeasesHeld, descMargin, descSlots, descSlotsBusy, descPaused, descDraining} {
+		ch <- d
+	}
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	c.m.mu.Lock()
+	held := len(c.m.leases)
+	margin := math.Inf(1)
+	for _, deadline := range c.m.leases {
+		if dl := deadline(); !dl.IsZero() {
+			margin = math.Min(margin, dl.Sub(now).Seconds())
+		}
+	}
+	c.m.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descLeasesHeld, prometheus.GaugeValue, float64(held))
+	if !math.IsInf(margin, 1) {
+		ch <- prometheus.MustNewConstMetric(descMargin, prometheus.GaugeValue, margin)
+	}
+	d := c.m.daemon.Load()
+	if d == nil {
+		return
+	}
+	s := d.status(now)
+	ch <- prometheus.MustNewConstMetric(descSlots, prometheus.GaugeValue, float64(s.capacity))
+	ch <- prometheus.MustNewConstMetric(descSlotsBusy, prometheus.GaugeValue, float64(s.busy))
+	for _, r := range pauseReasons {
+		v := 0.0
+		if s.paused == r {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPaused, prometheus.GaugeValue, v, string(r))
+	}
+	v := 0.0
+	if s.draining {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descDraining, prometheus.GaugeValue, v)
+}
+
 // countRenewals counts renewal answers by result class ("ok", "http_409",
-// "timeout", …) as they happen: it wraps the renewal client's transport,
-// which carries nothing but renewals.
+// "timeout", …) and times them as they happen: it wraps the renewal
+// client's transport, which carries nothing but renewals.
 type countRenewals struct {
 	base http.RoundTripper
 	m    *Metrics
 }
 
 func (c countRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
+	start := time.Now()
 	resp, err := c.base.RoundTrip(r)
+	c.m.RenewalLatency.Observe(time.Since(start).Seconds())
 	switch {
 	case err != nil:
 		c.m.Renewals.WithLabelValues(diagnostics.Class(err)).Inc()

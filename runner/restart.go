@@ -84,7 +84,7 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	case ctx.Err() != nil:
 		return decide(decisionStopped)
 	case answer == leaseRejected:
-		d.m.Turns.WithLabelValues("lease_lost").Inc()
+		d.m.turnEnded("lease_lost", a.claimedAt)
 		if err := d.state.remove(c.AttemptID); err != nil {
 			d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "forget", err)
 		}
@@ -101,8 +101,7 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		WorkerToken: c.WorkerToken, LeaseTTL: ttl, ClaimSent: sent,
 	}
 	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log}, hbAttempt)
-	d.m.LeasesHeld.Inc()
-	defer d.m.LeasesHeld.Dec()
+	defer d.m.holdLease(a.renewer.Deadline)()
 	over := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {

@@ -1,0 +1,60 @@
+package runner
+
+import (
+	"fmt"
+	"time"
+)
+
+// pauseReason says why claiming is paused now; "" is not paused.
+type pauseReason string
+
+const (
+	pauseNone           pauseReason = ""
+	pauseLaunchFailures pauseReason = "launch_failures"    // R37's backoff after launches failed in a row
+	pauseHostRefused    pauseReason = "host_token_refused" // the control plane refused the host token
+)
+
+// pauseReasons are the reasons runnerd_claims_paused reports, in order.
+var pauseReasons = []pauseReason{pauseLaunchFailures, pauseHostRefused}
+
+// status is what the daemon is doing, as metrics and systemd's STATUS=
+// line tell it.
+type status struct {
+	capacity int
+	busy     int // slots taken: running attempts plus a claim in flight
+	running  int // attempts held
+	draining bool
+	paused   pauseReason
+}
+
+func (d *Daemon) status(now time.Time) status {
+	d.mu.Lock()
+	s := status{capacity: d.cfg.Capacity, busy: d.busy, running: d.busy}
+	if d.claiming {
+		s.running--
+	}
+	refused := d.hostRefused
+	d.mu.Unlock()
+	s.draining = d.draining()
+	switch {
+	case refused:
+		s.paused = pauseHostRefused
+	case d.gate.pause(now) > 0:
+		s.paused = pauseLaunchFailures
+	}
+	return s
+}
+
+// String is the STATUS= line: "running 3/4 turns", "draining 2 turns",
+// "claims paused: launch failures (1/4 turns)".
+func (s status) String() string {
+	switch {
+	case s.draining:
+		return fmt.Sprintf("draining %d turns", s.running)
+	case s.paused == pauseLaunchFailures:
+		return fmt.Sprintf("claims paused: launch failures (%d/%d turns)", s.running, s.capacity)
+	case s.paused == pauseHostRefused:
+		return fmt.Sprintf("claims stopped: host token refused (%d/%d turns)", s.running, s.capacity)
+	}
+	return fmt.Sprintf("running %d/%d turns", s.running, s.capacity)
+}
