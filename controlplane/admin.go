@@ -19,6 +19,10 @@ func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server,
 	if list == nil {
 		list = []wire.Server{}
 	}
+	now := s.cfg.Now()
+	for i := range list {
+		list[i].State = wire.HostState(list[i], now)
+	}
 	return list, true
 }
 
@@ -58,10 +62,11 @@ td.num { text-align: right; }
 <p>{{len .Servers}} host(s) · as of {{stamp .Now}}{{with .Skew}} · this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}</p>
 {{if .Servers}}
 <table>
-<thead><tr><th>Host</th><th>Last heartbeat</th><th>Capacity</th><th>Running</th><th>Draining</th><th>Launch error</th><th>Version</th></tr></thead>
+<thead><tr><th>Host</th><th>State</th><th>Last heartbeat</th><th>Capacity</th><th>Running</th><th>Draining</th><th>Launch error</th><th>Version</th></tr></thead>
 <tbody>
 {{range .Servers}}<tr>
 <td>{{.Name}}</td>
+<td class="state-{{.State}}">{{.State}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{stamp .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Capacity}}</td>
 <td class="num">{{.Running}}</td>

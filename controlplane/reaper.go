@@ -96,6 +96,7 @@ func (s *Server) reap(ctx context.Context, now time.Time) bool {
 		if res == (store.ReapResult{}) {
 			return true
 		}
+		s.cfg.Metrics.reap(res)
 		s.log.LogAttrs(ctx, slog.LevelInfo, MsgReaped,
 			slog.Int("superseded", res.Superseded), slog.Int("requeued", res.Requeued),
 			slog.Int("conversations_lost", res.ConversationsLost), slog.Int("reports_missing", res.ReportsMissing),

@@ -11,4 +11,5 @@ const (
 	MsgRequestFailed   = "controlplane_request_failed"                // a request failed inside the server (500): op, class
 	MsgLostByOperator  = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
 	MsgStopping        = "controlplane_stopping"                      // shutdown began
+	MsgHostChanged     = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
 )

@@ -109,6 +109,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, op string, err err
 		return
 	}
 	if ae, ok := fromStore(err); ok {
+		if errors.Is(err, store.ErrLeaseLost) {
+			s.cfg.Metrics.staleReports.WithLabelValues(op).Inc()
+		}
 		writeError(w, ae)
 		return
 	}

@@ -67,6 +67,9 @@ type Config struct {
 	// Retention is how long an ended job keeps its bulky detail before the
 	// reaper reclaims it (P8); negative never reclaims.
 	Retention time.Duration
+
+	// Metrics receives the server's series; nil means unregistered ones.
+	Metrics *Metrics
 }
 
 // Server serves the worker API, the user API and the admin pages. It
@@ -97,7 +100,12 @@ func New(cfg Config) *Server {
 	if cfg.MaxWorkerLost == 0 {
 		cfg.MaxWorkerLost = DefaultMaxWorkerLost
 	}
-	return &Server{cfg: cfg, log: cfg.Logger}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger}
+	cfg.Metrics.server.CompareAndSwap(nil, s) // the first server of these metrics shows its store
+	return s
 }
 
 func setDefault(d *time.Duration, def time.Duration) {
@@ -106,9 +114,13 @@ func setDefault(d *time.Duration, def time.Duration) {
 	}
 }
 
-// Handler returns the server's routes.
+// Handler returns the server's routes, timed and counted by Config.Metrics.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
+
+	// Probes: no token, nothing but a word.
+	mux.HandleFunc("GET /healthz", s.handleHealthz)
+	mux.HandleFunc("GET /readyz", s.handleReadyz)
 
 	// Worker API, host scope.
 	mux.HandleFunc("POST "+wire.PathClaim, s.handleClaim)
@@ -138,9 +150,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
 	mux.HandleFunc("GET /admin/servers", s.user(s.handleServersPage))
 	mux.HandleFunc("POST /v1/admin/conversations/{id}/lose", s.user(s.handleLoseConversation))
+	for _, action := range []string{"pause", "resume", "rotate-token", "remove"} {
+		mux.HandleFunc("POST "+PathAdminHost+action, bearerOnly(s.user(s.handleHostAction(action))))
+	}
 
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNoRoute)
 	})
-	return checkPaths(mux)
+	return s.cfg.Metrics.instrument(checkPaths(mux))
 }

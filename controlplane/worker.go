@@ -144,6 +144,9 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 	case req.LaunchError != nil && (req.LaunchError.Class == "" || req.LaunchError.Consecutive < 1 || req.LaunchError.Since.IsZero()):
 		writeError(w, invalid("launch_error needs a class, a consecutive count of at least 1 and the time since when."))
 		return
+	case req.IntervalMS < 0 || len(req.ClaimsWithheld) > 64:
+		writeError(w, invalid("interval_ms must not be negative and claims_withheld is a class of at most 64 bytes."))
+		return
 	}
 	now, ok := s.now(w, r, op)
 	if !ok {

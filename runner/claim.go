@@ -184,6 +184,7 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 		Draining:    d.draining(),
 		LaunchError: d.gate.report(),
 		Version:     d.cfg.Version,
+		IntervalMS:  d.cfg.HostHeartbeatInterval.Milliseconds(),
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()

@@ -213,13 +213,63 @@ type JobEventList struct {
 
 // Server is one host as Admin → Servers shows it (R37).
 type Server struct {
-	Name          string       `json:"name"`
+	Name string `json:"name"`
+	// State is one of the Host* states, as of the answer.
+	State         string       `json:"state"`
 	LastHeartbeat *time.Time   `json:"last_heartbeat,omitempty"`
 	Capacity      int          `json:"capacity"`
 	Running       int          `json:"running"`
 	Draining      bool         `json:"draining"`
 	LaunchError   *LaunchError `json:"launch_error,omitempty"`
 	Version       string       `json:"version,omitempty"`
+	// PausedAt is when an operator paused the host; nil when it claims.
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// HeartbeatIntervalMS is the period the host said it heartbeats at
+	// (0: it did not say; DefaultHeartbeatInterval is assumed).
+	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`
+	// ClaimsWithheld is the class of the reason the host gave for not
+	// claiming, such as "sandbox_unavailable"; "" when it claims.
+	ClaimsWithheld string `json:"claims_withheld,omitempty"`
+}
+
+// Host states. A host is offline once OfflineAfterIntervals of its
+// heartbeat intervals passed without one (or it never sent one), whatever
+// it last said; else draining, paused by an operator, or online.
+const (
+	HostOnline   = "online"
+	HostOffline  = "offline"
+	HostDraining = "draining"
+	HostPaused   = "paused"
+)
+
+// OfflineAfterIntervals heartbeat intervals without a heartbeat make a host offline.
+const OfflineAfterIntervals = 3
+
+// DefaultHeartbeatInterval is assumed for a host that does not say its own.
+const DefaultHeartbeatInterval = 10 * time.Second
+
+// HostState is the state of s at now.
+func HostState(s Server, now time.Time) string {
+	every := time.Duration(s.HeartbeatIntervalMS) * time.Millisecond
+	if every <= 0 {
+		every = DefaultHeartbeatInterval
+	}
+	switch {
+	case s.LastHeartbeat == nil || now.Sub(*s.LastHeartbeat) > OfflineAfterIntervals*every:
+		return HostOffline
+	case s.Draining:
+		return HostDraining
+	case s.PausedAt != nil:
+		return HostPaused
+	}
+	return HostOnline
+}
+
+// HostTokenResponse answers POST /v1/admin/hosts/{name}/rotate-token: the
+// host's new token, shown once. The old one is refused from then on.
+type HostTokenResponse struct {
+	Name  string `json:"name"`
+	Token string `json:"token"`
 }
 
 // ServerList is GET /v1/admin/servers.
@@ -284,6 +334,12 @@ type HostHeartbeat struct {
 	Draining    bool         `json:"draining"`
 	LaunchError *LaunchError `json:"launch_error,omitempty"`
 	Version     string       `json:"version,omitempty"`
+	// IntervalMS is the period of the host's heartbeats, from which the
+	// control plane tells when it is offline.
+	IntervalMS int64 `json:"interval_ms,omitempty"`
+	// ClaimsWithheld is the class of the reason the host does not claim
+	// now, such as "sandbox_unavailable"; "" when it claims.
+	ClaimsWithheld string `json:"claims_withheld,omitempty"`
 }
 
 // HostHeartbeatResponse answers a host heartbeat.

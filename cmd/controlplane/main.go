@@ -3,6 +3,8 @@
 //	controlplane serve      run the HTTP server and the reaper (SQLite by default)
 //	controlplane host add   register a sandbox host and print its token once
 //	controlplane token …    create, list or revoke user tokens (any replica accepts them)
+//	controlplane host list|pause|resume|rotate-token|remove
+//	                        the hosts' lifecycle, through the admin API
 //	controlplane submit     send a message to a conversation and follow the turn
 //
 // docs/protocol.md describes the API it serves. Most flags have an
@@ -53,7 +55,9 @@ const topUsage = `usage: controlplane <command> [flags]
 
 commands:
   serve      run the control plane (HTTP API, admin page, reaper)
-  host add   register a sandbox host; prints its token once
+  host add   register a sandbox host; prints its token once (database access)
+  host list|pause|resume|rotate-token|remove
+             the hosts' lifecycle through the admin API (user token)
   token      create, list or revoke user tokens (kept hashed in the database)
   submit     send a message to a conversation and follow the turn
   version    print the version
@@ -73,12 +77,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "serve":
 		err = serve(ctx, args[1:], getenv, stderr)
 	case "host":
-		if len(args) < 2 || args[1] != "add" {
-			err = usagef(`"host" takes the subcommand "add"`)
-			break
+		switch {
+		case len(args) >= 2 && args[1] == "add":
+			name = "host add"
+			err = hostAdd(ctx, args[2:], getenv, stdout, stderr)
+		case len(args) >= 2 && hostCommands[args[1]] != "":
+			name = "host " + args[1]
+			err = hostAdmin(ctx, args[1], args[2:], getenv, stdout, stderr)
+		default:
+			err = usagef(`"host" takes a subcommand: add, list, pause, resume, rotate-token or remove`)
 		}
-		name = "host add"
-		err = hostAdd(ctx, args[2:], getenv, stdout, stderr)
 	case "token":
 		if len(args) > 1 {
 			name = "token " + args[1]

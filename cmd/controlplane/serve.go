@@ -11,9 +11,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -114,6 +119,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	f.env("retention")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
 	f.env("log-level")
+	logFormat := f.fs.String("log-format", "text", "records as text (people) or json (journald, collectors)")
+	f.env("log-format")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -128,6 +135,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return usagef("--log-level must be debug, info, warn or error, not %q", *logLevel)
 	}
 	switch {
+	case *logFormat != "text" && *logFormat != "json":
+		return usagef("--log-format must be text or json, not %q", *logFormat)
 	case *listen == "":
 		return usagef("--listen must not be empty")
 	case *minLeaseTTL <= 0:
@@ -155,11 +164,23 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		*tokenFile = filepath.Join(d.dataDir, "user-token")
 	}
 
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
+	if *logFormat == "json" {
+		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(h)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "controlplane_build_info", Help: "Always 1; the labels name the build.",
+			ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+		}, func() float64 { return 1 }))
+	metrics := controlplane.NewMetrics(reg)
 	if err := os.MkdirAll(d.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create the data directory: %w", err)
 	}
-	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff))
+	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff),
+		sqlstore.WithTxObserver(metrics.ObserveTx))
 	if err != nil {
 		return err
 	}
@@ -176,9 +197,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	srv := controlplane.New(controlplane.Config{
 		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
 		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost, Retention: *retention,
+		Metrics: metrics,
 	})
+	// /metrics is not authenticated, as Prometheus scrapes expect: it
+	// shows counts and states, never a name, an id or a token.
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/", srv.Handler())
 	hs := &http.Server{
-		Handler:           srv.Handler(),
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		WriteTimeout:      *claimWait + time.Minute, // long polls hold their answer up to claimWait

@@ -26,6 +26,7 @@ var (
 	ErrGone             = errors.New("ended for good")           // 410 gone
 	ErrInvalid          = errors.New("invalid")                  // 400 invalid (wrap with detail)
 	ErrExists           = errors.New("already exists")           // 409 (host names)
+	ErrSchemaBehind     = errors.New("schema behind")            // Ready: a migration of this build is not applied
 )
 
 // Release cap and backoff (K7), the defaults of every implementation.
@@ -53,6 +54,14 @@ func ReleaseBackoff(base time.Duration, n int64) time.Duration {
 type Host struct {
 	ID   string
 	Name string
+	// Paused: an operator paused the host; it is given no new claim.
+	Paused bool
+}
+
+// Stats is what the control plane's /metrics shows of the store.
+type Stats struct {
+	JobsByState map[string]int // every job state, zero counts included
+	LiveLeases  int            // attempts running now
 }
 
 // UserToken is a bearer token of the user API and the admin pages, as the
@@ -130,7 +139,23 @@ type Store interface {
 	CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (Host, error)
 	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
 	RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error
+	// ListServers lists the hosts not removed, by name; State is left for
+	// the caller, who knows the time (wire.HostState).
 	ListServers(ctx context.Context) ([]wire.Server, error)
+	// PauseHost pauses (or resumes) the named host: a paused host is given
+	// no new claim, its running turns go on. RemoveHost refuses the host's
+	// token from then on and drops it from ListServers; its attempts keep
+	// naming it, and CreateHost of its name registers it anew.
+	// RotateHostToken replaces the token; the old one is refused from then
+	// on. Each returns ErrNotFound for a name no live host has.
+	PauseHost(ctx context.Context, name string, paused bool, now time.Time) error
+	RemoveHost(ctx context.Context, name string, now time.Time) error
+	RotateHostToken(ctx context.Context, name string, tokenHash []byte, now time.Time) error
+
+	// Stats counts jobs by state and live leases. Ready returns nil when
+	// the database answers and every migration this build knows is applied.
+	Stats(ctx context.Context) (Stats, error)
+	Ready(ctx context.Context) error
 
 	// User tokens, kept in the database so that every replica accepts the
 	// same ones. UserTokenByHash returns a token revoked or not (the

@@ -13,21 +13,33 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// CreateHost registers a host; only the hash of its token is stored.
+// CreateHost registers a host; only the hash of its token is stored. The
+// name of a removed host registers it anew: the same row and id (its
+// attempts name it), a new token, nothing of what it last said.
 func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (store.Host, error) {
 	if strings.TrimSpace(name) == "" || len(tokenHash) == 0 {
 		return store.Host{}, fmt.Errorf("create host: %w: name and token hash are required", store.ErrInvalid)
 	}
 	h := store.Host{ID: newID("host"), Name: name}
 	err := s.write(ctx, func(tx txn) error {
-		var n int
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM hosts WHERE name = ?`), name).Scan(&n); err != nil {
+		var id string
+		var removed sql.NullInt64
+		err := tx.QueryRowContext(ctx, s.q(`SELECT id, removed_at FROM hosts WHERE name = ?`), name).Scan(&id, &removed)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return err
+		case !removed.Valid:
+			return store.ErrExists
+		default:
+			h.ID = id
+			_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
+				last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
+				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '' WHERE id = ?`,
+				hex.EncodeToString(tokenHash), id)
 			return err
 		}
-		if n > 0 {
-			return store.ErrExists
-		}
-		_, err := s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)`,
+		_, err = s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)`,
 			h.ID, name, hex.EncodeToString(tokenHash), ns(now))
 		return err
 	})
@@ -43,7 +55,8 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 // HostByTokenHash finds the host holding a token; ErrUnauthorized if none.
 func (s *Store) HostByTokenHash(ctx context.Context, tokenHash []byte) (store.Host, error) {
 	var h store.Host
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT id, name FROM hosts WHERE token_hash = ?`), hex.EncodeToString(tokenHash)).Scan(&h.ID, &h.Name)
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT id, name, paused_at IS NOT NULL FROM hosts WHERE token_hash = ? AND removed_at IS NULL`),
+		hex.EncodeToString(tokenHash)).Scan(&h.ID, &h.Name, &h.Paused)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Host{}, store.ErrUnauthorized
 	}
@@ -62,8 +75,9 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 	}
 	return s.write(ctx, func(tx txn) error {
 		n, err := s.exec(ctx, tx, `UPDATE hosts SET last_heartbeat = ?, capacity = ?, draining = ?,
-			launch_error_class = ?, launch_error_consecutive = ?, launch_error_since = ?, version = ? WHERE id = ?`,
-			ns(now), hb.Capacity, b2i(hb.Draining), class, consecutive, since, hb.Version, hostID)
+			launch_error_class = ?, launch_error_consecutive = ?, launch_error_since = ?, version = ?,
+			heartbeat_interval_ms = ?, claims_withheld = ? WHERE id = ? AND removed_at IS NULL`,
+			ns(now), hb.Capacity, b2i(hb.Draining), class, consecutive, since, hb.Version, max(hb.IntervalMS, 0), hb.ClaimsWithheld, hostID)
 		if err != nil {
 			return fmt.Errorf("record heartbeat: %w", err)
 		}
@@ -79,8 +93,9 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
-		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running')
-		FROM hosts h ORDER BY h.name`))
+		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
+		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld
+		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
 	}
@@ -88,13 +103,15 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	out := []wire.Server{}
 	for rows.Next() {
 		var sv wire.Server
-		var last sql.NullInt64
+		var last, paused sql.NullInt64
 		var draining, consecutive, since, running int64
 		var class string
-		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running); err != nil {
+		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
+			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
 		sv.LastHeartbeat = nsPtr(last)
+		sv.PausedAt = nsPtr(paused)
 		sv.Draining = draining != 0
 		sv.Running = int(running)
 		if class != "" {
@@ -103,4 +120,67 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		out = append(out, sv)
 	}
 	return out, rows.Err()
+}
+
+// PauseHost pauses or resumes the named live host. Pausing a paused host
+// keeps the time it was first paused.
+func (s *Store) PauseHost(ctx context.Context, name string, paused bool, now time.Time) error {
+	q := `UPDATE hosts SET paused_at = NULL WHERE name = ? AND removed_at IS NULL`
+	args := []any{name}
+	if paused {
+		q = `UPDATE hosts SET paused_at = COALESCE(paused_at, ?) WHERE name = ? AND removed_at IS NULL`
+		args = []any{ns(now), name}
+	}
+	return s.hostWrite(ctx, "pause host", q, args...)
+}
+
+// RemoveHost marks the named host removed and replaces its token hash by
+// a tombstone no hash can equal, in one statement.
+func (s *Store) RemoveHost(ctx context.Context, name string, now time.Time) error {
+	return s.hostWrite(ctx, "remove host", `UPDATE hosts SET removed_at = ?, paused_at = NULL, token_hash = 'removed:' || id
+		WHERE name = ? AND removed_at IS NULL`, ns(now), name)
+}
+
+// RotateHostToken replaces the named live host's token hash.
+func (s *Store) RotateHostToken(ctx context.Context, name string, tokenHash []byte, now time.Time) error {
+	if len(tokenHash) == 0 {
+		return fmt.Errorf("rotate host token: %w: the token hash is required", store.ErrInvalid)
+	}
+	return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET token_hash = ? WHERE name = ? AND removed_at IS NULL`,
+		hex.EncodeToString(tokenHash), name)
+}
+
+// hostWrite runs one UPDATE of a host row; no row is ErrNotFound.
+func (s *Store) hostWrite(ctx context.Context, op, query string, args ...any) error {
+	err := s.write(ctx, func(tx txn) error {
+		n, err := s.exec(ctx, tx, query, args...)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return store.ErrNotFound
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return nil
+}
+
+// hostClaims reports, inside a claim's transaction, whether the host may
+// be given a turn: it is neither paused nor removed. On PostgreSQL the row
+// is share-locked, so a pause that answered was committed before any claim
+// that could still see the host unpaused.
+func (s *Store) hostClaims(ctx context.Context, tx txn, hostID string) (bool, error) {
+	lock := ""
+	if s.d == postgres {
+		lock = " FOR SHARE"
+	}
+	var open bool
+	err := tx.QueryRowContext(ctx, s.q(`SELECT paused_at IS NULL AND removed_at IS NULL FROM hosts WHERE id = ?`+lock), hostID).Scan(&open)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, store.ErrNotFound
+	}
+	return open, err
 }

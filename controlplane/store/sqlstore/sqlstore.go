@@ -72,6 +72,7 @@ type config struct {
 	maxReleases   int                            // K7
 	releaseWait   time.Duration                  // K7: the first release backoff
 	clock         func(base time.Time) time.Time // nil: the base clock as it is
+	txObserver    func(time.Duration, error)     // nil: none
 }
 
 // Option changes one setting of Open*.
@@ -109,6 +110,13 @@ func WithReleaseBackoff(d time.Duration) Option { return func(c *config) { c.rel
 // it, or give replicas offsets; production never sets it (K3).
 func WithClock(clock func(base time.Time) time.Time) Option {
 	return func(c *config) { c.clock = clock }
+}
+
+// WithTxObserver is told the duration and result of every write
+// transaction, its wait for SQLite's single writer included (the control
+// plane's controlplane_store_tx_duration_seconds).
+func WithTxObserver(f func(d time.Duration, err error)) Option {
+	return func(c *config) { c.txObserver = f }
 }
 
 func newConfig(opts []Option) config {
@@ -222,7 +230,10 @@ type txn interface {
 // on PostgreSQL, retried there on a deadlock or serialization failure,
 // or on errRaced.
 // Either way it returns only after the commit.
-func (s *Store) write(ctx context.Context, fn func(tx txn) error) error {
+func (s *Store) write(ctx context.Context, fn func(tx txn) error) (err error) {
+	if obs := s.cfg.txObserver; obs != nil {
+		defer func(start time.Time) { obs(time.Since(start), err) }(time.Now())
+	}
 	if s.d == sqlite {
 		return s.sw.write(ctx, fn)
 	}

@@ -40,6 +40,9 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	var found bool
 	err := s.write(ctx, func(tx txn) error {
 		found = false
+		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
+			return err
+		}
 		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
 		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now)).Scan(
 			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)

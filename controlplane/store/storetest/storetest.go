@@ -38,6 +38,7 @@ var tests = []test{
 	{"BasicFlow", testBasicFlow},
 	{"Hosts", testHosts},
 	{"UserTokens", testUserTokens},
+	{"HostLifecycle", testHostLifecycle},
 	{"AuthorizeAttempt", testAuthorizeAttempt},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},

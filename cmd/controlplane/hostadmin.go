@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/runnerd/runnerd/wire"
+)
+
+// hostCommands are `controlplane host …` besides add: they go through the
+// control plane's admin API with the user token, never to the database.
+var hostCommands = map[string]string{
+	"list":         "list the hosts with their state",
+	"pause":        "stop giving a host new turns; its running turns go on",
+	"resume":       "give a paused host turns again",
+	"rotate-token": "give a host a new token, shown once; the old one is refused from then on",
+	"remove":       "remove a host: its token is refused from then on",
+}
+
+// hostAdmin runs one of hostCommands.
+func hostAdmin(ctx context.Context, sub string, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	usage := "host " + sub + " NAME"
+	if sub == "list" {
+		usage = "host list"
+	}
+	f := newFlags(usage, getenv, stderr)
+	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
+	f.env("server")
+	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
+	f.env("data-dir")
+	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	f.env("user-token-file")
+	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	rest := f.fs.Args()
+	var name string
+	if sub != "list" {
+		if len(rest) == 0 {
+			return usagef("missing the host's NAME")
+		}
+		name = rest[0]
+		if err := f.parse(rest[1:]); err != nil { // flags may follow NAME
+			return err
+		}
+		rest = f.fs.Args()
+		if err := checkHostName(name); err != nil {
+			return err
+		}
+	}
+	if len(rest) > 0 {
+		return usagef("unexpected argument %q", rest[0])
+	}
+	u, err := url.Parse(*server)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--server must be an http:// or https:// URL")
+	}
+	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	if err != nil {
+		return err
+	}
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: 30 * time.Second}}
+
+	switch sub {
+	case "list":
+		var list wire.ServerList
+		if _, err := c.Do(ctx, http.MethodGet, "/v1/admin/servers", token, nil, &list); err != nil {
+			return fmt.Errorf("list hosts: %w", err)
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(list)
+		}
+		printHosts(stdout, list.Servers, time.Now())
+		return nil
+	case "rotate-token":
+		var tr wire.HostTokenResponse
+		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, &tr); err != nil {
+			return fmt.Errorf("rotate the token of host %s: %w", name, err)
+		}
+		fmt.Fprintln(stdout, tr.Token)
+		fmt.Fprintf(stderr, "host %s has a new token, shown above once; its old token is refused from now on\n", name)
+		return nil
+	case "remove":
+		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, nil); err != nil {
+			return fmt.Errorf("remove host %s: %w", name, err)
+		}
+		fmt.Fprintf(stderr, "host %s removed; its token is refused from now on (its running turns keep their own tokens until they end)\n", name)
+		return nil
+	}
+	var sv wire.Server
+	if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, &sv); err != nil {
+		return fmt.Errorf("%s host %s: %w", sub, name, err)
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(sv)
+	}
+	printHosts(stdout, []wire.Server{sv}, time.Now())
+	return nil
+}
+
+func hostPath(name, action string) string {
+	return "/v1/admin/hosts/" + url.PathEscape(name) + "/" + action
+}
+
+// printHosts is the table of `host list`.
+func printHosts(w io.Writer, servers []wire.Server, now time.Time) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATE\tLAST HEARTBEAT\tRUNNING\tNOTE")
+	for _, s := range servers {
+		last := "never"
+		if s.LastHeartbeat != nil {
+			last = now.Sub(*s.LastHeartbeat).Truncate(time.Second).String() + " ago"
+		}
+		var notes []string
+		if s.PausedAt != nil && s.State != wire.HostPaused {
+			notes = append(notes, "paused")
+		}
+		if s.ClaimsWithheld != "" {
+			notes = append(notes, "claims withheld: "+s.ClaimsWithheld)
+		}
+		if s.LaunchError != nil {
+			notes = append(notes, fmt.Sprintf("launch error %s ×%d", s.LaunchError.Class, s.LaunchError.Consecutive))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", s.Name, s.State, last, s.Running, s.Capacity, strings.Join(notes, "; "))
+	}
+	tw.Flush()
+}
