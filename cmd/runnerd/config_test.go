@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -230,5 +231,42 @@ func TestR12ShortAgentLeaseTTLIsIgnoredWithRecord(t *testing.T) {
 	}
 	if strings.Contains(logs, "rdh_test-token") {
 		t.Error("the host token reached a record")
+	}
+}
+
+// A token file others can read is warned about, but not a systemd
+// credential (LoadCredential=, 0440 in $CREDENTIALS_DIRECTORY): the
+// hardened unit hands the token to the runnerd user that way.
+func TestTokenFileModeWarning(t *testing.T) {
+	loose := filepath.Join(t.TempDir(), "host-token")
+	credDir := t.TempDir()
+	cred := filepath.Join(credDir, "host-token")
+	for _, f := range []string{loose, cred} {
+		if err := os.WriteFile(f, []byte("rdh_secret\n"), 0o440); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name, path, credDir string
+		warn                bool
+	}{
+		{"group-readable file", loose, "", true},
+		{"group-readable file outside the credentials directory", loose, credDir, true},
+		{"systemd credential", cred, credDir, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			tok, err := readToken(tt.path, tt.credDir, slog.New(slog.NewTextHandler(&buf, nil)))
+			if err != nil || tok != "rdh_secret" {
+				t.Fatalf("readToken = %q, %v", tok, err)
+			}
+			if warned := strings.Contains(buf.String(), runner.MsgTokenFileMode); warned != tt.warn {
+				t.Fatalf("warned %v, want %v; records %q", warned, tt.warn, buf.String())
+			}
+			if strings.Contains(buf.String(), "rdh_secret") {
+				t.Fatal("the token reached a record")
+			}
+		})
 	}
 }

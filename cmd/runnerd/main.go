@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -102,7 +103,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	cfg.Version = version
 	cfg.ChildStderr = stderr
 	cfg.RenewHTTP.Proxy = http.ProxyFromEnvironment // as for every other control request
-	cfg.HostToken, err = readToken(o.tokenFile, log)
+	cfg.HostToken, err = readToken(o.tokenFile, getenv("CREDENTIALS_DIRECTORY"), log)
 	if err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 2
@@ -218,13 +219,17 @@ func absorbHangup() {
 }
 
 // readToken reads the host token file. A file others can read gets a
-// warning record (never the token).
-func readToken(path string, log *slog.Logger) (string, error) {
+// warning record (never the token), unless it is a systemd credential
+// (LoadCredential=, deploy/runnerd.service): a file directly in credDir,
+// $CREDENTIALS_DIRECTORY, which systemd keeps 0440 on a mount only this
+// service can reach.
+func readToken(path, credDir string, log *slog.Logger) (string, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
+	credential := credDir != "" && filepath.Dir(filepath.Clean(path)) == filepath.Clean(credDir)
+	if fi.Mode().Perm()&0o077 != 0 && !credential {
 		log.Warn(runner.MsgTokenFileMode, slog.String("mode", fi.Mode().Perm().String()), slog.String("want", "-rw-------"))
 	}
 	b, err := os.ReadFile(path)
