@@ -37,6 +37,22 @@ func OpenTestSQLite(tb testing.TB, opts ...Option) *Store {
 // (fails under RUNNERD_REQUIRE_POSTGRES=1).
 func OpenTestPostgres(tb testing.TB, opts ...Option) *Store {
 	tb.Helper()
+	s, err := OpenPostgres(context.Background(), postgresSchema(tb), opts...)
+	if err != nil {
+		tb.Fatalf("OpenPostgres: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			tb.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// postgresSchema creates a fresh, empty schema, dropped when tb ends, and
+// returns the DSN that selects it.
+func postgresSchema(tb testing.TB) string {
+	tb.Helper()
 	dsn := PostgresTestDSN(tb)
 	admin, err := sql.Open("pgx", dsn)
 	if err != nil {
@@ -59,16 +75,7 @@ func OpenTestPostgres(tb testing.TB, opts ...Option) *Store {
 	q := u.Query()
 	q.Set("search_path", schema)
 	u.RawQuery = q.Encode()
-	s, err := OpenPostgres(context.Background(), u.String(), opts...)
-	if err != nil {
-		tb.Fatalf("OpenPostgres: %v", err)
-	}
-	tb.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			tb.Errorf("Close: %v", err)
-		}
-	})
-	return s
+	return u.String()
 }
 
 // PostgresTestDSN returns RUNNERD_TEST_POSTGRES, or skips the test when

@@ -75,3 +75,78 @@ func TestUpgradePinsRecordedSandboxes(t *testing.T) {
 		t.Fatalf("host-2 claimed %q, want j2", got)
 	}
 }
+
+// A database made before events were numbered per job is upgraded in
+// place, on both dialects: each job's events are numbered 1, 2, … in their
+// old order, and the next event of a job takes the next number.
+func TestUpgradeNumbersEventsPerJob(t *testing.T) {
+	ctx := context.Background()
+	for _, dialect := range []string{"sqlite", "postgres"} {
+		t.Run(dialect, func(t *testing.T) {
+			var raw *sql.DB
+			var open func() (*Store, error)
+			if dialect == "sqlite" {
+				path := filepath.Join(t.TempDir(), "cp.db")
+				db, err := sql.Open("sqlite", path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, open = db, func() (*Store, error) { return OpenSQLite(ctx, path) }
+			} else {
+				dsn := postgresSchema(t)
+				db, err := sql.Open("pgx", dsn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				raw, open = db, func() (*Store, error) { return OpenPostgres(ctx, dsn) }
+			}
+			q := []string{`CREATE TABLE schema_migrations (name TEXT PRIMARY KEY)`}
+			for _, name := range []string{"0001_init.sql", "0002_sandbox_host.sql", "0003_retention.sql"} {
+				body, err := fs.ReadFile(migrationFS, "migrations/"+dialect+"/"+name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				q = append(q, string(body), `INSERT INTO schema_migrations VALUES ('`+name+`')`)
+			}
+			q = append(q,
+				`INSERT INTO conversations (id, agent_command, state, next_seq, created_at, updated_at) VALUES ('c', '["a"]', 'usable', 2, 0, 0)`,
+				`INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, created_at) VALUES
+					('j1', 'c', 1, 'p', 'succeeded', 0, 0), ('j2', 'c', 2, 'p', 'queued', 1, 0)`,
+				// Interleaved global ids, as the sequence gave them.
+				`INSERT INTO job_events (job_id, time, source, type) VALUES
+					('j1', 1, 'control', 'queued'), ('j2', 2, 'control', 'queued'), ('j1', 3, 'control', 'claimed'),
+					('j1', 4, 'control', 'finished'), ('j2', 5, 'control', 'cancel_requested')`,
+			)
+			for _, stmt := range q {
+				if _, err := raw.ExecContext(ctx, stmt); err != nil {
+					t.Fatalf("%s: %v", stmt, err)
+				}
+			}
+			raw.Close()
+			s, err := open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			want := map[string][]string{"j1": {"queued", "claimed", "finished"}, "j2": {"queued", "cancel_requested"}}
+			for job, types := range want {
+				evs, err := s.JobEvents(ctx, job, 0, 0)
+				if err != nil || len(evs) != len(types) {
+					t.Fatalf("%s: %d events, %v; want %d", job, len(evs), err, len(types))
+				}
+				for i, e := range evs {
+					if e.ID != int64(i+1) || e.Type != types[i] {
+						t.Fatalf("%s event %d = %d %s, want %d %s", job, i, e.ID, e.Type, i+1, types[i])
+					}
+				}
+			}
+			if _, err := s.CancelJob(ctx, "j2", t0); err != nil {
+				t.Fatal(err)
+			}
+			evs, err := s.JobEvents(ctx, "j2", 2, 0)
+			if err != nil || len(evs) == 0 || evs[0].ID != 3 {
+				t.Fatalf("j2's next event = %+v, %v; want number 3", evs, err)
+			}
+		})
+	}
+}
