@@ -50,10 +50,12 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Repor
 	resp, err := a.reporter.Send(runCtx, rep)
 	switch {
 	case err == nil:
-		d.m.turnEnded(outcome, a.claimedAt)
 		if rep.Release != nil && resp.JobState == wire.JobQueued {
 			d.logAttempt(slog.LevelInfo, MsgTurnReleased, a.id, slog.String(diagnostics.KeyClass, rep.Release.Class))
+		} else if rep.Release != nil {
+			outcome = wire.OutcomeFailed // refused as admitted: failed instead (R36)
 		}
+		d.m.turnEnded(outcome, a.claimedAt)
 		d.logAttempt(slog.LevelInfo, MsgReportSent, a.id, slog.String(keyOutcome, outcome),
 			slog.String(keyJobState, resp.JobState), slog.String(keyConvState, resp.ConversationState))
 		if resp.ConversationState == wire.ConversationLost {
