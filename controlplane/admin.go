@@ -19,7 +19,12 @@ func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server,
 	if list == nil {
 		list = []wire.Server{}
 	}
-	now := s.cfg.Now()
+	// A host's state is judged on the store's clock, which wrote its last
+	// heartbeat (K3).
+	now, ok := s.now(w, r, "list_servers")
+	if !ok {
+		return nil, false
+	}
 	for i := range list {
 		list[i].State = wire.HostState(list[i], now)
 	}

@@ -38,7 +38,10 @@ func bearerOnly(h http.HandlerFunc) http.HandlerFunc {
 func (s *Server) handleHostAction(action string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		now := s.cfg.Now()
+		now, ok := s.now(w, r, "host_"+strings.ReplaceAll(action, "-", "_"))
+		if !ok {
+			return
+		}
 		var err error
 		var token string
 		switch action {

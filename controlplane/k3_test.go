@@ -139,8 +139,9 @@ func (s *shift) of(base time.Time) time.Time {
 // database's clock (on SQLite the one process's), moved here by a shared
 // offset instead of waiting: a dead worker's attempt is superseded within
 // lease + grace of its last renewal, and no sweep of either replica takes
-// the other's record for an absence and extends a lease. The skew is shown
-// on each replica's admin page.
+// the other's record for an absence and extends a lease. A host is judged
+// online on the same clock, and the skew is shown on each replica's admin
+// page.
 func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 	onEachDatabase(t, func(t *testing.T, db database) {
 		ctx := context.Background()
@@ -236,6 +237,18 @@ func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 			t.Fatalf("the dead worker's attempt (lease to %v) was never superseded", rn.LeaseExpiresAt)
 		case ended.Sub(rn.LeaseExpiresAt) <= grace || ended.Sub(rn.LeaseExpiresAt) > grace+2*interval:
 			t.Fatalf("superseded %v after the lease's expiry, want just past the grace (%v)", ended.Sub(rn.LeaseExpiresAt), grace)
+		}
+		// A host that beat through the slow replica is online on the fast
+		// one: its state is judged on the store's clock too.
+		if _, err := b.wc.HostHeartbeat(ctx, hostToken, wire.HostHeartbeat{Capacity: 1}); err != nil {
+			t.Fatal(err)
+		}
+		var list wire.ServerList
+		if _, err := a.wc.Do(ctx, "GET", "/v1/admin/servers", userToken, nil, &list); err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Servers) != 1 || list.Servers[0].State != wire.HostOnline {
+			t.Fatalf("servers on the fast replica = %+v, want host-a online", list.Servers)
 		}
 		req, _ := http.NewRequest(http.MethodGet, a.url+"/admin/servers", nil)
 		req.Header.Set("Authorization", "Bearer "+userToken)

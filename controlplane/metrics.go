@@ -196,6 +196,10 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	if err == nil {
 		servers, err = s.cfg.Store.ListServers(ctx)
 	}
+	var now time.Time // a host's state is judged on the store's clock (K3)
+	if err == nil {
+		now, err = s.cfg.Store.Now(ctx)
+	}
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(descStoreStats, prometheus.GaugeValue, 0)
 		return
@@ -206,7 +210,6 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.LiveLeases))
 	hosts := map[string]int{wire.HostOnline: 0, wire.HostOffline: 0, wire.HostDraining: 0, wire.HostPaused: 0}
-	now := s.cfg.Now()
 	for _, sv := range servers {
 		hosts[wire.HostState(sv, now)]++
 	}
