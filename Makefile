@@ -3,7 +3,7 @@ BIN := bin
 LDFLAGS := -s -w -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 PKGS := ./...
 
-.PHONY: build test lint bench demo dev clean
+.PHONY: build test lint bench demo dev clean compose-up compose-down
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
@@ -25,6 +25,14 @@ demo: build
 
 dev: build
 	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX) --dev
+
+# Two control-plane replicas on PostgreSQL and two host daemons, every image
+# built here (deploy/compose/, docs/operations.md). Needs root and Docker.
+compose-up:
+	deploy/compose/up.sh
+
+compose-down:
+	deploy/compose/down.sh
 
 clean:
 	rm -rf $(BIN)
