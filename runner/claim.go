@@ -46,7 +46,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		return sleep(stop, dur)
 	}
 	for claimCtx.Err() == nil {
-		if d.isHostRefused() {
+		if d.isHostRefused() || !d.backendReady() {
 			if !idle() {
 				return
 			}
@@ -149,7 +149,7 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 					failing = false
 					d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "host_heartbeat"))
 				}
-				if !ready {
+				if !ready && d.backendReady() {
 					ready = true
 					d.notify(notifyReady)
 				}
@@ -164,6 +164,7 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 				}
 			}
 		}
+		d.notifyStatus(ready)
 		t := time.NewTimer(jitter(d.cfg.HostHeartbeatInterval, d.cfg.Jitter))
 		select {
 		case <-stop:
@@ -185,6 +186,8 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 		LaunchError: d.gate.report(),
 		Version:     d.cfg.Version,
 		IntervalMS:  d.cfg.HostHeartbeatInterval.Milliseconds(),
+
+		ClaimsWithheld: d.claimsWithheld(),
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()

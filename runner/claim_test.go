@@ -169,8 +169,8 @@ func TestClaimBackoffWithJitter(t *testing.T) {
 	})
 }
 
-// A refused host token stops claiming for good, with one record, while
-// the daemon stays up.
+// A refused host token stops claiming for good, with one record (and
+// ends Run with ErrHostTokenRefused: TestHostTokenRefusedEndsRunFailed).
 func TestHostTokenRefusedOnClaimStopsClaiming(t *testing.T) {
 	dir := t.TempDir()
 	synctest.Test(t, func(t *testing.T) {

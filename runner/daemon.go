@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -33,10 +34,14 @@ type Daemon struct {
 	stopTurns chan struct{} // closed at the drain timeout: running turns are stopped
 	kickBeat  chan struct{} // asks the host heartbeat to report now
 
+	refused    chan struct{} // closed when the host token was first refused
+	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
+
 	mu          sync.Mutex
 	busy        int  // attempts held plus a claim in flight
 	claiming    bool // a claim is in flight (counted in busy)
 	hostRefused bool
+	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
 
@@ -70,6 +75,10 @@ func New(cfg Config) (*Daemon, error) {
 		kickBeat:  make(chan struct{}, 1),
 		slotFreed: make(chan struct{}, 1),
 		turnConvs: map[string]int{},
+		refused:   make(chan struct{}),
+	}
+	if _, ok := cfg.Backend.(backendProber); !ok {
+		d.backend = backendReady // nothing to ask: the turn child's preflight decides
 	}
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
 	cfg.Metrics.daemon.CompareAndSwap(nil, d) // the first daemon of these metrics shows its state
@@ -104,6 +113,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 
 	wg.Go(func() { d.hostBeatLoop(loops) })
+	if p, ok := d.cfg.Backend.(backendProber); ok {
+		wg.Go(func() { d.probeLoop(loops, p) })
+	}
 	if d.cfg.Notifier != nil && d.cfg.WatchdogInterval > 0 {
 		wg.Go(func() { d.watchdogLoop(loops) })
 	}
@@ -146,6 +158,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 		timer.Stop()
+	case <-d.refused:
+		// A refused host token ends the daemon as failed, once the turns
+		// it runs (on their own worker tokens) have ended.
+		d.notify(notifyStopping)
 	case <-ctx.Done():
 		d.notify(notifyStopping)
 	}
@@ -159,8 +175,16 @@ func (d *Daemon) Run(ctx context.Context) error {
 		_ = d.sendHostBeat(context.Background())
 	}
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool("hard", ctx.Err() != nil))
+	if d.isHostRefused() {
+		return ErrHostTokenRefused
+	}
 	return nil
 }
+
+// ErrHostTokenRefused is Run's error after the control plane refused the
+// host token (401 or 403 on a claim or a host heartbeat): the host cannot
+// work until it is registered again, so the daemon ends as failed.
+var ErrHostTokenRefused = errors.New("the control plane refused the host token")
 
 func (d *Daemon) logStarted() {
 	c := d.cfg
@@ -250,6 +274,7 @@ func (d *Daemon) refuseHost(op string, status int) {
 	d.hostRefused = true
 	d.mu.Unlock()
 	if first {
+		close(d.refused)
 		d.log.LogAttrs(context.Background(), slog.LevelError, MsgHostTokenRefused,
 			slog.String(diagnostics.KeyOp, op), slog.Int(diagnostics.KeyStatus, status),
 			slog.String(diagnostics.KeyClass, diagnostics.StatusClass(status)))

@@ -337,24 +337,3 @@ func TestHardStopKeepsStateForRestart(t *testing.T) {
 		t.Fatalf("attempt %s after a hard stop", a.State)
 	}
 }
-
-// A refused host token stops claiming with one record; the daemon keeps
-// running (its turns would go on with their own tokens).
-func TestHostTokenRefusedStopsClaiming(t *testing.T) {
-	c := newCP(t)
-	j := c.enqueue("result")
-	r := startDaemon(t, c, func(cfg *Config) { cfg.HostToken = "rdh_not-a-real-token" })
-	waitFor(t, "the refusal record", 5*time.Second, func() bool { return r.logs.has(MsgHostTokenRefused) })
-	if n := r.logs.count(MsgHostTokenRefused); n != 1 {
-		t.Fatalf("%d refusal records", n)
-	}
-	if got := c.job(j.ID); got.State != wire.JobQueued {
-		t.Fatalf("job %s: claimed with a refused token", got.State)
-	}
-	select {
-	case <-r.done:
-		t.Fatal("the daemon exited")
-	default:
-	}
-	r.logs.noSecrets(t, "rdh_not-a-real-token")
-}

@@ -38,6 +38,8 @@ const (
 	MsgNotifyFailed      = "runnerd_notify_failed"
 	MsgMetricsListening  = "runnerd_metrics_listening" // /metrics is served: address
 	MsgTokenFileMode     = "runnerd_token_file_mode"   // the host token file is readable by others
+	MsgClaimsWithheld    = "runnerd_claims_withheld"   // the sandbox backend does not answer: no claim, no READY, until it does
+	MsgClaimsResumed     = "runnerd_claims_resumed"    // the sandbox backend answers again
 	MsgHangupIgnored     = "runnerd_sighup_ignored"    // SIGHUP: nothing is reloaded, every turn goes on (K11)
 )
 
@@ -54,6 +56,7 @@ const (
 	keyFile         = "file"
 	keyStopped      = "stopped"
 	keyTimedOut     = "timed_out"
+	keyReason       = "reason"
 	keyRunning      = "running"
 )
 

@@ -71,6 +71,11 @@ func main() {
 	}
 }
 
+// exitHostTokenRefused is `runnerd run`'s status when the control plane
+// refused the host token: a unit can keep systemd from restarting it in a
+// loop with RestartPreventExitStatus=3.
+const exitHostTokenRefused = 3
+
 // runDaemon is `runnerd run`. Bad configuration is one line on stderr and
 // exit status 2; a failure to start is one line and status 1.
 func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -203,6 +208,11 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		cancel()
 	}
 	<-metricsDone
+	if errors.Is(err, runner.ErrHostTokenRefused) {
+		// runnerd_host_token_refused was written when it happened.
+		fmt.Fprintf(stderr, "runnerd: the control plane refused the host token in %s; register the host again (controlplane host add or host rotate-token) and put the new token there\n", o.tokenFile)
+		return exitHostTokenRefused
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 1

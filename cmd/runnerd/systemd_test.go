@@ -101,6 +101,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 		}
 	}
 	next("READY=1")
+	next("STATUS=running 0/2 turns")
 	if srvs, err := st.ListServers(context.Background()); err != nil || len(srvs) != 1 || srvs[0].LastHeartbeat == nil {
 		t.Fatalf("READY=1 before an acknowledged heartbeat: %+v %v", srvs, err)
 	}
@@ -150,5 +151,45 @@ func checkMetrics(t *testing.T, logs string) {
 		if !strings.Contains(string(b), series) {
 			t.Errorf("/metrics has no %q", series)
 		}
+	}
+}
+
+// A refused host token is a failed run: one record, one line on stderr
+// naming the token file (never the token), exit status 3 — not an idle
+// daemon that a drain later ends with 0.
+func TestHostTokenRefusedExitsFailed(t *testing.T) {
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), MinLeaseTTL: time.Second, ClaimWaitMax: time.Second})
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	const token = "rdh_never-registered-0123456789"
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stderr := &syncbuf.Buffer{}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runDaemon([]string{"--control-plane", hs.URL, "--host-token-file", tokenFile, "--host-name", "host-x",
+			"--state-dir", filepath.Join(dir, "state"), "--lease-ttl=1.2s", "--renew-interval=300ms", "--renew-timeout=100ms",
+			"--renew-retry=50ms", "--host-heartbeat-interval=200ms", "--claim-wait=300ms"}, os.Getenv, io.Discard, stderr)
+	}()
+	select {
+	case code := <-exit:
+		if code != exitHostTokenRefused {
+			t.Fatalf("exit %d, want %d:\n%s", code, exitHostTokenRefused, stderr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("runnerd stayed up with a refused host token:\n%s", stderr)
+	}
+	out := stderr.String()
+	if strings.Count(out, `"msg":"runnerd_host_token_refused"`) != 1 || strings.Contains(out, token) ||
+		!strings.Contains(out, "runnerd: the control plane refused the host token in "+tokenFile) {
+		t.Fatalf("want one refusal record and one line naming the file, no token:\n%s", out)
 	}
 }
