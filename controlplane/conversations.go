@@ -10,9 +10,11 @@ import (
 
 // handleConversationStates answers a host's question about the
 // conversations it holds sandboxes for: usable, lost, or unknown (never
-// created here, or deleted). The host removes the sandboxes of the last
-// two; a LOST conversation never becomes usable again (R31), so the answer
-// cannot turn stale in the dangerous direction.
+// created here, or deleted), with the database's cluster identity. The
+// host removes the sandbox of a LOST one, and only when the identity is
+// the one it pinned (K8); a LOST conversation never becomes usable again
+// (R31), so the answer cannot turn stale in the dangerous direction.
+// "Unknown" removes nothing: a new or wrong database knows nothing.
 func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request) {
 	const op = "conversation_states"
 	if _, ok := s.host(w, r, op); !ok {
@@ -33,7 +35,12 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 			return
 		}
 	}
-	out := wire.ConversationStatesResponse{Conversations: make([]wire.ConversationState, 0, len(req.ConversationIDs))}
+	cluster, err := s.cfg.Store.ClusterID(r.Context())
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	out := wire.ConversationStatesResponse{Conversations: make([]wire.ConversationState, 0, len(req.ConversationIDs)), ClusterID: cluster}
 	seen := make(map[string]bool, len(req.ConversationIDs))
 	for _, id := range req.ConversationIDs {
 		if seen[id] {

@@ -67,7 +67,8 @@ func TestConversationStates(t *testing.T) {
 
 	// No ids: an empty list, not null.
 	raw := f.expect(http.MethodPost, wire.PathConversations, f.hostToken, `{"conversation_ids":[]}`, http.StatusOK, "")
-	if strings.TrimSpace(string(raw)) != `{"conversations":[]}` {
+	cluster, _ := f.st.ClusterID(context.Background())
+	if strings.TrimSpace(string(raw)) != `{"conversations":[],"cluster_id":"`+cluster+`"}` {
 		t.Fatalf("empty request answered %s", raw)
 	}
 }
@@ -173,5 +174,25 @@ func TestConversationStatesStoreFailureIsNotUnknown(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), `"op":"conversation_states"`) || strings.Contains(logs.String(), "connection reset") {
 		t.Fatalf("want one failure record with the operation and no error text:\n%s", logs)
+	}
+}
+
+// K8: the host calls that decide about sandboxes carry the database's
+// cluster identity: the host heartbeat's answer (first contact) and the
+// conversation states' answer.
+func TestK8HostCallsCarryClusterIdentity(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	want, err := f.st.ClusterID(ctx)
+	if err != nil || want == "" {
+		t.Fatalf("ClusterID = %q, %v", want, err)
+	}
+	hb, err := f.wc.HostHeartbeat(ctx, f.hostToken, wire.HostHeartbeat{Capacity: 1})
+	if err != nil || hb.ClusterID != want {
+		t.Fatalf("heartbeat answer %+v, %v; want cluster %q", hb, err, want)
+	}
+	st, err := f.wc.ConversationStates(ctx, f.hostToken, wire.ConversationStatesRequest{ConversationIDs: []string{"conv_x"}})
+	if err != nil || st.ClusterID != want || len(st.Conversations) != 1 || st.Conversations[0].State != wire.ConversationUnknown {
+		t.Fatalf("conversation states answer %+v, %v; want cluster %q", st, err, want)
 	}
 }

@@ -156,7 +156,12 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, op, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, wire.HostHeartbeatResponse{ServerTime: now})
+	cluster, err := s.cfg.Store.ClusterID(r.Context())
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, wire.HostHeartbeatResponse{ServerTime: now, ClusterID: cluster})
 }
 
 // attemptCall is the shape of every attempt-scoped call: the worker token

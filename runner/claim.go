@@ -191,6 +191,11 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()
-	_, err := d.control.HostHeartbeat(ctx, d.cfg.HostToken, hb)
+	resp, err := d.control.HostHeartbeat(ctx, d.cfg.HostToken, hb)
+	if err == nil {
+		// The first contact pins the cluster; a changed one is said at once,
+		// not only when the sweep next asks (K8).
+		d.trustCluster(resp.ClusterID)
+	}
 	return err
 }

@@ -45,6 +45,8 @@ type Daemon struct {
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
 
+	cluster *clusterPin // the control plane's identity, pinned at first contact (cluster.go)
+
 	attempts sync.WaitGroup
 }
 
@@ -76,6 +78,7 @@ func New(cfg Config) (*Daemon, error) {
 		slotFreed: make(chan struct{}, 1),
 		turnConvs: map[string]int{},
 		refused:   make(chan struct{}),
+		cluster:   loadClusterPin(cfg.StateDir),
 	}
 	if _, ok := cfg.Backend.(backendProber); !ok {
 		d.backend = backendReady // nothing to ask: the turn child's preflight decides

@@ -27,9 +27,10 @@ const (
 	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
 	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
-	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a LOST or unknown conversation's sandbox
+	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a LOST conversation's sandbox
 	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
 	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
+	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox is removed on its word (K8)
 	MsgControlRecovered  = "runnerd_control_recovered"    // claims or host heartbeats answer again
 	MsgDrainStarted      = "runnerd_drain_started"
 	MsgDrainTimeout      = "runnerd_drain_timeout"
@@ -45,19 +46,21 @@ const (
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).
 const (
-	keyOutcome      = "outcome"
-	keyDecision     = "decision"
-	keyPauseMS      = "pause_ms"
-	keyConversation = "conversation_id"
-	keyJobState     = "job_state"
-	keyConvState    = "conversation_state"
-	keyBackend      = "backend"
-	keyLoop         = "loop"
-	keyFile         = "file"
-	keyStopped      = "stopped"
-	keyTimedOut     = "timed_out"
-	keyReason       = "reason"
-	keyRunning      = "running"
+	keyOutcome       = "outcome"
+	keyDecision      = "decision"
+	keyPauseMS       = "pause_ms"
+	keyConversation  = "conversation_id"
+	keyJobState      = "job_state"
+	keyConvState     = "conversation_state"
+	keyBackend       = "backend"
+	keyLoop          = "loop"
+	keyFile          = "file"
+	keyStopped       = "stopped"
+	keyTimedOut      = "timed_out"
+	keyReason        = "reason"
+	keyPinnedCluster = "pinned_cluster_id"
+	keySeenCluster   = "cluster_id"
+	keyRunning       = "running"
 )
 
 // Hangup records a SIGHUP (K11). Every setting comes from flags and the

@@ -20,9 +20,12 @@ type sandboxLister interface {
 }
 
 // sweepLoop removes the retained sandboxes of conversations that will
-// never run here again — LOST (R31: never cleared) or unknown to the
-// control plane (deleted) — once at start, after the restart decisions,
-// and every Config.SandboxSweep (issues 6, 7). Finish removes a sandbox
+// never run here again — LOST (R31: never cleared) — once at start, after
+// the restart decisions, and every Config.SandboxSweep (issues 6, 7). Only
+// a positive tombstone removes (K8): a LOST answer from the cluster this
+// host pinned at first contact (cluster.go). "Unknown" removes nothing: a
+// control plane on a new, restored or wrongly configured database knows
+// nothing of the host's conversations, and its silence is no evidence. Finish removes a sandbox
 // when its own report learns the conversation is LOST; the sweep catches
 // every other way there: the daemon stopped the turn on lease loss and the
 // reaper decided later, a restart found the lease already gone, or any
@@ -59,8 +62,9 @@ type sweeper struct {
 }
 
 // round is one sweep: list, leave out the conversations with a turn on
-// this host, ask the control plane, remove the lost and the unknown. A
-// failure ends the round; the next one tries again.
+// this host, ask the control plane, remove the lost if it is the pinned
+// cluster. A failure or another cluster ends the round; the next one tries
+// again.
 func (s *sweeper) round(ctx context.Context) {
 	d := s.d
 	if d.isHostRefused() {
@@ -87,20 +91,20 @@ func (s *sweeper) round(ctx context.Context) {
 	for len(ask) > 0 && ctx.Err() == nil {
 		batch := ask[:min(len(ask), wire.MaxConversationIDs)]
 		ask = ask[len(batch):]
-		states, ok := s.ask(ctx, batch)
-		if !ok {
+		resp, ok := s.ask(ctx, batch)
+		if !ok || !d.trustCluster(resp.ClusterID) {
 			return
 		}
 		asked := make(map[string]bool, len(batch))
 		for _, c := range batch {
 			asked[c] = true
 		}
-		for _, st := range states {
-			if !asked[st.ID] || (st.State != wire.ConversationLost && st.State != wire.ConversationUnknown) {
+		for _, st := range resp.Conversations {
+			if !asked[st.ID] || st.State != wire.ConversationLost {
 				continue
 			}
-			// A turn claimed meanwhile keeps its sandbox. (None can be:
-			// neither a LOST nor an unknown conversation is ever claimed.)
+			// A turn claimed meanwhile keeps its sandbox. (None can be: a
+			// LOST conversation is never claimed.)
 			if d.turnRunsIn(st.ID) || ctx.Err() != nil {
 				continue
 			}
@@ -110,7 +114,7 @@ func (s *sweeper) round(ctx context.Context) {
 }
 
 // ask asks the control plane about one batch; false ends the round.
-func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationState, bool) {
+func (s *sweeper) ask(ctx context.Context, ids []string) (wire.ConversationStatesResponse, bool) {
 	d := s.d
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, wire.ConversationStatesRequest{ConversationIDs: ids})
@@ -122,7 +126,7 @@ func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationSta
 			s.failing, s.unsupported = false, false
 			d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, opSweep))
 		}
-		return resp.Conversations, true
+		return resp, true
 	case ctx.Err() != nil:
 	case status == http.StatusNotFound:
 		// A control plane older than the call: remove nothing and say so
@@ -138,7 +142,7 @@ func (s *sweeper) ask(ctx context.Context, ids []string) ([]wire.ConversationSta
 		s.failing = true
 		d.rec.ControlFailure(context.Background(), opSweep, diagnostics.Attempt{}, err)
 	}
-	return nil, false
+	return wire.ConversationStatesResponse{}, false
 }
 
 // remove removes one conversation's sandbox, with one record either way.

@@ -345,6 +345,9 @@ type HostHeartbeat struct {
 // HostHeartbeatResponse answers a host heartbeat.
 type HostHeartbeatResponse struct {
 	ServerTime time.Time `json:"server_time"`
+	// ClusterID is the control plane's cluster identity, created with its
+	// database (K8). The host pins the first it sees.
+	ClusterID string `json:"cluster_id"`
 }
 
 // MaxConversationIDs bounds the ids of one ConversationStatesRequest.
@@ -371,6 +374,10 @@ type ConversationState struct {
 // for, in the order asked.
 type ConversationStatesResponse struct {
 	Conversations []ConversationState `json:"conversations"`
+	// ClusterID is the identity of the database that answered (K8): a
+	// host removes a sandbox only on a LOST answer carrying the identity
+	// it pinned.
+	ClusterID string `json:"cluster_id"`
 }
 
 // ---- worker API: attempt scope (worker token) ----

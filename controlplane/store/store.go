@@ -260,5 +260,11 @@ type Store interface {
 	// none of those (K3).
 	ResumeAfterAbsence(ctx context.Context, now time.Time, maxGap time.Duration) (int, error)
 
+	// ClusterID is the cluster identity, created once with the database
+	// and never changed (K8): the control plane returns it on host calls,
+	// and a host removes sandboxes only on the word of the cluster it
+	// pinned at first contact.
+	ClusterID(ctx context.Context) (string, error)
+
 	Close() error
 }

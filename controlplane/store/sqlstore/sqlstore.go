@@ -337,8 +337,22 @@ func (s *Store) migrate(ctx context.Context) error {
 				return fmt.Errorf("record migration %s: %w", name, err)
 			}
 		}
+		// K8: a database gets its cluster identity once, with its schema.
+		if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO cluster (id, cluster_id) SELECT 1, ?
+			WHERE NOT EXISTS (SELECT 1 FROM cluster)`), newID("cluster")); err != nil {
+			return fmt.Errorf("create the cluster identity: %w", err)
+		}
 		return nil
 	})
+}
+
+// ClusterID returns the identity created with the database (K8).
+func (s *Store) ClusterID(ctx context.Context) (string, error) {
+	var id string
+	if err := s.r.QueryRowContext(ctx, `SELECT cluster_id FROM cluster WHERE id = 1`).Scan(&id); err != nil {
+		return "", fmt.Errorf("cluster identity: %w", err)
+	}
+	return id, nil
 }
 
 // newID returns a random identifier with a readable prefix, e.g. "job_…".

@@ -70,6 +70,7 @@ var tests = []test{
 	{"Affinity_OperatorLosesConversation", testAffinityOperatorLosesConversation},
 	{"K7_ReleaseCapFailsJob", testK7ReleaseCapFailsJob},
 	{"K7_BackoffJobNotInFrontOfOthers", testK7BackoffJobNotInFrontOfOthers},
+	{"K8_ClusterIdentity", testK8ClusterIdentity},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},

@@ -96,3 +96,18 @@ func testK7BackoffJobNotInFrontOfOthers(t *testing.T, st store.Store) {
 		t.Fatalf("after the backoff: claimed %s, want %s (then %s)", c.JobID, p.ID, pNext.ID)
 	}
 }
+
+// K8: the store has a cluster identity from its creation, the same on
+// every read.
+func testK8ClusterIdentity(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	a, err := st.ClusterID(f.ctx)
+	if err != nil || a == "" {
+		t.Fatalf("ClusterID = %q, %v", a, err)
+	}
+	f.enqueue(f.conversation().ID, "p")
+	f.runTurn(T0, 1)
+	if b, err := st.ClusterID(f.ctx); err != nil || b != a {
+		t.Fatalf("ClusterID again = %q, %v; want %q", b, err, a)
+	}
+}
