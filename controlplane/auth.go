@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -24,6 +25,21 @@ func NewToken(prefix string) string {
 	rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
 	return prefix + base64.RawURLEncoding.EncodeToString(b[:])
 }
+
+// WorkerTokenFor is the worker token of a claim made with the host's
+// idempotency key: HMAC-SHA256, keyed by that key, of the attempt id. The
+// store keeps only its hash, as for every token; a replay of the claim
+// (the same key with the same host token) derives the same token again,
+// so nothing stores it, and nobody without the key can.
+func WorkerTokenFor(key, attemptID string) string {
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte("runnerd worker token\x00" + attemptID))
+	return WorkerTokenPrefix + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// newAttemptID is the id of an attempt whose worker token derives from it
+// (WorkerTokenFor), in the store's own form.
+func newAttemptID() string { return "att_" + strings.ToLower(rand.Text()) }
 
 // HashToken is the only form of a token the store keeps.
 func HashToken(token string) []byte {

@@ -87,15 +87,27 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	if !validClaimKey(req.IdempotencyKey) {
+		writeError(w, invalid("idempotency_key must be empty or %d to %d characters of A-Z, a-z, 0-9, - and _.",
+			wire.MinIdempotencyKey, wire.MaxIdempotencyKey))
+		return
+	}
 	wait := s.longPoll(req.WaitMS)
 
-	// The token is handed out once, in this answer; the store keeps its hash.
+	// The token is handed out in this answer; the store keeps its hash. A
+	// keyed claim's token derives from the key, so that a replay can hand
+	// the same one out again without any store keeping it.
+	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl}
 	token := NewToken(WorkerTokenPrefix)
-	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl, WorkerTokenHash: HashToken(token)}
+	if key := req.IdempotencyKey; key != "" {
+		p.AttemptID = newAttemptID()
+		p.KeyHash = HashToken(key)
+		token = WorkerTokenFor(key, p.AttemptID)
+	}
+	p.WorkerTokenHash = HashToken(token)
 	var c wire.Claim
-	var held time.Duration
 	found, err := poll(r.Context(), wait, func(ctx context.Context) (bool, error) {
-		held = time.Since(arrived)
+		p.Held = time.Since(arrived)
 		var ok bool
 		var err error
 		if p.Now, err = s.cfg.Store.Now(ctx); err != nil {
@@ -114,16 +126,35 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.WorkerToken = token
-	// Rounded down: the host may count from a hair early, never late.
-	c.HeldMS = held.Milliseconds()
+	if c.Replayed {
+		// The first answer's attempt: its token, its hold (the store
+		// kept it, rounded down like this one: a hair early, never late).
+		c.WorkerToken = WorkerTokenFor(req.IdempotencyKey, c.AttemptID)
+	}
 	if c.LeaseTTLMS == 0 {
 		c.LeaseTTLMS = ttl.Milliseconds()
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgAttemptClaimed,
 		slog.String("job_id", c.JobID), slog.String("attempt_id", c.AttemptID),
 		slog.String("host", h.Name), slog.Int64("lease_generation", c.LeaseGeneration),
-		slog.Time("lease_expires_at", c.LeaseExpiresAt))
+		slog.Time("lease_expires_at", c.LeaseExpiresAt), slog.Bool("replayed", c.Replayed))
 	writeJSON(w, http.StatusOK, c)
+}
+
+// validClaimKey: empty, or wire's bounds of base32/base64url characters.
+func validClaimKey(k string) bool {
+	if k == "" {
+		return true
+	}
+	if len(k) < wire.MinIdempotencyKey || len(k) > wire.MaxIdempotencyKey {
+		return false
+	}
+	for _, r := range k {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {

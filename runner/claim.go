@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"log/slog"
 	"time"
@@ -29,6 +30,13 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
 	failures := 0
 	failing := false
+	// The claim in progress: its idempotency key and the send of its first
+	// request. A claim whose answer never came is asked again with the
+	// same key, so the attempt it may have made is resumed, not orphaned.
+	var pending struct {
+		key  string
+		sent time.Time
+	}
 	idle := func() bool {
 		d.health.expect(loopClaim, idleCheck+healthSlack)
 		t := time.NewTimer(idleCheck)
@@ -66,12 +74,21 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		}
 		d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
 		sent := time.Now()
+		if pending.key == "" || sent.Sub(pending.sent) >= d.cfg.Timings.LeaseTTL {
+			// A new claim (or one so old that its attempt's lease is over).
+			pending.key, pending.sent = rand.Text(), sent
+		}
 		ctx, cancelClaim := context.WithTimeout(claimCtx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
 		claim, err := d.control.Claim(ctx, d.cfg.HostToken, wire.ClaimRequest{
-			WaitMS:     d.cfg.ClaimWait.Milliseconds(),
-			LeaseTTLMS: d.cfg.Timings.LeaseTTL.Milliseconds(),
+			WaitMS:         d.cfg.ClaimWait.Milliseconds(),
+			LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
+			IdempotencyKey: pending.key,
 		})
 		cancelClaim()
+		first := pending.sent
+		if missing := err != nil && !errors.Is(err, wire.ErrNoClaim) && wire.Classify(err) == wire.Transient; !missing || claimCtx.Err() != nil {
+			pending.key = "" // answered (or given up): the next claim is a new one
+		}
 		switch status := diagnostics.Status(err); {
 		case err == nil:
 			d.claimDone(true)
@@ -80,7 +97,9 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			d.attempts.Add(1)
 			conv := claim.Turn.ConversationID
 			d.holdConversation(conv) // before the sweep can look again
-			start := leaseStart(sent, claim.Held(), time.Now())
+			// From the first request's send: a replayed answer's lease
+			// began with that request (K4, R10).
+			start := leaseStart(first, claim.Held(), time.Now())
 			go func() {
 				defer d.attempts.Done()
 				defer d.freeSlot()

@@ -284,7 +284,20 @@ type ServerList struct {
 type ClaimRequest struct {
 	WaitMS     int64 `json:"wait_ms"`      // long-poll bound; the server caps it
 	LeaseTTLMS int64 `json:"lease_ttl_ms"` // the lease the runner asks for; 0 = server default
+	// IdempotencyKey, chosen by the host at random for each claim and sent
+	// again only when the answer never came, makes the claim repeatable:
+	// the same key from the same host, while the attempt it created runs
+	// and its lease holds, gets that attempt again, worker token included.
+	// It is a secret like the host token (the worker token derives from
+	// it): never logged. Empty: every 200 is a new attempt.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
+
+// Bounds of ClaimRequest.IdempotencyKey: at least 128 bits of base32.
+const (
+	MinIdempotencyKey = 26
+	MaxIdempotencyKey = 128
+)
 
 // Claim is the 200 answer to a claim.
 type Claim struct {
@@ -298,7 +311,11 @@ type Claim struct {
 	// arrival (K4). The lease began no earlier than the request's send
 	// plus HeldMS, so the runner counts it from there: a long poll does
 	// not shorten the lease.
-	HeldMS      int64  `json:"held_ms"`
+	HeldMS int64 `json:"held_ms"`
+	// Replayed says this is the answer of an earlier claim with the same
+	// idempotency key, whose answer the host never received: the same
+	// attempt, generation, expiry, hold and worker token.
+	Replayed    bool   `json:"replayed,omitempty"`
 	WorkerToken string `json:"worker_token"` // this attempt only; never logged
 	Turn        Turn   `json:"turn"`
 }

@@ -86,6 +86,18 @@ type ClaimParams struct {
 	LeaseTTL        time.Duration
 	WorkerTokenHash []byte // hash of the worker token the server generated
 	Now             time.Time
+	// AttemptID is the new attempt's id when the caller chose it (the
+	// server derives a keyed claim's worker token from it); empty means
+	// the store picks one.
+	AttemptID string
+	// KeyHash is the hash of the host's idempotency key, or nil. The same
+	// key again from the same host, while that attempt runs and its lease
+	// holds, gets the same attempt back (wire.Claim.Replayed) instead of
+	// another one: a claim whose answer was lost is not an orphan.
+	KeyHash []byte
+	// Held is how long the server held the request before this claim
+	// (K4); it is kept with the attempt for a replayed answer.
+	Held time.Duration
 }
 
 // ReapParams are the inputs of one reaper sweep.

@@ -25,9 +25,10 @@ func guardArgs(ref wire.AttemptRef, now time.Time) []any {
 func args(first []any, rest ...any) []any { return append(first, rest...) }
 
 // Claim takes the oldest runnable job the host may run. The claim indexes
-// hold only queued heads of their conversations, so this is
-// the first entry of two partial indexes, each in the order of its ORDER
-// BY (TestQueryPlansUseIndexes).
+// hold only queued heads of their conversations, so this is the first
+// entry of two partial indexes, each in the order of its ORDER BY
+// (TestQueryPlansUseIndexes). With an idempotency key it first looks for
+// the host's live attempt of that key and answers it again (Replayed).
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, bool, error) {
 	if len(p.WorkerTokenHash) == 0 {
 		return wire.Claim{}, false, fmt.Errorf("claim: %w: worker token hash is required", store.ErrInvalid)
@@ -36,14 +37,28 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	if ttl <= 0 {
 		ttl = s.cfg.leaseTTL
 	}
+	var key any // NULL without a key
+	if len(p.KeyHash) > 0 {
+		key = hex.EncodeToString(p.KeyHash)
+	}
 	var c wire.Claim
 	var found bool
-	err := s.write(ctx, func(tx txn) error {
+	claim := func(tx txn) error {
 		found = false
+		if key != nil {
+			var err error
+			if c, found, err = s.replayClaim(ctx, tx, p.HostID, key.(string), p.Now); err != nil || found {
+				return err // a replay is the turn given before, not a new one: no pause stops it
+			}
+		}
 		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
 			return err
 		}
-		c = wire.Claim{AttemptID: newID("att"), LeaseTTLMS: ttl.Milliseconds()}
+		attemptID := p.AttemptID
+		if attemptID == "" {
+			attemptID = newID("att")
+		}
+		c = wire.Claim{AttemptID: attemptID, LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds()}
 		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now)).Scan(
 			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 		if errors.Is(err, sql.ErrNoRows) {
@@ -56,34 +71,73 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 		c.LeaseExpiresAt = fromNS(ns(exp))
 		var owner string
 		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
-			lease_ttl, lease_expires_at, claimed_at, token_hash)
-			SELECT ?, ?, ?, 'running', id, name, ?, ?, ?, ? FROM hosts WHERE id = ? RETURNING lease_owner`),
+			lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
+			SELECT ?, ?, ?, 'running', id, name, ?, ?, ?, ?, ?, ? FROM hosts WHERE id = ? RETURNING lease_owner`),
 			c.AttemptID, c.JobID, c.LeaseGeneration, int64(ttl), ns(exp), ns(p.Now),
-			hex.EncodeToString(p.WorkerTokenHash), p.HostID).Scan(&owner)
+			hex.EncodeToString(p.WorkerTokenHash), key, int64(p.Held), p.HostID).Scan(&owner)
 		if errors.Is(err, sql.ErrNoRows) {
 			return store.ErrNotFound // no such host; the job stays queued
 		}
 		if err != nil {
 			return err
 		}
-		var cmd string
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn
-			FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
-			&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn); err != nil {
-			return err
-		}
-		if err := json.Unmarshal([]byte(cmd), &c.Turn.AgentCommand); err != nil {
+		if err := s.claimTurn(ctx, tx, &c); err != nil {
 			return err
 		}
 		found = true
 		return s.event(ctx, tx, c.JobID, c.AttemptID, p.Now, "claimed", map[string]any{
 			"lease_owner": owner, "lease_generation": c.LeaseGeneration, "lease_expires_at": c.LeaseExpiresAt,
 		})
-	})
+	}
+	err := s.write(ctx, claim)
+	if err != nil && key != nil && isUniqueViolation(err) {
+		// The same key's first claim committed meanwhile (PostgreSQL, two
+		// requests at once): this time the lookup finds it.
+		err = s.write(ctx, claim)
+	}
 	if err != nil {
 		return wire.Claim{}, false, fmt.Errorf("claim: %w", err)
 	}
 	return c, found, nil
+}
+
+// replayClaim finds the host's running attempt claimed with key, its lease
+// not expired at now, and rebuilds its claim answer (the worker token is
+// the caller's to derive again).
+func (s *Store) replayClaim(ctx context.Context, tx txn, hostID, key string, now time.Time) (wire.Claim, bool, error) {
+	var c wire.Claim
+	var exp, ttl, held int64
+	err := tx.QueryRowContext(ctx, s.q(`SELECT a.id, a.job_id, a.generation, a.lease_expires_at, a.lease_ttl, a.claim_held,
+		j.conversation_id, j.seq, j.prompt
+		FROM attempts a JOIN jobs j ON j.id = a.job_id
+		WHERE a.host_id = ? AND a.claim_key = ? AND a.state = 'running' AND a.lease_expires_at > ?`),
+		hostID, key, ns(now)).Scan(&c.AttemptID, &c.JobID, &c.LeaseGeneration, &exp, &ttl, &held,
+		&c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, err
+	}
+	c.LeaseExpiresAt = fromNS(exp)
+	c.LeaseTTLMS = time.Duration(ttl).Milliseconds()
+	c.HeldMS = time.Duration(held).Milliseconds()
+	c.Replayed = true
+	if err := s.claimTurn(ctx, tx, &c); err != nil {
+		return c, false, err
+	}
+	return c, true, s.event(ctx, tx, c.JobID, c.AttemptID, now, "claim_replayed", map[string]any{"lease_generation": c.LeaseGeneration})
+}
+
+// claimTurn fills in the turn's conversation: its sandbox and boundary.
+func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
+	var cmd string
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn
+		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
+		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn); err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(cmd), &c.Turn.AgentCommand)
 }
 
 // claimStatement takes the next job for a host: the oldest queued head of

@@ -3,6 +3,7 @@ package storetest
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -109,5 +110,100 @@ func testK8ClusterIdentity(t *testing.T, st store.Store) {
 	f.runTurn(T0, 1)
 	if b, err := st.ClusterID(f.ctx); err != nil || b != a {
 		t.Fatalf("ClusterID again = %q, %v; want %q", b, err, a)
+	}
+}
+
+// keyedClaim claims on h with an idempotency key hash, the worker token
+// hash standing for the one the server would derive.
+func (f *fixture) keyedClaim(h store.Host, key, attemptID string, held time.Duration, now time.Time) (wire.Claim, bool) {
+	f.t.Helper()
+	c, ok, err := f.st.Claim(f.ctx, store.ClaimParams{HostID: h.ID, LeaseTTL: TTL, Now: now, Held: held,
+		AttemptID: attemptID, KeyHash: Hash(key), WorkerTokenHash: Hash(key + attemptID)})
+	if err != nil {
+		f.t.Fatalf("Claim with key %s: %v", key, err)
+	}
+	if ok && !c.Replayed {
+		f.tokens[c.AttemptID] = key + attemptID
+	}
+	return c, ok
+}
+
+// Issue 11 §11: a claim with an idempotency key, asked again by the same
+// host with the same key while its attempt runs and its lease holds, gets
+// the same attempt back — job, generation, expiry, the first answer's hold
+// — instead of taking another job; the job is not claimed twice. Another
+// host with the same key, or the key after the attempt ended or its lease
+// expired, is a new claim.
+func testClaimIdempotencyKey(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	other := f.newHost("host-b")
+	j1 := f.enqueue(f.conversation().ID, "first")
+	j2 := f.enqueue(f.conversation().ID, "second")
+	j3 := f.enqueue(f.conversation().ID, "third")
+
+	c1, ok := f.keyedClaim(f.host, "key-1", "att_key1", 7*time.Second, T0)
+	if !ok || c1.JobID != j1.ID || c1.Replayed || c1.AttemptID != "att_key1" || c1.HeldMS != 7000 {
+		t.Fatalf("first keyed claim = %+v, %v", c1, ok)
+	}
+	again, ok := f.keyedClaim(f.host, "key-1", "att_key1b", 0, at(10*time.Second))
+	if !ok || !again.Replayed || again.AttemptID != c1.AttemptID || again.JobID != c1.JobID ||
+		again.LeaseGeneration != c1.LeaseGeneration || !again.LeaseExpiresAt.Equal(c1.LeaseExpiresAt) ||
+		again.HeldMS != 7000 || again.LeaseTTLMS != c1.LeaseTTLMS || again.Turn.Prompt != "first" {
+		t.Fatalf("the same key again = %+v, want %+v", again, c1)
+	}
+	if got := f.job(j1.ID); len(got.Attempts) != 1 || got.AttemptCount != 1 {
+		t.Fatalf("a replay made another attempt: %+v", got)
+	}
+	if evs := f.events(j1.ID, "claim_replayed"); len(evs) != 1 {
+		t.Fatalf("claim_replayed events = %+v", evs)
+	}
+	// Another host's claim with the same key is its own.
+	if c, ok := f.keyedClaim(other, "key-1", "att_other", 0, at(11*time.Second)); !ok || c.Replayed || c.JobID != j2.ID {
+		t.Fatalf("another host, same key = %+v, %v", c, ok)
+	}
+	// Once the attempt has ended, the key claims anew.
+	f.admit(c1, at(12*time.Second))
+	f.settle(c1, 1, at(12*time.Second))
+	f.finish(c1, wire.OutcomeSucceeded, at(12*time.Second))
+	c3, ok := f.keyedClaim(f.host, "key-1", "att_key1c", 0, at(13*time.Second))
+	if !ok || c3.Replayed || c3.JobID != j3.ID {
+		t.Fatalf("the key after its attempt ended = %+v, %v", c3, ok)
+	}
+	// Past the lease, no replay: the reaper's to decide.
+	if c, ok := f.keyedClaim(f.host, "key-1", "att_key1d", 0, at(13*time.Second+TTL)); ok {
+		t.Fatalf("the key past its lease = %+v", c)
+	}
+	// Without a key, every claim is new (as before).
+	if _, ok := f.tryClaim(f.host, at(14*time.Second)); ok {
+		t.Fatal("a claim without a key found a job: all three are taken")
+	}
+}
+
+// Claims with the same key at once (a host's retry racing its first
+// request still in flight) make one attempt, which every one of them gets.
+func testRaceSameClaimKey(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	for i := range 3 {
+		f.enqueue(f.conversation().ID, fmt.Sprint("turn ", i))
+	}
+	const n = 8
+	got := make([]wire.Claim, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			id := fmt.Sprintf("att_race%d", i)
+			got[i], _, errs[i] = st.Claim(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: T0,
+				AttemptID: id, KeyHash: Hash("race-key"), WorkerTokenHash: Hash("race-key" + id)})
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil || got[i].AttemptID != got[0].AttemptID || got[i].JobID == "" {
+			t.Fatalf("claim %d = %+v, %v; claim 0 = %+v", i, got[i], errs[i], got[0])
+		}
+	}
+	if j := f.job(got[0].JobID); len(j.Attempts) != 1 {
+		t.Fatalf("job after %d claims with one key: %+v", n, j)
 	}
 }

@@ -71,6 +71,8 @@ var tests = []test{
 	{"K7_ReleaseCapFailsJob", testK7ReleaseCapFailsJob},
 	{"K7_BackoffJobNotInFrontOfOthers", testK7BackoffJobNotInFrontOfOthers},
 	{"K8_ClusterIdentity", testK8ClusterIdentity},
+	{"Claim_IdempotencyKeyReplays", testClaimIdempotencyKey},
+	{"Race_SameClaimKey", testRaceSameClaimKey},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
 	{"Race_P1_StaleWritesVsNewClaim", testRaceStaleWritesVsNewClaim},
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
