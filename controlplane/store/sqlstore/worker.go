@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -30,8 +31,8 @@ func args(first []any, rest ...any) []any { return append(first, rest...) }
 // (TestQueryPlansUseIndexes). With an idempotency key it first looks for
 // the host's live attempt of that key and answers it again (Replayed).
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, bool, error) {
-	if len(p.WorkerTokenHash) == 0 {
-		return wire.Claim{}, false, fmt.Errorf("claim: %w: worker token hash is required", store.ErrInvalid)
+	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) {
+		return wire.Claim{}, false, fmt.Errorf("claim: %w: a worker token hash is required, and a key hash of at least 8 bytes", store.ErrInvalid)
 	}
 	ttl := p.LeaseTTL
 	if ttl <= 0 {
@@ -46,6 +47,16 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	claim := func(tx txn) error {
 		found = false
 		if key != nil {
+			if s.d == postgres {
+				// Claims with one key take turns, so that a retry racing
+				// its first request, still in flight, finds its attempt
+				// rather than passing the rows it holds (SQLite's one
+				// writer does this by itself).
+				if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`,
+					int64(binary.BigEndian.Uint64(p.KeyHash[:8]))); err != nil {
+					return err
+				}
+			}
 			var err error
 			if c, found, err = s.replayClaim(ctx, tx, p.HostID, key.(string), p.Now); err != nil || found {
 				return err // a replay is the turn given before, not a new one: no pause stops it
@@ -89,13 +100,8 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 			"lease_owner": owner, "lease_generation": c.LeaseGeneration, "lease_expires_at": c.LeaseExpiresAt,
 		})
 	}
-	err := s.write(ctx, claim)
-	if err != nil && key != nil && isUniqueViolation(err) {
-		// The same key's first claim committed meanwhile (PostgreSQL, two
-		// requests at once): this time the lookup finds it.
-		err = s.write(ctx, claim)
-	}
-	if err != nil {
+	// attempts_claim_key holds one running attempt per host and key.
+	if err := s.write(ctx, claim); err != nil {
 		return wire.Claim{}, false, fmt.Errorf("claim: %w", err)
 	}
 	return c, found, nil
