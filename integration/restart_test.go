@@ -81,8 +81,8 @@ func TestKill9MidTurnThenRestart(t *testing.T) {
 	d = e.restart(d)
 
 	j := e.waitEnded(admittedJob.ID)
-	if j.State != wire.JobFailed || j.AttemptCount != 1 {
-		t.Errorf("admitted turn: want failed after one attempt, never replayed; got %s", describeJob(j))
+	if j.State != wire.JobFailed || j.AttemptCount != 0 || j.WorkerLostCount != 1 || len(j.Attempts) != 1 {
+		t.Errorf("admitted turn: want failed as one worker lost (P6: not counted as an attempt), never replayed; got %s", describeJob(j))
 	}
 	if c := e.conv(admitted.ID); c.State != wire.ConversationLost {
 		t.Errorf("admitted conversation is %s, want lost", c.State)
