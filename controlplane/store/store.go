@@ -100,6 +100,20 @@ type ClaimParams struct {
 	Held time.Duration
 }
 
+// JobFilter selects the jobs of ListJobs; an empty field selects every job.
+type JobFilter struct {
+	State          string // a wire.Job* state
+	ConversationID string
+	// Host is a host name: the jobs one of whose attempts it held the
+	// lease of (the attempt's lease_owner).
+	Host string
+	// Limit bounds the answer; 0 or less means DefaultJobListLimit.
+	Limit int
+}
+
+// DefaultJobListLimit bounds ListJobs when the filter sets no limit.
+const DefaultJobListLimit = 100
+
 // ReapParams are the inputs of one reaper sweep.
 type ReapParams struct {
 	Now time.Time
@@ -189,6 +203,9 @@ type Store interface {
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
 	// GetJob returns the job with its attempts and events.
 	GetJob(ctx context.Context, id string) (wire.Job, error)
+	// ListJobs lists the jobs f selects, newest first, each with its
+	// attempts but not its events (Admin → Jobs).
+	ListJobs(ctx context.Context, f JobFilter) ([]wire.Job, error)
 	// JobEvents returns events numbered above after, in order, at most
 	// limit. Events are numbered per job from 1, and a job's events become
 	// visible in the order of their numbers, so a follower paging by the

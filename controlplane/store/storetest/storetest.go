@@ -40,6 +40,7 @@ var tests = []test{
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
 	{"AuthorizeAttempt", testAuthorizeAttempt},
+	{"ListJobs", testListJobs},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},
 	{"EventsIdempotentBySeq", testEventsIdempotent},
