@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // Token prefixes say what a token is when one turns up where it should not.
@@ -50,23 +51,61 @@ func HashToken(token string) []byte {
 // bearer returns the token of an "Authorization: Bearer" header, or, for
 // a browser on the admin page, the password of Basic authentication.
 func bearer(r *http.Request) string {
+	tok, _ := credential(r)
+	return tok
+}
+
+// credential is bearer, also saying whether the token came from Basic
+// authentication: the credential a browser caches and sends by itself,
+// to any site's request.
+func credential(r *http.Request) (token string, basic bool) {
 	h := r.Header.Get("Authorization")
 	scheme, tok, ok := strings.Cut(h, " ")
 	if ok && strings.EqualFold(scheme, "Bearer") {
-		return strings.TrimSpace(tok)
+		return strings.TrimSpace(tok), false
 	}
 	if _, pw, ok := r.BasicAuth(); ok {
-		return pw
+		return pw, true
 	}
-	return ""
+	return "", false
 }
+
+// safeMethod: a request that changes nothing (net/http's CrossOriginProtection
+// lets these through too).
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// errBasicNotForWrites refuses a change sent with Basic credentials anywhere
+// but the admin pages' own forms: a browser attaches cached Basic
+// credentials to a form another site makes it post.
+var errBasicNotForWrites = refuse(http.StatusUnauthorized, wire.CodeUnauthorized,
+	"This call needs the token in an Authorization: Bearer header; Basic credentials only open the admin pages and their forms.")
+
+// errCrossOrigin refuses a browser's change sent from another origin.
+var errCrossOrigin = refuse(http.StatusForbidden, wire.CodeForbidden,
+	"This request came from another site's page and was refused.")
 
 // user wraps a user-API handler with the user token check: the token must
 // be one the store holds and has not revoked. Neither the token nor its
-// hash is ever logged or echoed.
-func (s *Server) user(h http.HandlerFunc) http.HandlerFunc {
+// hash is ever logged or echoed. A change (any method but GET, HEAD and
+// OPTIONS) is refused when a browser sent it from another origin, and
+// when its token came by Basic authentication (see adminForm).
+func (s *Server) user(h http.HandlerFunc) http.HandlerFunc { return s.userAuth(false, h) }
+
+// userAuth is user; form says h is an admin form, which checks its own
+// CSRF token and so may take Basic credentials.
+func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		tok := bearer(r)
+		if err := s.cop.Check(r); err != nil {
+			writeError(w, errCrossOrigin)
+			return
+		}
+		tok, basic := credential(r)
+		if basic && !form && !safeMethod(r.Method) {
+			writeError(w, errBasicNotForWrites)
+			return
+		}
 		refused := errNoToken
 		if tok != "" {
 			t, err := s.cfg.Store.UserTokenByHash(r.Context(), HashToken(tok))

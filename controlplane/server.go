@@ -78,6 +78,9 @@ type Config struct {
 type Server struct {
 	cfg Config
 	log *slog.Logger
+	// cop refuses a browser's cross-origin change to the user API and
+	// the admin forms (CSRF); its zero configuration trusts no other origin.
+	cop *http.CrossOriginProtection
 }
 
 // New returns a server for cfg with its defaults filled in.
@@ -103,7 +106,7 @@ func New(cfg Config) *Server {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger}
+	s := &Server{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection()}
 	cfg.Metrics.server.CompareAndSwap(nil, s) // the first server of these metrics shows its store
 	return s
 }
@@ -148,11 +151,21 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}/events", s.user(s.handleJobEvents))
 	mux.HandleFunc("POST /v1/jobs/{id}/cancel", s.user(s.handleCancelJob))
 	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
-	mux.HandleFunc("GET /admin/servers", s.user(s.handleServersPage))
 	mux.HandleFunc("POST /v1/admin/conversations/{id}/lose", s.user(s.handleLoseConversation))
 	for _, action := range []string{"pause", "resume", "rotate-token", "remove"} {
 		mux.HandleFunc("POST "+PathAdminHost+action, bearerOnly(s.user(s.handleHostAction(action))))
 	}
+
+	// Admin pages and their forms (admin.go).
+	mux.Handle("GET /admin/{$}", http.RedirectHandler("/admin/servers", http.StatusSeeOther))
+	mux.HandleFunc("GET /admin/servers", s.user(s.handleServersPage))
+	mux.HandleFunc("GET /admin/jobs", s.user(s.handleJobsPage))
+	mux.HandleFunc("GET /admin/jobs/{id}", s.user(s.handleJobPage))
+	mux.HandleFunc("GET /admin/conversations", s.user(s.handleConversationsPage))
+	mux.HandleFunc("POST /admin/jobs/{id}/cancel", s.adminForm(s.handleCancelJobForm))
+	mux.HandleFunc("POST /admin/conversations/{id}/lose", s.adminForm(s.handleLoseConversationForm))
+	mux.HandleFunc("POST /admin/servers/{name}/pause", s.adminForm(s.handleHostForm(true)))
+	mux.HandleFunc("POST /admin/servers/{name}/resume", s.adminForm(s.handleHostForm(false)))
 
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errNoRoute)
