@@ -133,6 +133,7 @@ table { border-collapse: collapse; margin-bottom: 1.2em; }
 th, td { text-align: left; padding: .3em .8em; border-bottom: 1px solid #ddd; vertical-align: top; }
 th { background: #f4f4f4; }
 td.num { text-align: right; }
+td:first-child, time { white-space: nowrap; }
 code, .mono { font-family: ui-monospace, monospace; font-size: 13px; }
 .launch-error, .stale, .lost { color: #a40000; font-weight: 600; }
 .draining, .paused { color: #8a5a00; font-weight: 600; }
@@ -152,7 +153,7 @@ button { font: inherit; cursor: pointer; }
 <a href="/admin/conversations"{{if eq .Nav "conversations"}} class="here"{{end}}>Conversations</a>
 </nav>
 {{template "content" .}}
-<p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock, on which leases are judged{{with .Skew}} (this replica's own clock is {{.}} off it){{end}}; this page reloads every {{.Refresh}} s.</p>
+<p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock{{with .Skew}}; this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}; this page reloads every {{.Refresh}} s.</p>
 </body>
 </html>
 {{end}}`
@@ -549,23 +550,17 @@ func (s *Server) handleCancelJobForm(w http.ResponseWriter, r *http.Request) {
 
 // handleLoseConversationForm is Admin → Conversations' Mark lost button.
 func (s *Server) handleLoseConversationForm(w http.ResponseWriter, r *http.Request) {
-	_, err := s.loseConversation(w, r, "lose_conversation_form")
-	if err == errNoClock {
+	now, ok := s.now(w, r, "lose_conversation_form")
+	if !ok {
 		return
 	}
+	_, err := s.loseConversation(r, now)
 	s.formDone(w, r, "lose_conversation_form", "/admin/conversations", err)
 }
 
-// errNoClock: the store's clock could not be read; the answer is written.
-var errNoClock = errors.New("no clock")
-
 // loseConversation marks the path's conversation LOST on an operator's
 // word and records it.
-func (s *Server) loseConversation(w http.ResponseWriter, r *http.Request, op string) (wire.Conversation, error) {
-	now, ok := s.now(w, r, op)
-	if !ok {
-		return wire.Conversation{}, errNoClock
-	}
+func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversation, error) {
 	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), now)
 	if err != nil {
 		return c, err
@@ -580,10 +575,11 @@ func (s *Server) loseConversation(w http.ResponseWriter, r *http.Request, op str
 // plain words instead of waiting for that host for ever. Refused (400)
 // while a turn of it runs; a LOST conversation is answered as it is.
 func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) {
-	c, err := s.loseConversation(w, r, "lose_conversation")
-	if err == errNoClock {
+	now, ok := s.now(w, r, "lose_conversation")
+	if !ok {
 		return
 	}
+	c, err := s.loseConversation(r, now)
 	if err != nil {
 		s.fail(w, r, "lose_conversation", err)
 		return

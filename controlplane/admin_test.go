@@ -1,0 +1,209 @@
+package controlplane_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// adminRequest is a browser's request to the admin pages: Basic
+// credentials (what a browser caches), extra headers, a form body.
+type adminRequest struct {
+	method, path string
+	form         url.Values
+	header       map[string]string
+	bearer       bool // the token in a Bearer header instead of Basic
+	token        string
+}
+
+func (f *fixture) admin(ar adminRequest) (int, string, http.Header) {
+	f.t.Helper()
+	var body io.Reader
+	if ar.form != nil {
+		body = strings.NewReader(ar.form.Encode())
+	}
+	req, err := http.NewRequest(ar.method, f.url+ar.path, body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if ar.form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	tok := ar.token
+	if tok == "" {
+		tok = userToken
+	}
+	if ar.bearer {
+		req.Header.Set("Authorization", "Bearer "+tok)
+	} else {
+		req.SetBasicAuth("admin", tok)
+	}
+	for k, v := range ar.header {
+		req.Header.Set(k, v)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		f.t.Fatalf("%s %s: %v", ar.method, ar.path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return resp.StatusCode, string(b), resp.Header
+}
+
+var csrfInput = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// csrfOf reads the CSRF token a page's forms carry.
+func csrfOf(t *testing.T, page string) string {
+	t.Helper()
+	m := csrfInput.FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("the page has no form with a CSRF token:\n%s", page)
+	}
+	return m[1]
+}
+
+// A browser that cached the admin page's Basic credentials sends them to
+// any site's request. So a change is refused from another origin (by
+// Sec-Fetch-Site or Origin, net/http.CrossOriginProtection), an admin form
+// is refused without the page's CSRF token (or with another token's), and
+// the /v1 API refuses changes with Basic credentials at all; only the
+// page's own form, same-origin, with its token, cancels the job.
+func TestAdminFormsRefuseCrossSitePosts(t *testing.T) {
+	f := newFixture(t)
+	c := f.newConversation()
+	j := f.send(c.ID, "hello")
+	jobPath := "/admin/jobs/" + j.ID
+	status, page, _ := f.admin(adminRequest{method: "GET", path: jobPath})
+	if status != http.StatusOK {
+		t.Fatalf("GET %s: %d", jobPath, status)
+	}
+	token := csrfOf(t, page)
+	other := controlplane.NewToken(controlplane.UserTokenPrefix)
+	if _, err := f.st.CreateUserToken(context.Background(), "other", controlplane.HashToken(other), f.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	_, otherPage, _ := f.admin(adminRequest{method: "GET", path: jobPath, token: other})
+	if csrfOf(t, otherPage) == token {
+		t.Fatal("two user tokens get the same CSRF token")
+	}
+
+	cancel := jobPath + "/cancel"
+	sameOrigin := map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": f.url}
+	refused := []struct {
+		name   string
+		req    adminRequest
+		status int
+	}{
+		{"no CSRF token", adminRequest{method: "POST", path: cancel, form: url.Values{}, header: sameOrigin}, http.StatusForbidden},
+		{"a wrong CSRF token", adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {"x" + token}}, header: sameOrigin}, http.StatusForbidden},
+		{"another user token's CSRF token", adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}}, header: sameOrigin, token: other}, http.StatusForbidden},
+		{"a cross-site form with the right token", adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}},
+			header: map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "http://evil.example"}}, http.StatusForbidden},
+		{"another origin, no fetch metadata", adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}},
+			header: map[string]string{"Origin": "http://evil.example"}}, http.StatusForbidden},
+		{"a same-site page on another port", adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}},
+			header: map[string]string{"Sec-Fetch-Site": "same-site"}}, http.StatusForbidden},
+		{"the /v1 cancel with Basic credentials", adminRequest{method: "POST", path: "/v1/jobs/" + j.ID + "/cancel"}, http.StatusUnauthorized},
+		{"the /v1 lose with Basic credentials", adminRequest{method: "POST", path: "/v1/admin/conversations/" + c.ID + "/lose"}, http.StatusUnauthorized},
+		{"the /v1 cancel from another site, bearer", adminRequest{method: "POST", path: "/v1/jobs/" + j.ID + "/cancel", bearer: true,
+			header: map[string]string{"Sec-Fetch-Site": "cross-site"}}, http.StatusForbidden},
+		{"the lose form from another site", adminRequest{method: "POST", path: "/admin/conversations/" + c.ID + "/lose", form: url.Values{"csrf": {token}},
+			header: map[string]string{"Sec-Fetch-Site": "cross-site"}}, http.StatusForbidden},
+	}
+	for _, tc := range refused {
+		if status, body, _ := f.admin(tc.req); status != tc.status {
+			t.Fatalf("%s: HTTP %d, want %d: %s", tc.name, status, tc.status, body)
+		}
+		if got := f.job(j.ID); got.State != wire.JobQueued || got.CancelRequested {
+			t.Fatalf("%s: the job was changed: %+v", tc.name, got)
+		}
+		if got, _ := f.st.GetConversation(context.Background(), c.ID); got.State != wire.ConversationUsable {
+			t.Fatalf("%s: the conversation was changed: %+v", tc.name, got)
+		}
+	}
+
+	// The page's own form: same origin, its token. A 303 back to the job.
+	status, _, h := f.admin(adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}}, header: sameOrigin})
+	if status != http.StatusSeeOther || h.Get("Location") != jobPath {
+		t.Fatalf("the page's own cancel form: HTTP %d to %q", status, h.Get("Location"))
+	}
+	if got := f.job(j.ID); got.State != wire.JobCancelled {
+		t.Fatalf("after the page's own cancel form the job is %s", got.State)
+	}
+	// A tool with a Bearer header and no browser headers is not a browser: let in.
+	j2 := f.send(c.ID, "again")
+	f.expect("POST", "/v1/jobs/"+j2.ID+"/cancel", userToken, "", http.StatusOK, "")
+	// A form already answered says why, in words, with its status.
+	status, body, _ := f.admin(adminRequest{method: "POST", path: cancel, form: url.Values{"csrf": {token}}, header: sameOrigin})
+	if status != http.StatusGone || !strings.Contains(body, "already ended") {
+		t.Fatalf("cancelling an ended job from its page: HTTP %d: %s", status, body)
+	}
+}
+
+// Admin → Jobs filters by state, conversation and the host that held a
+// lease, and each page escapes what it shows.
+func TestAdminJobsFilter(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	hostB := f.addHost("host-b")
+	c1, c2 := f.newConversation(), f.newConversation()
+	j1 := f.send(c1.ID, "one")
+	j2 := f.send(c2.ID, "two")
+	if a := f.claim(); a.JobID != j1.ID {
+		t.Fatalf("host-a claimed %s, want %s", a.JobID, j1.ID)
+	}
+	if b, err := f.wc.Claim(ctx, hostB, wire.ClaimRequest{}); err != nil || b.JobID != j2.ID {
+		t.Fatalf("host-b's claim: %+v, %v", b, err)
+	}
+	j3 := f.send(c1.ID, "three") // queued behind j1
+
+	listed := func(query string) []string {
+		t.Helper()
+		status, page, _ := f.admin(adminRequest{method: "GET", path: "/admin/jobs?" + query})
+		if status != http.StatusOK {
+			t.Fatalf("GET /admin/jobs?%s: %d: %s", query, status, page)
+		}
+		var ids []string
+		for _, m := range regexp.MustCompile(`data-job="([^"]+)"`).FindAllStringSubmatch(page, -1) {
+			ids = append(ids, m[1])
+		}
+		return ids
+	}
+	for _, tc := range []struct {
+		query string
+		want  []string
+	}{
+		{"", []string{j3.ID, j2.ID, j1.ID}},
+		{"state=running", []string{j2.ID, j1.ID}},
+		{"state=queued", []string{j3.ID}},
+		{"conversation=" + c1.ID, []string{j3.ID, j1.ID}},
+		{"host=host-b", []string{j2.ID}},
+		{"host=host-a&state=running", []string{j1.ID}},
+		{"state=succeeded", nil},
+	} {
+		if got := listed(tc.query); strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Fatalf("Admin → Jobs ?%s lists %v, want %v", tc.query, got, tc.want)
+		}
+	}
+	if status, _, _ := f.admin(adminRequest{method: "GET", path: "/admin/jobs?state=bogus"}); status != http.StatusBadRequest {
+		t.Fatalf("an unknown state filter: HTTP %d, want 400", status)
+	}
+	status, page, _ := f.admin(adminRequest{method: "GET", path: "/admin/jobs?host=" + url.QueryEscape(`"><script>x</script>`)})
+	if status != http.StatusOK || strings.Contains(page, "<script>") {
+		t.Fatalf("the host filter is not escaped: %d\n%s", status, page)
+	}
+	if status, _, h := f.admin(adminRequest{method: "GET", path: "/admin/"}); status != http.StatusSeeOther || h.Get("Location") != "/admin/servers" {
+		t.Fatalf("/admin/: HTTP %d to %q", status, h.Get("Location"))
+	}
+}

@@ -1,0 +1,319 @@
+package controlplane_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"html"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// The admin pages in a real browser: Debian's chromium, headless, driven
+// over the DevTools protocol (chromedp). One browser serves the whole test
+// binary; each test opens its own tab. Without chromium these tests skip,
+// unless RUNNERD_REQUIRE_BROWSER=1 (.ci/run sets it) makes that a failure.
+
+// browser is the test binary's one chromium, started by the first browser
+// test and ended by TestMain (closeBrowser).
+var browser struct {
+	once   sync.Once
+	ctx    context.Context // the browser's own; tabs are opened in it
+	cancel context.CancelFunc
+	err    error
+}
+
+// browserTimeout bounds each step a test asks of the browser.
+const browserTimeout = 30 * time.Second
+
+func chromiumPath() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "headless-shell"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// closeBrowser ends the browser if a test started it.
+func closeBrowser() {
+	if browser.cancel != nil {
+		browser.cancel()
+	}
+}
+
+// newTab opens a tab of the shared browser that sends the user token as
+// Basic credentials with every request, as a browser that cached them
+// after the admin page's challenge does (to every site's requests: which
+// is what the CSRF defence is for).
+func newTab(t *testing.T) context.Context {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		if os.Getenv("RUNNERD_REQUIRE_BROWSER") == "1" {
+			t.Fatal("chromium is not on PATH and RUNNERD_REQUIRE_BROWSER=1: install it (apt-get install chromium)")
+		}
+		t.Skip("chromium is not on PATH: the admin pages' browser tests are skipped (apt-get install chromium; RUNNERD_REQUIRE_BROWSER=1 makes this a failure)")
+	}
+	browser.once.Do(func() {
+		opts := append(chromedp.DefaultExecAllocatorOptions[:],
+			chromedp.ExecPath(path),
+			chromedp.WindowSize(1280, 900),
+			chromedp.Flag("disable-dev-shm-usage", true),
+		)
+		if os.Geteuid() == 0 {
+			opts = append(opts, chromedp.NoSandbox) // chromium refuses to run as root with its sandbox
+		}
+		actx, acancel := chromedp.NewExecAllocator(context.Background(), opts...)
+		bctx, bcancel := chromedp.NewContext(actx)
+		browser.ctx = bctx
+		browser.cancel = func() { bcancel(); acancel() }
+		browser.err = chromedp.Do(bctx) // starts chromium
+	})
+	if browser.err != nil {
+		t.Fatalf("start chromium (%s): %v", path, browser.err)
+	}
+	tab, cancel := chromedp.NewContext(browser.ctx)
+	t.Cleanup(cancel)
+	basic := base64.StdEncoding.EncodeToString([]byte("admin:" + userToken))
+	// The tab's first action opens it, on the tab's own context: a
+	// deadline on that one would close the tab when it passed.
+	if err := chromedp.Do(tab, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		if _, err := cdp.Call(ctx, tg, network.Enable, network.EnableParams{}); err != nil {
+			return err
+		}
+		_, err := cdp.Call(ctx, tg, network.SetExtraHTTPHeaders, network.SetExtraHTTPHeadersParams{
+			Headers: network.Headers{"Authorization": "Basic " + basic}})
+		return err
+	})); err != nil {
+		t.Fatalf("open a tab: %v", err)
+	}
+	return tab
+}
+
+// run runs browser steps, bounded by browserTimeout.
+func run(t *testing.T, tab context.Context, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, browserTimeout)
+	defer cancel()
+	if err := chromedp.Do(ctx, steps...); err != nil {
+		t.Fatalf("browser, %s: %v", what, err)
+	}
+}
+
+// get runs one browser action that reads a value, bounded by browserTimeout.
+func get[T any](t *testing.T, tab context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, browserTimeout)
+	defer cancel()
+	v, err := chromedp.Run(ctx, a)
+	if err != nil {
+		t.Fatalf("browser, %s: %v", what, err)
+	}
+	return v
+}
+
+// visit opens url and returns the text of selector as the page renders it.
+func visit(t *testing.T, tab context.Context, url, selector string) string {
+	t.Helper()
+	run(t, tab, "open "+url, chromedp.Navigate(url))
+	return textOf(t, tab, selector)
+}
+
+// textOf is the rendered text of the first node selector matches.
+func textOf(t *testing.T, tab context.Context, selector string) string {
+	t.Helper()
+	return get(t, tab, "read "+selector, chromedp.Text(chromedp.CSS(selector), chromedp.NodeVisible))
+}
+
+// screenshot saves the whole page as a PNG in the test's temporary
+// directory (RUNNERD_SCREENSHOT_DIR keeps them elsewhere, to look at).
+func screenshot(t *testing.T, tab context.Context, name string) {
+	t.Helper()
+	png := get(t, tab, "screenshot "+name, chromedp.FullScreenshot(100))
+	dir := os.Getenv("RUNNERD_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	p := filepath.Join(dir, name+".png")
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot %s (%d bytes)", p, len(png))
+}
+
+func contains(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Fatalf("%s does not read %q; it reads:\n%s", what, w, text)
+		}
+	}
+}
+
+// What a person sees on each admin page: a host's launch error beside
+// the host; a job's attempts in generation order with their lease owners,
+// expiries, events and the stale report of the superseded one, which names
+// the next attempt only because that attempt's events exist (R19, R20); a
+// LOST conversation in plain words (R32).
+func TestBrowserAdminPages(t *testing.T) {
+	tab := newTab(t)
+	f := newFixture(t)
+	ctx := context.Background()
+	hostB := f.addHost("host-b")
+
+	// One job superseded on host-a, claimed again by host-b; host-a's
+	// late renewal is refused and recorded as a stale report.
+	conv := f.newConversation()
+	f.send(conv.ID, "hello")
+	a := f.claim()
+	f.clock.Advance(controlplane.DefaultLeaseTTL + controlplane.DefaultReaperGrace + time.Second)
+	f.srv.Sweep(ctx)
+	b, err := f.wc.Claim(ctx, hostB, wire.ClaimRequest{})
+	if err != nil || b.JobID != a.JobID {
+		t.Fatalf("host-b's claim: %+v, %v", b, err)
+	}
+	if _, err := f.wc.Renew(ctx, a.WorkerToken, a.JobID, wire.RenewRequest{AttemptRef: ref(a)}); err == nil {
+		t.Fatal("host-a's renewal after the supersession was accepted")
+	}
+
+	// A conversation lost because its admitted turn failed unsettled (R30).
+	lost := f.newConversation()
+	f.send(lost.ID, "hi")
+	l := f.claim()
+	if _, err := f.wc.Admission(ctx, l.WorkerToken, l.JobID, wire.AdmissionRequest{AttemptRef: ref(l), ActivationID: "act-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.wc.Finish(ctx, l.WorkerToken, l.JobID, wire.FinishRequest{AttemptRef: ref(l), Outcome: wire.OutcomeFailed, Class: "agent_exit"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// host-a's launches fail; host-b is healthy.
+	since := f.clock.Now().Add(-2 * time.Minute)
+	if _, err := f.wc.HostHeartbeat(ctx, f.hostToken, wire.HostHeartbeat{Capacity: 2,
+		LaunchError: &wire.LaunchError{Class: "spawn_failed", Consecutive: 4, Since: since}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.wc.HostHeartbeat(ctx, hostB, wire.HostHeartbeat{Capacity: 4, Running: 1, Version: "v1.2"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Servers: the launch error in host-a's own row, none in host-b's.
+	rowA := visit(t, tab, f.url+"/admin/servers", `tr[data-host="host-a"]`)
+	contains(t, "host-a's row", rowA, "host-a", "spawn_failed: 4 consecutive launch failure(s) since", "claims paused", "0 / 2")
+	rowB := textOf(t, tab, `tr[data-host="host-b"]`)
+	contains(t, "host-b's row", rowB, "host-b", "none", "1 / 4", "v1.2")
+	if strings.Contains(rowB, "spawn_failed") {
+		t.Fatalf("host-b's row shows host-a's launch error: %s", rowB)
+	}
+	screenshot(t, tab, "servers")
+
+	// Jobs, filtered by host-b: the job, linked to its page.
+	row := visit(t, tab, f.url+"/admin/jobs?host=host-b", `tr[data-job="`+a.JobID+`"]`)
+	contains(t, "the job's row", row, a.JobID, "running", "host-b")
+	run(t, tab, "follow the job's link", chromedp.Click(chromedp.CSS(`tr[data-job="`+a.JobID+`"] a`)), chromedp.WaitVisible(chromedp.CSS(`#attempts`)))
+
+	// The job's timeline: generation 1 on host-a, then 2 on host-b.
+	gens := get(t, tab, "read the attempts", chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#attempts > li")).map(li => li.dataset.generation + " " + li.querySelector("h3").innerText)`))
+	if len(gens) != 2 || !strings.HasPrefix(gens[0], "1 Generation 1 on host-a: superseded") || !strings.HasPrefix(gens[1], "2 Generation 2 on host-b: running") {
+		t.Fatalf("the job's attempts read %q; want generation 1 on host-a (superseded), then 2 on host-b (running)", gens)
+	}
+	first := textOf(t, tab, `#attempts > li[data-generation="1"]`)
+	contains(t, "the superseded attempt", first, a.AttemptID, "lease_owner", "lease_expires_at", "claimed", "attempt_superseded",
+		"lease.stale_report", "1 write(s) from this attempt arrived after its lease was lost", "does not show", "generation 2 on host-b")
+	second := textOf(t, tab, `#attempts > li[data-generation="2"]`)
+	contains(t, "the running attempt", second, b.AttemptID, "claimed", "(in ")
+	timeline := textOf(t, tab, `#timeline`)
+	if i, j := strings.Index(timeline, "attempt_superseded"), strings.LastIndex(timeline, "lease.stale_report"); i < 0 || j < i {
+		t.Fatalf("the event timeline does not put the stale report after the supersession:\n%s", timeline)
+	}
+	screenshot(t, tab, "job")
+
+	// Conversations: LOST in the owner's plain words.
+	lostRow := visit(t, tab, f.url+"/admin/conversations", `tr[data-conversation="`+lost.ID+`"]`)
+	contains(t, "the lost conversation's row", lostRow, "Lost: This conversation is no longer available: a reply was interrupted partway through and could not be safely continued.")
+	for _, jargon := range []string{"lease", "attempt", "admitted", "R30"} {
+		if strings.Contains(strings.ToLower(lostRow[:strings.Index(lostRow, "continued.")]), jargon) {
+			t.Fatalf("the lost conversation's words say %q: %s", jargon, lostRow)
+		}
+	}
+	contains(t, "the usable conversation's row", textOf(t, tab, `tr[data-conversation="`+conv.ID+`"]`), "Usable", "Mark lost")
+	screenshot(t, tab, "conversations")
+}
+
+// In a real browser holding the admin credentials, another site's form
+// that posts to the control plane is refused and changes nothing; the job
+// page's own Cancel button works.
+func TestBrowserCrossSiteFormRefused(t *testing.T) {
+	tab := newTab(t)
+	f := newFixture(t)
+	c := f.newConversation()
+	j := f.send(c.ID, "hello")
+
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		fmt.Fprintf(w, `<!doctype html><title>Win a prize</title>
+<form method="post" action="%[1]s/admin/jobs/%[2]s/cancel"><input type="hidden" name="csrf" value="guessed"><button id="form">Claim prize</button></form>
+<form method="post" action="%[1]s/v1/jobs/%[2]s/cancel"><button id="api">Claim another</button></form>
+<form method="post" action="%[1]s/v1/admin/conversations/%[3]s/lose"><button id="lose">And another</button></form>`,
+			html.EscapeString(f.url), j.ID, c.ID)
+	}))
+	t.Cleanup(evil.Close)
+	// localhost and 127.0.0.1 are different sites to the browser.
+	evilURL := strings.Replace(evil.URL, "127.0.0.1", "localhost", 1)
+
+	for _, button := range []struct {
+		sel    string
+		status int64
+	}{{"#form", http.StatusForbidden}, {"#api", http.StatusForbidden}, {"#lose", http.StatusForbidden}} {
+		run(t, tab, "open another site's page", chromedp.Navigate(evilURL))
+		resp := click(t, tab, button.sel)
+		body := textOf(t, tab, "body")
+		if resp.Status != button.status || !strings.Contains(body, "another site") {
+			t.Fatalf("another site's %s: the control plane answered %d %q, want %d and a refusal", button.sel, resp.Status, body, button.status)
+		}
+		if got := f.job(j.ID); got.State != wire.JobQueued || got.CancelRequested {
+			t.Fatalf("another site's %s cancelled the job: %+v", button.sel, got)
+		}
+		if got, _ := f.st.GetConversation(context.Background(), c.ID); got.State != wire.ConversationUsable {
+			t.Fatalf("another site's %s lost the conversation", button.sel)
+		}
+	}
+
+	// The job page's own button.
+	visit(t, tab, f.url+"/admin/jobs/"+j.ID, `#cancel`)
+	if resp := click(t, tab, "#cancel"); resp.Status != http.StatusOK || !strings.HasSuffix(resp.URL, "/admin/jobs/"+j.ID) {
+		t.Fatalf("the page's Cancel button led to %d %s, want the job page again", resp.Status, resp.URL)
+	}
+	contains(t, "the job after its Cancel button", textOf(t, tab, `#job`), "cancelled", "Cancelled.")
+	if got := f.job(j.ID); got.State != wire.JobCancelled {
+		t.Fatalf("the page's own Cancel button left the job %s", got.State)
+	}
+}
+
+// click clicks selector and waits for the page it leads to, returning
+// that page's response.
+func click(t *testing.T, tab context.Context, selector string) *network.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(tab, browserTimeout)
+	defer cancel()
+	resp, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(selector), chromedp.NodeVisible))
+	if err != nil {
+		t.Fatalf("browser, click %s: %v", selector, err)
+	}
+	return resp
+}
