@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,10 +27,10 @@ func attemptsNamed(b []byte) []string {
 	return ids
 }
 
-// R20 over HTTP: after the reaper supersedes an attempt, the job view and
-// its event feed name that attempt only — nothing announces another one —
-// until a host claims the turn; the new attempt then appears with its own
-// claimed event.
+// R20 over HTTP: after the reaper supersedes an attempt, the job view, its
+// event feed and its admin page name that attempt only — nothing announces
+// another one, the page says no later attempt has events — until a host
+// claims the turn; the new attempt then appears with its own claimed event.
 func TestSupersededJobViewAnnouncesNoOtherAttempt(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -38,7 +39,7 @@ func TestSupersededJobViewAnnouncesNoOtherAttempt(t *testing.T) {
 	f.clock.Advance(controlplane.DefaultLeaseTTL + controlplane.DefaultReaperGrace + time.Second)
 	f.srv.Sweep(ctx)
 
-	for _, path := range []string{"/v1/jobs/" + a.JobID, "/v1/jobs/" + a.JobID + "/events"} {
+	for _, path := range []string{"/v1/jobs/" + a.JobID, "/v1/jobs/" + a.JobID + "/events", "/admin/jobs/" + a.JobID} {
 		_, body := f.do(http.MethodGet, path, userToken, "")
 		if got := attemptsNamed(body); !slices.Equal(got, []string{a.AttemptID}) {
 			t.Fatalf("GET %s after the supersession names attempts %v, want only %s: %s", path, got, a.AttemptID, body)
@@ -49,15 +50,22 @@ func TestSupersededJobViewAnnouncesNoOtherAttempt(t *testing.T) {
 		t.Fatalf("job after the supersession: state %s, attempts %+v", j.State, j.Attempts)
 	}
 
+	_, page := f.do(http.MethodGet, "/admin/jobs/"+a.JobID, userToken, "")
+	if !strings.Contains(string(page), "No later attempt of this job has any event.") {
+		t.Fatalf("the job page before host-b's claim does not say that no later attempt has events:\n%s", page)
+	}
+
 	b, err := f.wc.Claim(ctx, hostB, wire.ClaimRequest{})
 	if err != nil || b.JobID != a.JobID {
 		t.Fatalf("host-b's claim: %+v, %v", b, err)
 	}
-	_, body := f.do(http.MethodGet, "/v1/jobs/"+a.JobID, userToken, "")
 	want := []string{a.AttemptID, b.AttemptID}
 	slices.Sort(want)
-	if got := attemptsNamed(body); !slices.Equal(got, want) {
-		t.Fatalf("after host-b's claim the job names %v, want %v", got, want)
+	for _, path := range []string{"/v1/jobs/" + a.JobID, "/admin/jobs/" + a.JobID} {
+		_, body := f.do(http.MethodGet, path, userToken, "")
+		if got := attemptsNamed(body); !slices.Equal(got, want) {
+			t.Fatalf("after host-b's claim GET %s names %v, want %v", path, got, want)
+		}
 	}
 	j = f.job(a.JobID)
 	var claimedB bool
