@@ -143,7 +143,7 @@ tr.stale td { background: #fff0f0; }
 .note { color: #555; }
 .attempt { border: 1px solid #ccc; border-radius: 4px; padding: .2em 1em .5em; margin-bottom: 1em; }
 form.inline { display: inline; margin: 0; }
-button { font: inherit; cursor: pointer; }
+button { font: inherit; cursor: pointer; white-space: nowrap; }
 </style>
 </head>
 <body>
@@ -210,9 +210,9 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <table id="servers">
 <thead><tr><th>Host</th><th>State</th><th>Last heartbeat</th><th>Running / capacity</th><th>Launch error</th><th>Version</th><th>Jobs</th><th></th></tr></thead>
 <tbody>
-{{range .Servers}}<tr data-host="{{.Name}}">
+{{range .Servers}}{{$state := .State}}<tr data-host="{{.Name}}">
 <td>{{.Name}}</td>
-<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}<br><span class="paused">paused since <time datetime="{{iso .}}">{{stamp .}}</time></span>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
+<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>
 <td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; claims paused</span>{{else}}none{{end}}</td>

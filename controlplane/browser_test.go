@@ -166,7 +166,8 @@ func contains(t *testing.T, what, text string, wants ...string) {
 }
 
 // What a person sees on each admin page: a host's launch error beside
-// the host; a job's attempts in generation order with their lease owners,
+// the host, an offline host offline, a host paused and resumed from its
+// row; a job's attempts in generation order with their lease owners,
 // expiries, events and the stale report of the superseded one, which names
 // the next attempt only because that attempt's events exist (R19, R20); a
 // LOST conversation in plain words (R32).
@@ -175,6 +176,10 @@ func TestBrowserAdminPages(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	hostB := f.addHost("host-b")
+	hostC := f.addHost("host-c")
+	if _, err := f.wc.HostHeartbeat(ctx, hostC, wire.HostHeartbeat{Capacity: 1, Draining: true, IntervalMS: 10_000}); err != nil {
+		t.Fatal(err)
+	}
 
 	// One job superseded on host-a, claimed again by host-b; host-a's
 	// late renewal is refused and recorded as a stale report.
@@ -212,15 +217,33 @@ func TestBrowserAdminPages(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Servers: the launch error in host-a's own row, none in host-b's.
+	// Servers: the launch error in host-a's own row, none in host-b's;
+	// host-c, silent for 151 s after saying it drained, offline.
 	rowA := visit(t, tab, f.url+"/admin/servers", `tr[data-host="host-a"]`)
-	contains(t, "host-a's row", rowA, "host-a", "spawn_failed: 4 consecutive launch failure(s) since", "claims paused", "0 / 2")
+	contains(t, "host-a's row", rowA, "host-a", "online", "spawn_failed: 4 consecutive launch failure(s) since", "claims paused", "0 / 2")
 	rowB := textOf(t, tab, `tr[data-host="host-b"]`)
-	contains(t, "host-b's row", rowB, "host-b", "none", "1 / 4", "v1.2")
+	contains(t, "host-b's row", rowB, "host-b", "online", "none", "1 / 4", "v1.2")
 	if strings.Contains(rowB, "spawn_failed") {
 		t.Fatalf("host-b's row shows host-a's launch error: %s", rowB)
 	}
+	rowC := textOf(t, tab, `tr[data-host="host-c"] td.host-state`)
+	contains(t, "host-c's state", rowC, "offline: no heartbeat for 30s or more", "last said draining")
 	screenshot(t, tab, "servers")
+
+	// Pause host-b from its row, then resume it.
+	if resp := click(t, tab, `tr[data-host="host-b"] button.host-action`); resp.Status != http.StatusOK {
+		t.Fatalf("host-b's Pause button: %d %s", resp.Status, resp.URL)
+	}
+	contains(t, "host-b's state after Pause", textOf(t, tab, `tr[data-host="host-b"] td.host-state`), "paused", "paused since")
+	if h, err := f.st.HostByTokenHash(ctx, controlplane.HashToken(hostB)); err != nil || !h.Paused {
+		t.Fatalf("host-b after its Pause button: %+v, %v", h, err)
+	}
+	screenshot(t, tab, "servers-paused")
+	click(t, tab, `tr[data-host="host-b"] button.host-action`)
+	contains(t, "host-b's state after Resume", textOf(t, tab, `tr[data-host="host-b"] td.host-state`), "online")
+	if h, err := f.st.HostByTokenHash(ctx, controlplane.HashToken(hostB)); err != nil || h.Paused {
+		t.Fatalf("host-b after its Resume button: %+v, %v", h, err)
+	}
 
 	// Jobs, filtered by host-b: the job, linked to its page.
 	row := visit(t, tab, f.url+"/admin/jobs?host=host-b", `tr[data-job="`+a.JobID+`"]`)
