@@ -26,11 +26,9 @@ import (
 // AdminRefresh is how often an admin page reloads itself.
 const AdminRefresh = 10 * time.Second
 
-// Event types the job page explains; the store names them.
-const (
-	eventStaleReport = "lease.stale_report"
-	eventSuperseded  = "attempt_superseded"
-)
+// eventStaleReport is the store's event of a write refused after its
+// attempt's lease was lost (P1), which the job page counts and marks.
+const eventStaleReport = "lease.stale_report"
 
 func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server, bool) {
 	list, err := s.cfg.Store.ListServers(r.Context())
