@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/memnet"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -150,7 +151,7 @@ func newEnv(t *testing.T, p policy) *env {
 }
 
 func (e *env) config() heartbeat.Config {
-	return heartbeat.Config{Client: e.wc, Logger: slog.New(e.logs)}
+	return heartbeat.Config{Client: e.wc, Logger: slog.New(e.logs), Clock: e.clock()}
 }
 
 // attempt is job's attempt, claimed at the bubble's start.
@@ -163,6 +164,12 @@ func (e *env) start(cfg heartbeat.Config, a heartbeat.Attempt) *heartbeat.Renewe
 	e.t.Cleanup(func() { r.Stop(); <-r.Done() })
 	return r
 }
+
+// clock counts the lease on the bubble's fake time.
+func (e *env) clock() boottime.Since { return boottime.Since(e.t0) }
+
+// at is the instant d after the claim on the bubble's clock.
+func (e *env) at(d time.Duration) boottime.Instant { return boottime.FromTime(e.clock(), e.t0.Add(d)) }
 
 // since is the fake time elapsed since the claim.
 func (e *env) since() time.Duration { return time.Since(e.t0) }

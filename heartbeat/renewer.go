@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -22,6 +23,24 @@ type Config struct {
 	// IdleResetAfter is how many consecutive failures close the client's
 	// idle connections. Default 2.
 	IdleResetAfter int
+	// Clock is what the lease is counted on (R10). Default
+	// boottime.System, CLOCK_BOOTTIME: the clock the turn child and the
+	// supervisor fence themselves with, which keeps counting while the
+	// machine is suspended. A testing/synctest bubble passes
+	// boottime.Since(time.Now()) to count on its fake time.
+	Clock boottime.Clock
+	// OnRenewed, if set, is called on the renewer's goroutine with the new
+	// lease after every acknowledged renewal (the daemon sends it to the
+	// turn child as a DEADLINE frame, K5). It must not block for long.
+	OnRenewed func(Lease)
+}
+
+// Lease is the local view of the lease: the send time of the last
+// acknowledged renewal (or of the claim) and the deadline it gives, both on
+// the Config's Clock.
+type Lease struct {
+	Sent     boottime.Instant
+	Deadline boottime.Instant
 }
 
 // Attempt is what the renewer needs to know of the claimed attempt.
@@ -33,7 +52,8 @@ type Attempt struct {
 	LeaseTTL        time.Duration // granted by the control plane; 0 = the configured lease
 	// ClaimSent is when the claim request was sent (R10: the claim is the
 	// first acknowledgement, and the server set the expiry no earlier). Use a
-	// time.Now() value so the monotonic clock is used. Zero means now.
+	// time.Now() value: the time elapsed since it is carried over to the
+	// Clock on the monotonic clock. Zero means now.
 	ClaimSent time.Time
 }
 
@@ -84,9 +104,9 @@ var (
 // Verdict is the renewer's single answer to its owner.
 type Verdict struct {
 	Outcome     Outcome
-	Status      int       // the HTTP status for Lost and CredentialRefused
-	Renewals    int       // acknowledged renewals
-	LastAckSent time.Time // send time of the last acknowledged renewal, or the claim's
+	Status      int              // the HTTP status for Lost and CredentialRefused
+	Renewals    int              // acknowledged renewals
+	LastAckSent boottime.Instant // send time of the last acknowledged renewal, or the claim's, on the Clock
 }
 
 // Err is nil for Stopped and the matching sentinel otherwise: the turn
@@ -114,8 +134,10 @@ type Renewer struct {
 	done    chan struct{}
 	cancelC chan struct{}
 
-	mu          sync.Mutex
-	lastAckSent time.Time
+	claimSent boottime.Instant // a.ClaimSent on the Clock
+
+	mu          sync.Mutex // guards the three fields below
+	lastAckSent boottime.Instant
 	ttl         time.Duration
 	verdict     Verdict
 }
@@ -128,9 +150,13 @@ func Start(cfg Config, a Attempt) *Renewer {
 	if cfg.IdleResetAfter <= 0 {
 		cfg.IdleResetAfter = 2
 	}
+	if cfg.Clock == nil {
+		cfg.Clock = boottime.System{}
+	}
 	if a.ClaimSent.IsZero() {
 		a.ClaimSent = time.Now()
 	}
+	claimSent := boottime.FromTime(cfg.Clock, a.ClaimSent)
 	ctx, stop := context.WithCancel(context.Background())
 	r := &Renewer{
 		cfg:         cfg,
@@ -141,7 +167,8 @@ func Start(cfg Config, a Attempt) *Renewer {
 		stop:        stop,
 		done:        make(chan struct{}),
 		cancelC:     make(chan struct{}),
-		lastAckSent: a.ClaimSent,
+		claimSent:   claimSent,
+		lastAckSent: claimSent,
 		ttl:         capTTL(a.LeaseTTL, cfg.LeaseTTL, cfg.LeaseTTL),
 	}
 	go r.run()
@@ -177,13 +204,13 @@ func (r *Renewer) Verdict() Verdict {
 // calls Stop.
 func (r *Renewer) CancelRequested() <-chan struct{} { return r.cancelC }
 
-// Deadline is when the lease stops being valid locally: the last
-// acknowledged renewal's send time plus the lease. Writes about the attempt
-// must not start after it.
-func (r *Renewer) Deadline() time.Time {
+// Lease is the lease as it stands: the last acknowledged renewal's send
+// time and the deadline, that time plus the lease, after which the lease is
+// no longer valid locally. Writes about the attempt must not start after it.
+func (r *Renewer) Lease() Lease {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.lastAckSent.Add(r.ttl)
+	return Lease{Sent: r.lastAckSent, Deadline: r.lastAckSent.Add(r.ttl)}
 }
 
 // every is the interval between an acknowledgement and the next renewal. A
@@ -208,7 +235,8 @@ func (r *Renewer) run() {
 func (r *Renewer) loop() Verdict {
 	var (
 		bg        = context.Background()
-		lastAck   = r.a.ClaimSent
+		clock     = r.cfg.Clock
+		lastAck   = r.claimSent
 		ttl       = r.ttl
 		next      = lastAck.Add(r.every(ttl))
 		renewals  int
@@ -224,32 +252,35 @@ func (r *Renewer) loop() Verdict {
 	}
 	for {
 		deadline := lastAck.Add(ttl)
-		timer.Reset(time.Until(earlier(next, deadline)))
+		timer.Reset(earlier(next, deadline).Sub(clock.Now()))
 		select {
 		case <-r.ctx.Done():
 			r.rec.HeartbeatStopped(bg, r.id, renewals)
 			return Verdict{Outcome: Stopped, Renewals: renewals}
 		case <-timer.C:
 		}
-		sent := time.Now()
+		sent := clock.Now()
 		if !sent.Before(deadline) {
 			r.rec.LeaseExpired(bg, r.id, failures, sent.Sub(lastAck), lastErr)
 			return Verdict{Outcome: Expired, Renewals: renewals}
 		}
 		// The request may not outlive the lease: an answer after the
 		// deadline would come too late to count.
-		ctx, cancel := context.WithDeadline(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline))
+		ctx, cancel := context.WithTimeout(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline).Sub(sent))
 		resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, req)
 		cancel()
 		if err == nil {
 			if failures > 0 {
-				r.rec.HeartbeatRecovered(bg, r.id, failures, time.Since(lastAck))
+				r.rec.HeartbeatRecovered(bg, r.id, failures, clock.Now().Sub(lastAck))
 			}
 			lastAck, ttl = sent, capTTL(time.Duration(resp.LeaseTTLMS)*time.Millisecond, r.cfg.LeaseTTL, ttl)
 			renewals, failures, lastErr = renewals+1, 0, nil
 			r.mu.Lock()
 			r.lastAckSent, r.ttl = lastAck, ttl
 			r.mu.Unlock()
+			if r.cfg.OnRenewed != nil {
+				r.cfg.OnRenewed(Lease{Sent: lastAck, Deadline: lastAck.Add(ttl)})
+			}
 			if resp.CancelRequested && !cancelled {
 				cancelled = true
 				close(r.cancelC)
@@ -280,7 +311,7 @@ func (r *Renewer) loop() Verdict {
 		if failures >= r.cfg.IdleResetAfter && r.cfg.Client.HTTP != nil {
 			r.cfg.Client.HTTP.CloseIdleConnections()
 		}
-		now := time.Now()
+		now := clock.Now()
 		next = now.Add(r.cfg.RetryDelay)
 		if next.Before(deadline) {
 			r.rec.HeartbeatRetry(bg, r.id, failures, now.Sub(lastAck), r.cfg.RetryDelay)
@@ -288,7 +319,7 @@ func (r *Renewer) loop() Verdict {
 	}
 }
 
-func earlier(a, b time.Time) time.Time {
+func earlier(a, b boottime.Instant) boottime.Instant {
 	if a.Before(b) {
 		return a
 	}

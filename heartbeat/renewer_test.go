@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -58,7 +59,7 @@ func TestR14CadenceAllReadsTimeOut(t *testing.T) {
 		r := e.start(e.config(), e.attempt(jobID))
 		v := expectVerdict(t, e, r, heartbeat.Expired, 120*time.Second)
 		assertSends(t, e, jobID, secs(30, 45, 60, 75, 90, 105))
-		if !errors.Is(v.Err(), heartbeat.ErrLeaseExpired) || v.Renewals != 0 || !v.LastAckSent.Equal(e.t0) {
+		if !errors.Is(v.Err(), heartbeat.ErrLeaseExpired) || v.Renewals != 0 || v.LastAckSent != e.at(0) {
 			t.Fatalf("verdict %+v", v)
 		}
 
@@ -108,15 +109,26 @@ func TestR14SilentSixMinuteTurn(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				e := newEnv(t, tt.policy)
-				r := e.start(e.config(), e.attempt(jobID))
+				cfg := e.config()
+				var (
+					mu     sync.Mutex
+					leases []heartbeat.Lease // what OnRenewed was told (K5)
+				)
+				cfg.OnRenewed = func(l heartbeat.Lease) { mu.Lock(); leases = append(leases, l); mu.Unlock() }
+				r := e.start(cfg, e.attempt(jobID))
 				aliveAfter(t, r, 6*time.Minute)
 				assertSends(t, e, jobID, tt.sends)
+				mu.Lock()
+				if len(leases) != tt.renewals || leases[len(leases)-1] != r.Lease() {
+					t.Fatalf("OnRenewed saw %d leases (last %+v), want %d ending with %+v", len(leases), leases[len(leases)-1], tt.renewals, r.Lease())
+				}
+				mu.Unlock()
 				if got := e.logs.names(); !slices.Equal(got, tt.records) {
 					t.Fatalf("records %v, want %v", got, tt.records)
 				}
 				last := tt.sends[len(tt.sends)-1]
-				if got, want := r.Deadline(), e.t0.Add(last+120*time.Second); !got.Equal(want) {
-					t.Fatalf("deadline %v after claim, want %v", got.Sub(e.t0), want.Sub(e.t0))
+				if got, want := r.Lease().Deadline, e.at(last+120*time.Second); got != want {
+					t.Fatalf("deadline %v after claim, want %v", got.Sub(e.at(0)), want.Sub(e.at(0)))
 				}
 				if tt.records != nil {
 					// The request sent at 90 s timed out at 100 s; the one at 105 s was answered.
@@ -258,7 +270,7 @@ func TestR10ExpiryOneLeaseAfterLastAck(t *testing.T) {
 			e := newEnv(t, hangFrom(61*time.Second))
 			r := e.start(e.config(), e.attempt(jobID))
 			v := expectVerdict(t, e, r, heartbeat.Expired, 180*time.Second)
-			if !v.LastAckSent.Equal(e.t0.Add(60*time.Second)) || v.Renewals != 2 {
+			if v.LastAckSent != e.at(60*time.Second) || v.Renewals != 2 {
 				t.Fatalf("verdict %+v", v)
 			}
 			assertSends(t, e, jobID, secs(30, 60, 90, 105, 120, 135, 150, 165))

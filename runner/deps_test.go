@@ -23,17 +23,17 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner":      {"diagnostics", "handover", "heartbeat", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
-	"runner/turn": {"diagnostics", "handover", "internal/retry", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
+	"runner":      {"diagnostics", "handover", "heartbeat", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
 
-	"heartbeat":  {"diagnostics", "wire"},
-	"handover":   {},
+	"heartbeat":  {"diagnostics", "internal/boottime", "wire"},
+	"handover":   {"internal/boottime"},
 	"settlement": {"diagnostics", "internal/retry", "wire"},
 
-	"sandbox":                  {"wire"},
+	"sandbox":                  {"internal/boottime", "wire"},
 	"sandbox/docker":           {"sandbox"},
 	"sandbox/process":          {"sandbox", "sandbox/internal/pidfd"},
-	"sandbox/supervisor":       {"sandbox", "wire"},
+	"sandbox/supervisor":       {"internal/boottime", "sandbox", "wire"},
 	"sandbox/internal/pidfd":   {},
 	"sandbox/internal/testbin": {"sandbox/internal/pidfd"},
 
@@ -44,11 +44,12 @@ var moduleImports = map[string][]string{
 	"controlplane/store":                  {"controlplane/store", "wire"},  // and the stores below it
 	"controlplane/store/sqlstore/sqltest": {"controlplane/store/sqlstore"}, // tests only: both stores behind one helper
 
-	"internal/fleet":   {"wire"}, // the process harness of integration and cmd/demo
-	"internal/memnet":  {},
-	"internal/retry":   {"wire"},
-	"internal/syncbuf": {}, // tests only
-	"internal/tools":   {}, // pins go.mod's requirements (build tag tools)
+	"internal/boottime": {},       // CLOCK_BOOTTIME, a leaf anything may import
+	"internal/fleet":    {"wire"}, // the process harness of integration and cmd/demo
+	"internal/memnet":   {},
+	"internal/retry":    {"wire"},
+	"internal/syncbuf":  {}, // tests only
+	"internal/tools":    {}, // pins go.mod's requirements (build tag tools)
 }
 
 // TestImportsPointOneWay reads the imports of every non-test file of the
