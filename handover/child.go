@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/internal/boottime"
 )
 
 // ErrParentGone is the child's stop cause when its descriptor reached EOF:
@@ -27,6 +29,15 @@ type StopError struct{ Class string }
 func (e *StopError) Error() string        { return "handover: stop requested: " + e.Class }
 func (e *StopError) Is(target error) bool { return target == ErrStopRequested }
 
+// ErrLeaseExpired is the cause of Child.Deadlines when the lease deadline
+// passed: no acknowledged renewal reached the child in time, so the lease
+// may be gone. The turn must stop its agent and write nothing more (K5).
+var ErrLeaseExpired = errors.New("handover: lease deadline passed")
+
+// ErrExecutionDeadline is the cause of Child.Deadlines when the execution
+// deadline of the payload passed (R5, K6).
+var ErrExecutionDeadline = errors.New("handover: execution deadline passed")
+
 // ErrOutOfOrder is returned by a Child method called where the protocol
 // does not allow it (PROGRESS before ACCEPT, a second RESULT, …).
 var ErrOutOfOrder = errors.New("handover: frame out of order")
@@ -40,11 +51,20 @@ type Child struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu                           sync.Mutex // state and writes
-	accepted, declined, resulted bool
+	// deadlines ends when the lease or the execution deadline passes.
+	deadlines   context.Context
+	endDeadline context.CancelCauseFunc
+	leaseMoved  chan struct{} // one pending wake-up of the watcher
+	leaseNews   chan struct{} // one pending notice for LeaseChanged
 
-	closeOnce  sync.Once
-	readerDone chan struct{}
+	mu                           sync.Mutex // guards the flags, lease and writes
+	accepted, declined, resulted bool
+	lease                        Lease // the one with the latest Sent
+
+	closeOnce   sync.Once
+	closing     chan struct{} // closed by Close: the watcher ends
+	readerDone  chan struct{}
+	watcherDone chan struct{}
 }
 
 // OpenFromEnv opens the descriptor named by EnvFD and unsets the variable,
@@ -75,10 +95,16 @@ func OpenFD(fd int) (*Child, error) {
 	if typ != unix.SOCK_SEQPACKET {
 		return nil, fmt.Errorf("handover: descriptor %d is a socket of type %d, want SOCK_SEQPACKET", fd, typ)
 	}
+	// The alarm first, so that its descriptor never takes fd's number.
+	alarm, err := boottime.NewAlarm()
+	if err != nil {
+		return nil, fmt.Errorf("handover: %w", err)
+	}
 	f := os.NewFile(uintptr(fd), "handover")
 	c, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
+		alarm.Close()
 		return nil, fmt.Errorf("handover: descriptor %d: %w", fd, err)
 	}
 	conn := c.(*net.UnixConn)
@@ -86,6 +112,7 @@ func OpenFD(fd int) (*Child, error) {
 	fr, err := readFrame(conn, buf)
 	if err == io.EOF {
 		conn.Close()
+		alarm.Close()
 		return nil, ErrParentGone
 	}
 	if err == nil && fr.Type != FramePayload {
@@ -97,13 +124,98 @@ func OpenFD(fd int) (*Child, error) {
 	}
 	if err != nil {
 		conn.Close()
+		alarm.Close()
 		return nil, fmt.Errorf("handover: read payload: %w", err)
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	ch := &Child{conn: conn, payload: p, ctx: ctx, cancel: cancel, readerDone: make(chan struct{})}
+	dctx, dcancel := context.WithCancelCause(context.Background())
+	ch := &Child{
+		conn: conn, payload: p, ctx: ctx, cancel: cancel,
+		deadlines: dctx, endDeadline: dcancel, lease: p.Lease,
+		leaseMoved: make(chan struct{}, 1), leaseNews: make(chan struct{}, 1),
+		closing: make(chan struct{}), readerDone: make(chan struct{}), watcherDone: make(chan struct{}),
+	}
 	go ch.readLoop(buf)
+	go ch.watch(alarm)
 	return ch, nil
 }
+
+// watch ends Deadlines when CLOCK_BOOTTIME reaches the lease deadline or
+// the execution deadline, whichever comes first; a DEADLINE frame moves the
+// lease's. It returns once Deadlines is done or the Child is closed.
+func (c *Child) watch(alarm *boottime.Alarm) {
+	defer close(c.watcherDone)
+	defer alarm.Close()
+	exec := c.payload.ExecDeadline
+	for {
+		lease := c.Lease().Deadline
+		now := boottime.Now()
+		switch {
+		case !exec.IsZero() && !now.Before(exec):
+			c.endDeadline(ErrExecutionDeadline)
+			return
+		case !lease.IsZero() && !now.Before(lease):
+			c.endDeadline(ErrLeaseExpired)
+			return
+		}
+		next := exec
+		if next.IsZero() || !lease.IsZero() && lease.Before(next) {
+			next = lease
+		}
+		if !next.IsZero() {
+			if err := alarm.Set(next); err != nil {
+				// Without an alarm the child cannot fence itself: stop now.
+				c.endDeadline(fmt.Errorf("%w: %w", ErrLeaseExpired, err))
+				return
+			}
+		}
+		select {
+		case <-alarm.C():
+		case <-c.leaseMoved:
+		case <-c.closing:
+			return
+		}
+	}
+}
+
+// setLease takes l if it is newer than the lease the child has.
+func (c *Child) setLease(l Lease) {
+	c.mu.Lock()
+	newer := l.Sent > c.lease.Sent
+	if newer {
+		c.lease = l
+	}
+	c.mu.Unlock()
+	if !newer {
+		return // a re-sent or older frame
+	}
+	for _, ch := range []chan struct{}{c.leaseMoved, c.leaseNews} {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Lease is the newest lease the child knows: the payload's, or that of the
+// latest DEADLINE frame.
+func (c *Child) Lease() Lease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lease
+}
+
+// LeaseChanged receives (at most one pending notice) when a DEADLINE frame
+// moved the lease; read Lease for the new one. The turn forwards it to the
+// sandbox supervisor (K5).
+func (c *Child) LeaseChanged() <-chan struct{} { return c.leaseNews }
+
+// Deadlines is done when the lease deadline passes (cause ErrLeaseExpired)
+// or the execution deadline passes (cause ErrExecutionDeadline), measured
+// on CLOCK_BOOTTIME across suspends. It is separate from Context: a turn that
+// goes on past the user's cancel STOP to settle must still end at either
+// deadline.
+func (c *Child) Deadlines() context.Context { return c.deadlines }
 
 // readLoop waits for STOP or EOF, the only things the parent may send after
 // the payload.
@@ -128,6 +240,18 @@ func (c *Child) readLoop(buf []byte) {
 				class = ClassProtocol
 			}
 			c.cancel(&StopError{Class: class})
+		case f.Type == FrameDeadline:
+			e, l, err := parseDeadline(f.Body)
+			if err == nil && e != c.payload.Echo {
+				err = errors.New("DEADLINE for another attempt")
+			}
+			if err != nil {
+				// Nobody we can trust renews this lease: stop as if it ended.
+				c.cancel(&StopError{Class: ClassProtocol})
+				c.endDeadline(fmt.Errorf("%w: %w", ErrLeaseExpired, err))
+				continue
+			}
+			c.setLease(l)
 		default:
 			c.cancel(fmt.Errorf("%w: unexpected %s frame from parent", ErrParentGone, f.Type))
 			return
@@ -212,8 +336,11 @@ func (c *Child) Result(body []byte) error {
 func (c *Child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		close(c.closing)
 		err = c.conn.Close()
 		<-c.readerDone
+		<-c.watcherDone
+		c.endDeadline(context.Canceled)
 	})
 	return err
 }

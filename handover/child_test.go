@@ -6,8 +6,11 @@ import (
 	"net"
 	"os"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/internal/boottime"
 )
 
 // pair is a socket pair with the parent's end wrapped and the child's end
@@ -146,5 +149,139 @@ func TestChildContext(t *testing.T) {
 		if _, err := OpenFD(int(r.Fd())); err == nil {
 			t.Fatal("OpenFD took a pipe")
 		}
+	})
+}
+
+func openChildWith(t *testing.T, p Payload) (*net.UnixConn, *Child) {
+	t.Helper()
+	parent, fd := pair(t)
+	body, err := encodePayload(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrame(parent, FramePayload, body); err != nil {
+		t.Fatal(err)
+	}
+	ch, err := OpenFD(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	return parent, ch
+}
+
+func sendDeadline(t *testing.T, parent *net.UnixConn, e Echo, l Lease) {
+	t.Helper()
+	body, err := encodeDeadline(e, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writeFrame(parent, FrameDeadline, body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitDeadlines waits for the child's Deadlines and checks its cause and
+// that it did not come before at (CLOCK_BOOTTIME).
+func waitDeadlines(t *testing.T, ch *Child, want error, at boottime.Instant) {
+	t.Helper()
+	select {
+	case <-ch.Deadlines().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Deadlines never ended")
+	}
+	now := boottime.Now()
+	if cause := context.Cause(ch.Deadlines()); !errors.Is(cause, want) {
+		t.Fatalf("cause %v, want %v", cause, want)
+	}
+	if now.Before(at) {
+		t.Fatalf("Deadlines ended %v before its deadline", at.Sub(now))
+	}
+	if late := now.Sub(at); late > time.Second {
+		t.Fatalf("Deadlines ended %v after its deadline", late)
+	}
+}
+
+// TestChildLeaseDeadline (K5): the child's Deadlines ends when the lease
+// deadline passes on CLOCK_BOOTTIME — the payload's, or the one of the
+// DEADLINE frame with the latest send time; a re-sent or older frame
+// changes nothing; a DEADLINE for another attempt ends the lease at once;
+// the execution deadline ends it with its own cause (K6). STOP and the
+// parent's death do not touch Deadlines.
+func TestChildLeaseDeadline(t *testing.T) {
+	echo := testPayload().Echo
+	t.Run("the payload's deadline", func(t *testing.T) {
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(150 * time.Millisecond)}
+		_, ch := openChildWith(t, p)
+		if ch.Lease() != p.Lease {
+			t.Fatalf("lease %+v, want the payload's %+v", ch.Lease(), p.Lease)
+		}
+		waitDeadlines(t, ch, ErrLeaseExpired, p.Lease.Deadline)
+		if ch.Context().Err() != nil {
+			t.Fatal("the lease deadline cancelled Context too; it must stay the parent's")
+		}
+	})
+	t.Run("moved by DEADLINE frames, latest send time wins", func(t *testing.T) {
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(200 * time.Millisecond)}
+		parent, ch := openChildWith(t, p)
+		newer := Lease{Sent: now.Add(time.Millisecond), Deadline: now.Add(600 * time.Millisecond)}
+		sendDeadline(t, parent, echo, newer)
+		select {
+		case <-ch.LeaseChanged():
+		case <-time.After(5 * time.Second):
+			t.Fatal("no LeaseChanged for a newer lease")
+		}
+		// The payload's own lease again, and the newer one re-sent: neither
+		// moves anything (a re-attaching daemon may re-send).
+		sendDeadline(t, parent, echo, p.Lease)
+		sendDeadline(t, parent, echo, newer)
+		if err := writeFrame(parent, FrameStop, []byte("cancelled")); err != nil {
+			t.Fatal(err)
+		}
+		<-ch.Context().Done()
+		waitDeadlines(t, ch, ErrLeaseExpired, newer.Deadline)
+		if ch.Lease() != newer {
+			t.Fatalf("lease %+v, want %+v", ch.Lease(), newer)
+		}
+		select {
+		case <-ch.LeaseChanged():
+			t.Fatal("LeaseChanged for a frame that moved nothing")
+		default:
+		}
+	})
+	t.Run("after the parent is gone", func(t *testing.T) {
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(150 * time.Millisecond)}
+		parent, ch := openChildWith(t, p)
+		parent.Close()
+		<-ch.Context().Done()
+		waitDeadlines(t, ch, ErrLeaseExpired, p.Lease.Deadline)
+	})
+	t.Run("DEADLINE for another attempt", func(t *testing.T) {
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(time.Hour)}
+		parent, ch := openChildWith(t, p)
+		other := echo
+		other.LeaseGeneration++
+		sendDeadline(t, parent, other, Lease{Sent: now.Add(time.Second), Deadline: now.Add(2 * time.Hour)})
+		waitDeadlines(t, ch, ErrLeaseExpired, now)
+		var se *StopError
+		if cause := context.Cause(ch.Context()); !errors.As(cause, &se) || se.Class != ClassProtocol {
+			t.Fatalf("context cause %v, want a protocol stop", cause)
+		}
+	})
+	t.Run("execution deadline", func(t *testing.T) {
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(time.Hour)}
+		p.ExecDeadline = now.Add(150 * time.Millisecond)
+		_, ch := openChildWith(t, p)
+		waitDeadlines(t, ch, ErrExecutionDeadline, p.ExecDeadline)
 	})
 }

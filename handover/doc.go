@@ -18,6 +18,12 @@
 // 0–3, a filtered environment, the payload — which carries the worker token —
 // only on the descriptor, never in argv or the environment.
 //
+// The lease travels down with the turn (K5): PAYLOAD carries the lease as
+// the daemon counts it and the execution deadline, both CLOCK_BOOTTIME
+// instants, and a DEADLINE frame follows every acknowledged renewal. The
+// child's Deadlines ends when either passes, even with the daemon frozen or
+// gone, so the turn can stop its agent by itself.
+//
 // The runner imports the parent side; the child's main imports the child
-// side. handover imports nothing of this module.
+// side. handover imports nothing of this module but internal/boottime.
 package handover

@@ -5,22 +5,35 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/runnerd/runnerd/internal/boottime"
 )
 
 // Version is the frame format version. A frame of any other version is
 // rejected: parent and child are the same executable, so a mismatch means
-// something other than our child is on the descriptor.
-const Version = 1
+// something other than our child is on the descriptor. Version 2 added the
+// lease and execution deadlines to PAYLOAD and the DEADLINE frame.
+const Version = 2
 
 // FrameType names one message of the handover protocol.
 //
 //	frame     sender  when                                      body
-//	PAYLOAD   parent  once, right after the child started        echo + opaque turn data
+//	PAYLOAD   parent  once, right after the child started        echo + lease + execution deadline + opaque turn data
 //	ACCEPT    child   once, before any side effect               echo of the payload's attempt id and generation
 //	DECLINE   child   instead of ACCEPT, then it closes and exits reason class
 //	PROGRESS  child   any number, only after ACCEPT, before RESULT opaque
 //	RESULT    child   at most once, after ACCEPT                 opaque
 //	STOP      parent  at most once, at any time after PAYLOAD    reason class
+//	DEADLINE  parent  any number, at any time after PAYLOAD      echo + lease
+//
+// A lease is two CLOCK_BOOTTIME instants (package boottime): the send time
+// of the renewal the daemon last saw acknowledged (the claim's, in PAYLOAD)
+// and the deadline it gives. The daemon sends a DEADLINE after every
+// acknowledged renewal (K5). Each frame is whole by itself — it names the
+// attempt and carries absolute instants, not a delay — so it may be sent
+// again, by this daemon or by a new one re-attaching to the child: the child
+// keeps the lease with the latest send time and ignores the others. A
+// DEADLINE for another attempt is a protocol error.
 //
 // Anything else — an unknown type, a frame from the wrong side, a second
 // ACCEPT, PROGRESS before ACCEPT, a frame after RESULT — is a protocol error.
@@ -35,6 +48,7 @@ const (
 	FrameProgress FrameType = 4
 	FrameResult   FrameType = 5
 	FrameStop     FrameType = 6
+	FrameDeadline FrameType = 7
 )
 
 func (t FrameType) String() string {
@@ -51,6 +65,8 @@ func (t FrameType) String() string {
 		return "RESULT"
 	case FrameStop:
 		return "STOP"
+	case FrameDeadline:
+		return "DEADLINE"
 	}
 	return fmt.Sprintf("FRAME(0x%02x)", uint8(t))
 }
@@ -61,7 +77,7 @@ const (
 	MaxPayloadBytes  = 4 << 20   // the claim-derived turn payload
 	MaxProgressBytes = 256 << 10 // one progress record
 	MaxResultBytes   = 1 << 20   // the turn's result
-	maxControlBytes  = 512       // ACCEPT, DECLINE, STOP
+	maxControlBytes  = 512       // ACCEPT, DECLINE, STOP, DEADLINE
 )
 
 // Wire layout. One frame is one header followed by its body:
@@ -98,7 +114,7 @@ func bodyLimit(t FrameType) (limit int, ok bool) {
 		return MaxProgressBytes, true
 	case FrameResult:
 		return MaxResultBytes, true
-	case FrameAccept, FrameDecline, FrameStop:
+	case FrameAccept, FrameDecline, FrameStop, FrameDeadline:
 		return maxControlBytes, true
 	}
 	return 0, false
@@ -263,20 +279,63 @@ func parseAccept(b []byte) (Echo, error) {
 	return e, nil
 }
 
-// Payload is what the parent hands the child: the echo the child must
-// return in ACCEPT, and the turn data, opaque to this package. Data carries
-// the worker token: it travels only over the descriptor, never in argv or
-// the environment, and nothing here logs it.
-type Payload struct {
-	Echo
-	Data []byte
+// Lease is the daemon's local view of the lease (R10): Sent, when the last
+// acknowledged renewal (at first, the claim) was sent, and Deadline, when
+// the lease can no longer be valid. Both are CLOCK_BOOTTIME instants, the
+// same moment in every process of the host. The zero Lease means none.
+type Lease struct {
+	Sent     boottime.Instant
+	Deadline boottime.Instant
 }
 
+// Layout of a lease: sent, deadline (int64 nanoseconds, big-endian).
+const leaseLen = 16
+
+func appendLease(b []byte, l Lease) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(l.Sent))
+	return binary.BigEndian.AppendUint64(b, uint64(l.Deadline))
+}
+
+// parseLease reads a lease: both zero (none), or 0 < Sent < Deadline.
+func parseLease(t FrameType, b []byte) (Lease, error) {
+	l := Lease{Sent: boottime.Instant(binary.BigEndian.Uint64(b)), Deadline: boottime.Instant(binary.BigEndian.Uint64(b[8:]))}
+	if l != (Lease{}) && (l.Sent <= 0 || l.Deadline <= l.Sent) {
+		return Lease{}, malformed("%s lease sent at %d with deadline %d", t, l.Sent, l.Deadline)
+	}
+	return l, nil
+}
+
+// Payload is what the parent hands the child: the echo the child must
+// return in ACCEPT, the lease as it stood at launch, the execution deadline
+// and the turn data, opaque to this package. Data carries the worker token:
+// it travels only over the descriptor, never in argv or the environment, and
+// nothing here logs it.
+type Payload struct {
+	Echo
+	// Lease is the lease at launch; the child stops the turn by itself when
+	// its deadline passes (K5). Zero means the child has no lease deadline.
+	Lease Lease
+	// ExecDeadline is when the execution timeout (R5) strikes, on
+	// CLOCK_BOOTTIME; parent and child count the same deadline (K6). Zero
+	// means none.
+	ExecDeadline boottime.Instant
+	Data         []byte
+}
+
+// Layout after the echo: lease (16 bytes), execution deadline (8 bytes), data.
 func encodePayload(p Payload) ([]byte, error) {
-	b, err := appendEcho(make([]byte, 0, 9+len(p.AttemptID)+len(p.Data)), p.Echo)
+	b, err := appendEcho(make([]byte, 0, 9+len(p.AttemptID)+leaseLen+8+len(p.Data)), p.Echo)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := parseLease(FramePayload, appendLease(nil, p.Lease)); err != nil {
+		return nil, fmt.Errorf("handover: payload: %w", err)
+	}
+	if p.ExecDeadline < 0 {
+		return nil, fmt.Errorf("handover: payload: negative execution deadline")
+	}
+	b = appendLease(b, p.Lease)
+	b = binary.BigEndian.AppendUint64(b, uint64(p.ExecDeadline))
 	b = append(b, p.Data...)
 	if len(b) > MaxPayloadBytes {
 		return nil, fmt.Errorf("handover: payload of %d bytes over the limit of %d", len(b), MaxPayloadBytes)
@@ -289,7 +348,51 @@ func parsePayload(b []byte) (Payload, error) {
 	if err != nil {
 		return Payload{}, err
 	}
-	return Payload{Echo: e, Data: rest}, nil
+	if len(rest) < leaseLen+8 {
+		return Payload{}, malformed("PAYLOAD has %d bytes after its echo, want at least %d", len(rest), leaseLen+8)
+	}
+	l, err := parseLease(FramePayload, rest)
+	if err != nil {
+		return Payload{}, err
+	}
+	exec := boottime.Instant(binary.BigEndian.Uint64(rest[leaseLen:]))
+	if exec < 0 {
+		return Payload{}, malformed("PAYLOAD execution deadline %d", exec)
+	}
+	return Payload{Echo: e, Lease: l, ExecDeadline: exec, Data: rest[leaseLen+8:]}, nil
+}
+
+// encodeDeadline is a DEADLINE body: echo, then the lease.
+func encodeDeadline(e Echo, l Lease) ([]byte, error) {
+	if l == (Lease{}) {
+		return nil, errors.New("handover: DEADLINE without a lease")
+	}
+	if _, err := parseLease(FrameDeadline, appendLease(nil, l)); err != nil {
+		return nil, err
+	}
+	b, err := appendEcho(nil, e)
+	if err != nil {
+		return nil, err
+	}
+	return appendLease(b, l), nil
+}
+
+func parseDeadline(b []byte) (Echo, Lease, error) {
+	e, rest, err := parseEcho(FrameDeadline, b)
+	if err != nil {
+		return Echo{}, Lease{}, err
+	}
+	if len(rest) != leaseLen {
+		return Echo{}, Lease{}, malformed("DEADLINE has %d bytes after its echo, want %d", len(rest), leaseLen)
+	}
+	l, err := parseLease(FrameDeadline, rest)
+	if err != nil {
+		return Echo{}, Lease{}, err
+	}
+	if l == (Lease{}) {
+		return Echo{}, Lease{}, malformed("DEADLINE without a lease")
+	}
+	return e, l, nil
 }
 
 // Reason classes are short snake_case words, safe for records and for the
@@ -328,6 +431,8 @@ func parseBody(f Frame) error {
 		_, err = parseAccept(f.Body)
 	case FrameDecline, FrameStop:
 		_, err = parseClass(f.Type, f.Body)
+	case FrameDeadline:
+		_, _, err = parseDeadline(f.Body)
 	}
 	return err
 }

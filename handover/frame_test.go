@@ -107,10 +107,11 @@ func TestReadFrameMalformed(t *testing.T) {
 		want string
 	}{
 		{"short header", [][]byte{{Version, byte(FrameResult), 0}}, "shorter than the 8-byte header"},
-		{"version 0", [][]byte{append([]byte{0}, ok[1:]...)}, "version 0, want 1"},
-		{"version 2", [][]byte{append([]byte{2}, ok[1:]...)}, "version 2, want 1"},
+		{"version 0", [][]byte{append([]byte{0}, ok[1:]...)}, "version 0, want 2"},
+		{"version 1, before the deadlines", [][]byte{append([]byte{1}, ok[1:]...)}, "version 1, want 2"},
+		{"version 3", [][]byte{append([]byte{3}, ok[1:]...)}, "version 3, want 2"},
 		{"type 0", [][]byte{header(0, 0)}, "unknown frame type 0x00"},
-		{"type 7", [][]byte{header(7, 0)}, "unknown frame type 0x07"},
+		{"type 8", [][]byte{header(8, 0)}, "unknown frame type 0x08"},
 		{"type 0xff", [][]byte{header(0xff, 0)}, "unknown frame type 0xff"},
 		{"reserved byte", [][]byte{{Version, byte(FrameResult), 1, 0, 0, 0, 0, 0}}, "non-zero reserved"},
 		{"payload over limit", [][]byte{header(FramePayload, MaxPayloadBytes+1)}, "PAYLOAD frame declares 4194305 body bytes, limit 4194304"},
@@ -166,9 +167,41 @@ func TestParseBodiesMalformed(t *testing.T) {
 			}
 		})
 	}
-	p, err := parsePayload(append(slices.Clone(good), "data"...))
-	if err != nil || p.AttemptID != "att-1" || p.LeaseGeneration != 3 || string(p.Data) != "data" {
+	lease := Lease{Sent: 5e9, Deadline: 125e9}
+	body, err := encodePayload(Payload{Echo: Echo{AttemptID: "att-1", LeaseGeneration: 3}, Lease: lease, ExecDeadline: 3605e9, Data: []byte("data")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := parsePayload(body)
+	if err != nil || p.AttemptID != "att-1" || p.LeaseGeneration != 3 || p.Lease != lease || p.ExecDeadline != 3605e9 || string(p.Data) != "data" {
 		t.Fatalf("payload %+v, %v", p, err)
+	}
+	dl, err := encodeDeadline(p.Echo, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, l, err := parseDeadline(dl); err != nil || e != p.Echo || l != lease {
+		t.Fatalf("DEADLINE %+v %+v, %v", e, l, err)
+	}
+	backwards := appendLease(slices.Clone(good), Lease{Sent: 9e9, Deadline: 8e9})
+	for _, tc := range []struct {
+		name string
+		f    Frame
+		want string
+	}{
+		{"payload without deadlines", Frame{FramePayload, append(slices.Clone(good), "data"...)}, "want at least 24"},
+		{"payload lease ends before it was sent", Frame{FramePayload, append(slices.Clone(backwards), make([]byte, 8)...)}, "lease sent at"},
+		{"deadline empty lease", Frame{FrameDeadline, appendLease(slices.Clone(good), Lease{})}, "DEADLINE without a lease"},
+		{"deadline lease ends before it was sent", Frame{FrameDeadline, backwards}, "lease sent at"},
+		{"deadline short", Frame{FrameDeadline, append(slices.Clone(good), 1, 2, 3)}, "3 bytes after its echo, want 16"},
+		{"deadline trailing", Frame{FrameDeadline, append(slices.Clone(dl), 0)}, "17 bytes after its echo, want 16"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := parseBody(tc.f)
+			if !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want ErrMalformed saying %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -192,7 +225,7 @@ func TestReadFrameBoundedAllocation(t *testing.T) {
 }
 
 func TestFrameTypeString(t *testing.T) {
-	want := []string{"FRAME(0x00)", "PAYLOAD", "ACCEPT", "DECLINE", "PROGRESS", "RESULT", "STOP", "FRAME(0x07)"}
+	want := []string{"FRAME(0x00)", "PAYLOAD", "ACCEPT", "DECLINE", "PROGRESS", "RESULT", "STOP", "DEADLINE", "FRAME(0x08)"}
 	for i, w := range want {
 		if got := FrameType(i).String(); got != w {
 			t.Errorf("FrameType(%d) = %q, want %q", i, got, w)

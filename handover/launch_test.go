@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/runnerd/runnerd/internal/boottime"
 )
 
 // testConfig starts the test binary as a child in the given mode. The
@@ -573,5 +576,39 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if got := childEnv(c.Env); !slices.Equal(got, []string{EnvFD + "=3"}) {
 		t.Fatalf("environment %q", got)
+	}
+}
+
+// TestDeadlineFramesReachChild (K5): leases given to Config.Leases reach the
+// child as DEADLINE frames — one sent before ACCEPT too — and the child's
+// Deadlines ends at the newest lease's deadline, not before.
+func TestDeadlineFramesReachChild(t *testing.T) {
+	progress := newProgressLog()
+	cfg := testConfig(t, "lease-echo")
+	cfg.OnProgress = progress.add
+	leases := make(chan Lease, 1)
+	cfg.Leases = leases
+	now := boottime.Now()
+	p := testPayload()
+	p.Lease = Lease{Sent: now, Deadline: now.Add(time.Hour)}
+	first := Lease{Sent: now.Add(time.Millisecond), Deadline: now.Add(time.Hour + time.Millisecond)}
+	leases <- first // before ACCEPT: the child waits for it to accept
+	turn, err := Launch(t.Context(), cfg, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-progress.first
+	second := Lease{Sent: now.Add(2 * time.Millisecond), Deadline: boottime.Now().Add(300 * time.Millisecond)}
+	leases <- second
+	end := turn.Wait()
+	if end.Outcome != OutcomeResult || string(end.Result) != ErrLeaseExpired.Error() {
+		t.Fatalf("end %+v (%s), want RESULT %q", end, end.Result, ErrLeaseExpired)
+	}
+	if now := boottime.Now(); now.Before(second.Deadline) {
+		t.Fatalf("the child's lease ended %v before its deadline", second.Deadline.Sub(now))
+	}
+	want := []string{fmt.Sprintf("%d %d", first.Sent, first.Deadline), fmt.Sprintf("%d %d", second.Sent, second.Deadline)}
+	if got := progress.all(); !slices.Equal(got, want) {
+		t.Fatalf("leases seen by the child %q, want %q", got, want)
 	}
 }

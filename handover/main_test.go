@@ -194,6 +194,23 @@ func childMain(mode string) int {
 		must(ch.Accept())
 		must(ch.Progress([]byte(strconv.Itoa(gc.Process.Pid))))
 		hang()
+	case "lease-echo":
+		// Waits for one DEADLINE before it accepts, then reports every lease
+		// it is given and why its Deadlines ended.
+		<-ch.LeaseChanged()
+		must(ch.Accept())
+		l := ch.Lease()
+		must(ch.Progress(fmt.Appendf(nil, "%d %d", l.Sent, l.Deadline)))
+		for {
+			select {
+			case <-ch.LeaseChanged():
+				l := ch.Lease()
+				must(ch.Progress(fmt.Appendf(nil, "%d %d", l.Sent, l.Deadline)))
+			case <-ch.Deadlines().Done():
+				must(ch.Result([]byte(context.Cause(ch.Deadlines()).Error())))
+				return 0
+			}
+		}
 	case "orphan":
 		// Reports on stdout why its context ended; the test kills its parent.
 		must(ch.Accept())

@@ -69,6 +69,11 @@ type Config struct {
 	// OnProgress receives each PROGRESS body in order, on the turn's
 	// supervising goroutine: it must not block for long.
 	OnProgress func(body []byte)
+	// Leases, if set, delivers the lease after each acknowledged renewal;
+	// each goes to the child as a DEADLINE frame as soon as the payload is
+	// delivered, before and after ACCEPT (K5). The sender should keep only
+	// the newest pending value (the child keeps the latest anyway).
+	Leases <-chan Lease
 }
 
 func (c Config) withDefaults() Config {
@@ -437,6 +442,8 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		exited    = t.exited
 		ctxDone   = ctx.Done()
 		stopReq   = (<-chan struct{})(t.stopReq)
+		leases    = t.cfg.Leases
+		lease     Lease // the newest from leases, sent once delivered
 		timeout   = time.NewTimer(t.cfg.ExecutionTimeout)
 		grace     *time.Timer
 		graceC    <-chan time.Time
@@ -481,6 +488,15 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 		}
 		grace = time.NewTimer(t.cfg.StopGrace)
 		graceC = grace.C
+	}
+	// sendLease writes a DEADLINE frame; a child that does not read it
+	// within StopGrace is frozen or gone, and its own deadline fences it.
+	sendLease := func(l Lease) {
+		body, err := encodeDeadline(t.echo, l)
+		if err != nil || !isDelivered || readerDone {
+			return
+		}
+		writers.Go(func() { _ = t.write(FrameDeadline, body, time.Now().Add(t.cfg.StopGrace)) })
 	}
 	protocol := func(class string, err error) {
 		if protoErr == nil {
@@ -556,6 +572,9 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 			delivered = nil
 			if err == nil {
 				isDelivered = true
+				if lease != (Lease{}) {
+					sendLease(lease)
+				}
 			} else if !forced && !errors.Is(err, os.ErrDeadlineExceeded) {
 				// The write failed (EPIPE: the child's end is closed): the
 				// child never had the whole payload, so it cannot have
@@ -568,6 +587,9 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 			// Frames the child wrote before it died are queued; read them,
 			// but do not wait for EOF forever should a stray hold the end.
 			t.conn.SetReadDeadline(time.Now().Add(t.cfg.KillGrace))
+		case l := <-leases:
+			lease = l
+			sendLease(l)
 		case <-timeout.C:
 			beginStop(stopTimeout, ClassExecutionTimeout)
 		case <-ctxDone:
