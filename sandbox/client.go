@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -44,9 +45,11 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // Every older token is fenced from then on: its calls are refused with
 // ErrFenced, and an agent it still runs has been stopped (its process group
 // killed and reaped) before Activate returns. The previous token's receipt
-// is dropped (R26).
-func (c *Client) Activate(ctx context.Context) (Activation, error) {
-	resp, err := c.call(ctx, Request{Op: OpActivate})
+// is dropped (R26). leaseDeadline (CLOCK_BOOTTIME; 0 for none) is when the
+// supervisor stops this activation's agent by itself (K5); SetDeadline
+// moves it.
+func (c *Client) Activate(ctx context.Context, leaseDeadline boottime.Instant) (Activation, error) {
+	resp, err := c.call(ctx, Request{Op: OpActivate, LeaseDeadline: leaseDeadline})
 	if err != nil {
 		return Activation{}, err
 	}
@@ -54,6 +57,21 @@ func (c *Client) Activate(ctx context.Context) (Activation, error) {
 		return Activation{}, protocolError(OpActivate, "no activation in answer")
 	}
 	return *resp.Activation, nil
+}
+
+// SetDeadline gives the activation a new lease deadline (after a renewal
+// the daemon saw acknowledged); the newest call wins. It fails with
+// ErrFenced for a fenced token and ErrDeadlinePassed when the deadline it
+// held already passed and stopped the turn.
+func (c *Client) SetDeadline(ctx context.Context, activationID string, leaseDeadline boottime.Instant) error {
+	resp, err := c.call(ctx, Request{Op: OpDeadline, Activation: activationID, LeaseDeadline: leaseDeadline})
+	if err != nil {
+		return err
+	}
+	if resp.Deadline == nil || resp.Deadline.LeaseDeadline != leaseDeadline {
+		return protocolError(OpDeadline, "deadline not confirmed")
+	}
+	return nil
 }
 
 // Settle returns the supervisor receipt of the activation's completed turn.
@@ -300,6 +318,7 @@ var codeErrors = map[string]error{
 	CodeInterrupted:       ErrInterrupted,
 	CodeProtocol:          ErrProtocol,
 	CodeStartFailed:       ErrStartFailed,
+	CodeDeadlinePassed:    ErrDeadlinePassed,
 }
 
 // CodeOf is the protocol code of a sentinel error; CodeProtocol for

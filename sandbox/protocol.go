@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -12,7 +13,10 @@ import (
 //
 //	client → supervisor            supervisor → client
 //	{"op":"status"}                {"status":{…}}
-//	{"op":"activate"}              {"activation":{…}}
+//	{"op":"activate",              {"activation":{…}}
+//	 "lease_deadline":…}
+//	{"op":"deadline",              {"deadline":{…}}
+//	 "activation":…,"lease_deadline":…}
 //	{"op":"run","activation":…,    {"started":{…}}  once the agent runs and has the prompt
 //	 "command":[…],"prompt":…}     {"event":{…}}    one per agent stdout line
 //	                               {"end":{…}}      the agent exited on its own
@@ -21,7 +25,15 @@ import (
 //
 // The connection that sent "run" is the driving connection: when it closes
 // before "end", the supervisor stops the agent (kills its process group) and
-// the turn is interrupted — it has no receipt, ever. Every message is one
+// the turn is interrupted — it has no receipt, ever.
+//
+// lease_deadline is the turn's lease deadline, an instant of CLOCK_BOOTTIME
+// in nanoseconds (package boottime; the same clock inside a container as on
+// the host). The turn child sends it with "activate" and again, with
+// "deadline", after every renewal the daemon saw acknowledged. When it
+// passes, the supervisor stops the agent itself — even if the turn child is
+// frozen and its driving connection stays open — and refuses "run" (K5).
+// The newest "deadline" of the current activation wins; 0 means none. Every message is one
 // line of at most MaxMessageBytes; each agent stdout line is cut at
 // MaxEventBytes.
 
@@ -34,6 +46,7 @@ const (
 	OpActivate = "activate"
 	OpRun      = "run"
 	OpSettle   = "settle"
+	OpDeadline = "deadline"
 )
 
 // Size bounds. A prompt is at most wire.MaxBodyBytes when it arrives in a
@@ -53,6 +66,7 @@ const (
 	CodeInterrupted       = "interrupted"
 	CodeProtocol          = "protocol"
 	CodeStartFailed       = "start_failed" // the agent command could not be started
+	CodeDeadlinePassed    = "deadline_passed"
 )
 
 // Request is one client request.
@@ -62,6 +76,8 @@ type Request struct {
 	Activation string   `json:"activation,omitempty"`
 	Command    []string `json:"command,omitempty"`
 	Prompt     string   `json:"prompt,omitempty"`
+	// LeaseDeadline is the lease deadline of activate and deadline.
+	LeaseDeadline boottime.Instant `json:"lease_deadline,omitempty"`
 }
 
 // Response is one line from the supervisor; exactly one field is set.
@@ -73,6 +89,13 @@ type Response struct {
 	Event      *Event                  `json:"event,omitempty"`
 	End        *Result                 `json:"end,omitempty"`
 	Receipt    *wire.SupervisorReceipt `json:"receipt,omitempty"`
+	Deadline   *Deadline               `json:"deadline,omitempty"`
+}
+
+// Deadline is the answer to deadline: the lease deadline the supervisor now
+// holds for the activation.
+type Deadline struct {
+	LeaseDeadline boottime.Instant `json:"lease_deadline"`
 }
 
 // ErrorReply is a refused request. Message is plain detail without secrets.

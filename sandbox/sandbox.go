@@ -20,7 +20,7 @@
 //	sb, err := b.Ensure(ctx, spec)  // after ACCEPT: find or create; the supervisor answers
 //	sess.RecordContainer(ctx, sb.Backend, sb.ID) // before admission (R29)
 //	c := sb.Client()
-//	act, err := c.Activate(ctx)     // fences every older token, stops its agent
+//	act, err := c.Activate(ctx, lease.Deadline) // fences every older token, stops its agent
 //	// act.NativeTurn against payload.Turn.NativeTurn: the boundary to resume (R31)
 //	adm, err := sess.Admit(ctx, act.ID)
 //	turn, err := settlement.SendPrompt(turnCtx, adm, func(ctx context.Context, p string) (*sandbox.Turn, error) {
@@ -193,6 +193,9 @@ var (
 	// receipt exists for it, ever: the completion is uncertain and fails
 	// closed (R28, R35).
 	ErrInterrupted = errors.New("turn interrupted")
+	// ErrDeadlinePassed: the activation's lease deadline passed: its agent
+	// was stopped (or is not started) by the supervisor itself (K5).
+	ErrDeadlinePassed = errors.New("lease deadline passed")
 	// ErrUnavailable: no supervisor answers on the socket.
 	ErrUnavailable = errors.New("supervisor unavailable")
 	// ErrProtocol: the peer said something this version does not accept

@@ -80,7 +80,7 @@ func benchTurnStart(b *testing.B, be sandbox.Backend, mkSpec func() sandbox.Spec
 
 func startTurn(tb testing.TB, ctx context.Context, sb sandbox.Sandbox, command []string) (*sandbox.Turn, string) {
 	c := sb.Client()
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func runTurn(t testing.TB, ctx context.Context, sb sandbox.Sandbox, command []st
 	c := sb.Client()
 	var out turnOut
 	var err error
-	if out.act, err = c.Activate(ctx); err != nil {
+	if out.act, err = c.Activate(ctx, 0); err != nil {
 		t.Fatalf("activate: %v", err)
 	}
 	turn, err := c.Run(ctx, out.act.ID, command, prompt)
@@ -271,7 +271,7 @@ func hangingTurn(t *testing.T, ctx context.Context, b *docker.Backend) (sandbox.
 	if err != nil {
 		t.Fatal(err)
 	}
-	act, err := sb.Client().Activate(ctx)
+	act, err := sb.Client().Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestDockerOlderActivationRefused(t *testing.T) {
 	ctx := testCtx(t)
 	spec, sb, older, turn := hangingTurn(t, ctx, b)
 	c := sb.Client()
-	newer, err := c.Activate(ctx)
+	newer, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

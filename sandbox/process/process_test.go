@@ -90,7 +90,7 @@ func spec(conv string) sandbox.Spec {
 func turn(t *testing.T, c *sandbox.Client, prompt string) (sandbox.Activation, int64) {
 	t.Helper()
 	ctx := context.Background()
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestRemoveStopsSupervisorAndDeletesDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

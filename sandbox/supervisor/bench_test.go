@@ -11,7 +11,7 @@ func BenchmarkTurn(b *testing.B) {
 	s := startServe(b)
 	ctx := context.Background()
 	for b.Loop() {
-		act, err := s.c.Activate(ctx)
+		act, err := s.c.Activate(ctx, 0)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -20,6 +20,9 @@ func FuzzReadRequest(f *testing.F) {
 		`{"v":1,"op":"status"}` + "\n",
 		`{"v":1,"op":"run","activation":"i.1.r","command":["/bin/agent","-x"],"prompt":"hi\n!events 3"}` + "\n",
 		`{"v":1,"op":"settle","activation":"i.2.r"}` + "\n",
+		`{"v":1,"op":"activate","lease_deadline":125000000000}` + "\n",
+		`{"v":1,"op":"deadline","activation":"i.2.r","lease_deadline":155000000000}` + "\n",
+		`{"v":1,"op":"deadline","activation":"i.2.r","lease_deadline":"soon"}` + "\n",
 		`{"v":2,"op":"status"}` + "\n",
 		`{"v":1,"op":"status","x":1}` + "\n",
 		`{"v":1,"op":"status"}{"v":1}` + "\n",
@@ -90,7 +93,7 @@ func TestReadAgentLineCutsLongLines(t *testing.T) {
 func TestLongAgentLineIsTruncated(t *testing.T) {
 	s := startServe(t)
 	ctx := context.Background()
-	act, err := s.c.Activate(ctx)
+	act, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

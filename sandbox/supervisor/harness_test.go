@@ -247,7 +247,7 @@ func drain(t *testing.T, turn *sandbox.Turn) ([]sandbox.Event, sandbox.Result) {
 func runTurn(t *testing.T, c *sandbox.Client, prompt string) (sandbox.Activation, []sandbox.Event, sandbox.Result) {
 	t.Helper()
 	ctx := context.Background()
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatalf("activate: %v", err)
 	}

@@ -36,6 +36,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -140,6 +141,9 @@ type activation struct {
 	turn    *agentTurn
 	result  sandbox.Result
 	receipt *wire.SupervisorReceipt
+	// leaseDeadline is when the agent of this activation is stopped by the
+	// supervisor itself (K5), on CLOCK_BOOTTIME; zero means none.
+	leaseDeadline boottime.Instant
 }
 
 // Server is one supervisor. Use Serve.
@@ -149,7 +153,7 @@ type server struct {
 	startedAt time.Time
 	log       *slog.Logger
 
-	mu         sync.Mutex
+	mu         sync.Mutex // guards the fields below and every activation's
 	gen        uint64
 	current    *activation
 	nativeTurn int64
@@ -293,8 +297,14 @@ func (s *server) handle(ctx context.Context, conn net.Conn) {
 		st := s.status()
 		resp.Status = &st
 	case sandbox.OpActivate:
-		a := s.activate()
+		a := s.activate(req.LeaseDeadline)
 		resp.Activation = &a
+	case sandbox.OpDeadline:
+		if err := s.setDeadline(req.Activation, req.LeaseDeadline); err != nil {
+			resp = errReply(err)
+		} else {
+			resp.Deadline = &sandbox.Deadline{LeaseDeadline: req.LeaseDeadline}
+		}
 	case sandbox.OpSettle:
 		r, err := s.settle(req.Activation)
 		if err != nil {
@@ -328,10 +338,10 @@ func (s *server) status() sandbox.Status {
 
 // activate issues a new token, fences every older one and stops a turn one
 // of them still runs; it returns once that agent is dead.
-func (s *server) activate() sandbox.Activation {
+func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	s.mu.Lock()
 	s.gen++
-	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8))}
+	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8)), leaseDeadline: leaseDeadline}
 	s.current = a
 	old := s.running
 	s.mu.Unlock()
@@ -358,6 +368,25 @@ func (s *server) lookup(id string) (*activation, error) {
 		}
 	}
 	return nil, sandbox.ErrUnknownActivation
+}
+
+// setDeadline moves the activation's lease deadline; a running turn of it
+// re-arms its alarm.
+func (s *server) setDeadline(id string, at boottime.Instant) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, err := s.lookup(id)
+	if err != nil {
+		return err
+	}
+	if a.turn != nil && a.turn.stopReason() == stopDeadline {
+		return sandbox.ErrDeadlinePassed
+	}
+	a.leaseDeadline = at
+	if a.turn != nil {
+		a.turn.deadlineMoved()
+	}
+	return nil
 }
 
 func (s *server) settle(id string) (wire.SupervisorReceipt, error) {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
 )
@@ -51,11 +52,11 @@ func TestTurnStreamsEventsAndSettles(t *testing.T) {
 func TestActivationFencesOlderToken(t *testing.T) {
 	s := startServe(t)
 	ctx := context.Background()
-	a1, err := s.c.Activate(ctx)
+	a1, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a2, err := s.c.Activate(ctx)
+	a2, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +88,7 @@ func TestActivationFencesOlderToken(t *testing.T) {
 func TestNewerActivationStopsRunningTurn(t *testing.T) {
 	s := startServe(t)
 	ctx := context.Background()
-	a1, err := s.c.Activate(ctx)
+	a1, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +101,7 @@ func TestNewerActivationStopsRunningTurn(t *testing.T) {
 	if !testbin.Alive(pid) {
 		t.Fatal("agent not running")
 	}
-	a2, err := s.c.Activate(ctx)
+	a2, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestReceiptRetainedUntilNextActivation(t *testing.T) {
 	if r1 != r2 {
 		t.Fatalf("second settlement returned %+v, first %+v", r2, r1)
 	}
-	if _, err := s.c.Activate(ctx); err != nil {
+	if _, err := s.c.Activate(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrFenced) {
@@ -161,7 +162,7 @@ func TestRunRefusedTwicePerActivation(t *testing.T) {
 func TestStartFailureSpendsActivationWithoutPrompt(t *testing.T) {
 	s := startServe(t)
 	ctx := context.Background()
-	act, err := s.c.Activate(ctx)
+	act, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func TestDrivingConnectionDropStopsAgent(t *testing.T) {
 		t.Run(strings.Fields(prompt)[0], func(t *testing.T) {
 			s := startServe(t)
 			ctx := context.Background()
-			act, err := s.c.Activate(ctx)
+			act, err := s.c.Activate(ctx, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -218,7 +219,7 @@ func TestDrivingConnectionDropStopsAgent(t *testing.T) {
 func TestRunContextCancelStopsAgent(t *testing.T) {
 	s := startServe(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	act, err := s.c.Activate(ctx)
+	act, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +267,7 @@ func TestStatusBusyReportsOnlyTheAgentTurn(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	act, err := s.c.Activate(ctx)
+	act, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +287,7 @@ func TestStatusBusyReportsOnlyTheAgentTurn(t *testing.T) {
 		t.Fatalf("settle during the turn: %v, want ErrBusy", err)
 	}
 	// A newer activation returns once the older agent is dead.
-	act2, err := s.c.Activate(ctx)
+	act2, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestSupervisorDeathMidTurnFailsClosed(t *testing.T) {
 	c := &sandbox.Client{Socket: sock}
 
 	p := startProc(t, ws, sock)
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +394,7 @@ func TestResumedConversationContinuesNativeTurn(t *testing.T) {
 	}
 	p.kill()
 	startProc(t, ws, sock)
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -496,7 +497,7 @@ func TestSubreaperReapsWhatAgentsLeaveBehind(t *testing.T) {
 	c := &sandbox.Client{Socket: sock}
 	p := startProc(t, ws, sock, "--subreaper")
 	for i := range 3 {
-		act, err := c.Activate(ctx)
+		act, err := c.Activate(ctx, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -524,7 +525,7 @@ func TestSubreaperReapsWhatAgentsLeaveBehind(t *testing.T) {
 func TestFencingDoesNotWaitForStalledDriver(t *testing.T) {
 	s := startServe(t, func(c *Config) { c.DrainTimeout = 200 * time.Millisecond })
 	ctx := context.Background()
-	act, err := s.c.Activate(ctx)
+	act, err := s.c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -538,7 +539,7 @@ func TestFencingDoesNotWaitForStalledDriver(t *testing.T) {
 	nextEvent(t, turn)
 	actx, cancel := context.WithTimeout(ctx, waitLimit)
 	defer cancel()
-	if _, err := s.c.Activate(actx); err != nil {
+	if _, err := s.c.Activate(actx, 0); err != nil {
 		t.Fatalf("activation behind a stalled driver: %v", err)
 	}
 	if st, err := s.c.Status(ctx); err != nil || st.Busy {
@@ -562,7 +563,7 @@ func TestAgentInheritsNoEnvironmentOrDescriptors(t *testing.T) {
 	startProc(t, ws, sock)
 	c := &sandbox.Client{Socket: sock}
 	ctx := context.Background()
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -601,4 +602,78 @@ func TestAgentInheritsNoEnvironmentOrDescriptors(t *testing.T) {
 	if fds != "fd 0 fd 1 fd 2" {
 		t.Fatalf("agent descriptors %q, want only 0, 1 and 2", fds)
 	}
+}
+
+// K5: the supervisor stops an activation's agent by itself when its lease
+// deadline passes on CLOCK_BOOTTIME, though the driving connection stays
+// open (a frozen turn child); deadline moves it, the newest call winning;
+// a run after the deadline is refused before any prompt reaches an agent.
+func TestLeaseDeadlineStopsAgent(t *testing.T) {
+	t.Run("driver open", func(t *testing.T) {
+		s := startServe(t)
+		ctx := context.Background()
+		act, err := s.c.Activate(ctx, boottime.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer turn.Close()
+		pid := eventField[int](t, nextEvent(t, turn), "pid")
+		deadline := boottime.Now().Add(400 * time.Millisecond)
+		if err := s.c.SetDeadline(ctx, act.ID, deadline); err != nil {
+			t.Fatal(err)
+		}
+		if err := testbin.WaitGone(pid, waitLimit); err != nil {
+			t.Fatal(err)
+		}
+		gone := boottime.Now()
+		if gone.Before(deadline) {
+			t.Fatalf("agent stopped %v before its deadline", deadline.Sub(gone))
+		}
+		t.Logf("agent gone %v after the deadline", gone.Sub(deadline))
+		if late := gone.Sub(deadline); late > time.Second {
+			t.Fatalf("agent lived %v past its deadline", late)
+		}
+		if err := streamEnd(turn); !errors.Is(err, sandbox.ErrDeadlinePassed) {
+			t.Fatalf("stream ended with %v, want ErrDeadlinePassed", err)
+		}
+		if _, err := s.c.Settle(ctx, act.ID); !errors.Is(err, sandbox.ErrInterrupted) {
+			t.Fatalf("settle after the deadline: %v, want ErrInterrupted", err)
+		}
+		if err := s.c.SetDeadline(ctx, act.ID, boottime.Now().Add(time.Hour)); !errors.Is(err, sandbox.ErrDeadlinePassed) {
+			t.Fatalf("deadline after the stop: %v, want ErrDeadlinePassed", err)
+		}
+		s.rec.waitFor(t, "supervisor_turn_stopped", 1)
+	})
+	t.Run("run after the deadline", func(t *testing.T) {
+		s := startServe(t)
+		ctx := context.Background()
+		act, err := s.c.Activate(ctx, boottime.Now().Add(-time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!hang"); !errors.Is(err, sandbox.ErrDeadlinePassed) {
+			t.Fatalf("run after the deadline: %v, want ErrDeadlinePassed", err)
+		}
+		if got := transcript(t, s.ws); len(got) != 0 {
+			t.Fatalf("the agent saw prompts %q", got)
+		}
+	})
+	t.Run("fenced token", func(t *testing.T) {
+		s := startServe(t)
+		ctx := context.Background()
+		old, err := s.c.Activate(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.c.Activate(ctx, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.c.SetDeadline(ctx, old.ID, boottime.Now().Add(time.Hour)); !errors.Is(err, sandbox.ErrFenced) {
+			t.Fatalf("deadline for a fenced token: %v, want ErrFenced", err)
+		}
+	})
 }

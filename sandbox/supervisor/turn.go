@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 )
 
@@ -28,6 +29,7 @@ const (
 	stopDropped             // the driving connection closed
 	stopFenced              // a newer activation took ownership
 	stopShutdown            // the supervisor is stopping
+	stopDeadline            // the activation's lease deadline passed (K5)
 )
 
 func (r stopReason) String() string {
@@ -38,6 +40,8 @@ func (r stopReason) String() string {
 		return "fenced"
 	case stopShutdown:
 		return "shutdown"
+	case stopDeadline:
+		return "lease_deadline"
 	}
 	return "none"
 }
@@ -48,9 +52,52 @@ type agentTurn struct {
 	done   chan struct{}      // closed once the agent is reaped and the turn recorded
 	conn   net.Conn           // the driving connection
 	grace  time.Duration      // how long a stopped turn may still write to it
+	moved  chan struct{}      // one pending notice that the lease deadline moved
 
-	mu     sync.Mutex
+	mu     sync.Mutex // guards reason
 	reason stopReason
+}
+
+func (t *agentTurn) deadlineMoved() {
+	select {
+	case t.moved <- struct{}{}:
+	default:
+	}
+}
+
+// fence stops the turn when its activation's lease deadline passes on
+// CLOCK_BOOTTIME, whatever the driving connection does: a frozen turn child
+// keeps it open (K5). It returns when the turn is over.
+func (s *server) fence(a *activation, t *agentTurn) {
+	alarm, err := boottime.NewAlarm()
+	if err != nil {
+		recordStateFailure(s.log, "deadline_alarm")
+		t.stop(stopDeadline) // a turn we cannot fence does not run
+		return
+	}
+	defer alarm.Close()
+	for {
+		s.mu.Lock()
+		at := a.leaseDeadline
+		s.mu.Unlock()
+		if !at.IsZero() {
+			if !boottime.Now().Before(at) {
+				t.stop(stopDeadline)
+				return
+			}
+			if err := alarm.Set(at); err != nil {
+				recordStateFailure(s.log, "deadline_alarm")
+				t.stop(stopDeadline)
+				return
+			}
+		}
+		select {
+		case <-alarm.C():
+		case <-t.moved:
+		case <-t.done:
+			return
+		}
+	}
 }
 
 func (t *agentTurn) stop(why stopReason) {
@@ -89,6 +136,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	wg.Go(func() { s.fence(a, t) })
 	// The prompt, once. A hanging agent that never reads it holds this
 	// writer until the agent is killed, which breaks the pipe.
 	wg.Add(1)
@@ -188,8 +236,11 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 	recordTurnStopped(s.log, a.gen, why.String())
 	if connOK {
 		err := fmt.Errorf("%w: %s", sandbox.ErrInterrupted, why)
-		if why == stopFenced {
+		switch why {
+		case stopFenced:
 			err = sandbox.ErrFenced
+		case stopDeadline:
+			err = sandbox.ErrDeadlinePassed
 		}
 		_ = writeMsg(conn, errReply(err))
 	}
@@ -207,6 +258,10 @@ func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) 
 	}
 	if a.state != actIdle {
 		return nil, nil, nil, nil, nil, sandbox.ErrAlreadyRun
+	}
+	if !a.leaseDeadline.IsZero() && !boottime.Now().Before(a.leaseDeadline) {
+		// The lease may be gone: no prompt starts under it (K5).
+		return nil, nil, nil, nil, nil, sandbox.ErrDeadlinePassed
 	}
 	if s.running != nil {
 		// Cannot happen: activate returns only after the older turn ended.
@@ -246,7 +301,7 @@ func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) 
 		stdoutR.Close()
 		return nil, nil, nil, nil, nil, fmt.Errorf("%w: %v", sandbox.ErrStartFailed, err)
 	}
-	t := &agentTurn{cancel: cancel, done: make(chan struct{}), conn: conn, grace: s.cfg.DrainTimeout}
+	t := &agentTurn{cancel: cancel, done: make(chan struct{}), conn: conn, grace: s.cfg.DrainTimeout, moved: make(chan struct{}, 1)}
 	a.state = actRunning
 	a.turn = t
 	s.running = t
