@@ -24,13 +24,15 @@ const (
 	MsgTurnFailed         = "agent_turn_failed"
 
 	// Written by the turn child (runner/turn) with the attempt's ids.
-	MsgTurnDeclined       = "agent_turn_declined"            // preflight declined the turn before ACCEPT: class
-	MsgAcceptFailed       = "agent_turn_accept_failed"       // ACCEPT could not be sent; nothing was done
-	MsgResultUndelivered  = "agent_turn_result_undelivered"  // the turn's result could not reach the daemon
-	MsgSandboxUnavailable = "agent_sandbox_unavailable"      // the sandbox could not be ensured
-	MsgActivationFailed   = "agent_activation_failed"        // the supervisor refused or failed activation
-	MsgBoundaryMismatch   = "agent_native_boundary_mismatch" // the supervisor's native turn is not the settled one (R31)
-	MsgTurnInterrupted    = "agent_turn_interrupted"         // the agent's stream broke before its result
+	MsgTurnDeclined       = "agent_turn_declined"              // preflight declined the turn before ACCEPT: class
+	MsgAcceptFailed       = "agent_turn_accept_failed"         // ACCEPT could not be sent; nothing was done
+	MsgResultUndelivered  = "agent_turn_result_undelivered"    // the turn's result could not reach the daemon
+	MsgSandboxUnavailable = "agent_sandbox_unavailable"        // the sandbox could not be ensured
+	MsgActivationFailed   = "agent_activation_failed"          // the supervisor refused or failed activation
+	MsgBoundaryMismatch   = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)
+	MsgTurnInterrupted    = "agent_turn_interrupted"           // the agent's stream broke before its result
+	MsgTurnLeaseDeadline  = "agent_turn_lease_deadline"        // the child's own lease deadline passed: agent stopped, nothing more written (K5)
+	MsgSupervisorDeadline = "agent_supervisor_deadline_failed" // a renewed lease deadline did not reach the supervisor: class
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

@@ -11,6 +11,7 @@ import (
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
@@ -54,6 +55,9 @@ type attempt struct {
 	renewer   *heartbeat.Renewer
 	// reporter sends the terminal report and fences the attempt (K1).
 	reporter *settlement.Reporter
+	// leases carries the newest acknowledged lease from the renewer to the
+	// child's handover, which sends it as a DEADLINE frame (K5).
+	leases chan handover.Lease
 
 	fenced context.Context // done once the lease is gone
 	fence  context.CancelFunc
@@ -136,6 +140,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		claimedAt: time.Now(),
 		id:        diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
 		ref:       wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		leases:    make(chan handover.Lease, 1),
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
@@ -151,9 +156,9 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}
 	// 2. The claim record, 3. the renewer.
 	d.rec.AttemptClaimed(context.Background(), a.id, claim.LeaseGeneration, d.workerID, d.cfg.HostName)
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log},
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, OnRenewed: a.offerLease},
 		heartbeat.AttemptFromClaim(claim, sent))
-	defer d.m.holdLease(a.renewer.Deadline)()
+	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 
 	// The watcher turns the renewer's news and the daemon's stops into one
@@ -169,10 +174,15 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}()
 	defer func() { close(over); <-watched }()
 
-	// 4. Launch.
+	// 4. Launch. The child gets the lease as it stands and the execution
+	// deadline, counted from now on CLOCK_BOOTTIME; the daemon's own timer
+	// counts from the same launch, ExecTimeoutMargin later (K6).
+	lease := a.renewer.Lease()
 	t, err := handover.Launch(launchCtx, d.handoverConfig(a), handover.Payload{
-		Echo: handover.Echo{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		Data: d.payload(claim),
+		Echo:         handover.Echo{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		Lease:        handover.Lease{Sent: lease.Sent, Deadline: lease.Deadline},
+		ExecDeadline: boottime.Now().Add(d.cfg.ExecTimeout),
+		Data:         d.payload(claim),
 	})
 	if err != nil {
 		d.notAccepted(runCtx, a, err)
@@ -247,6 +257,29 @@ func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 	}
 }
 
+// offerLease hands the renewer's newest lease to the handover, replacing
+// one not yet taken: the child needs only the newest. It runs on the
+// renewer's goroutine, the only sender, and never blocks.
+func (a *attempt) offerLease(l heartbeat.Lease) {
+	hl := handover.Lease{Sent: l.Sent, Deadline: l.Deadline}
+	for {
+		select {
+		case a.leases <- hl:
+			return
+		default:
+		}
+		select {
+		case <-a.leases:
+		default:
+		}
+	}
+}
+
+// leaseLeft reports how long r's lease has left.
+func (d *Daemon) leaseLeft(r *heartbeat.Renewer) func() time.Duration {
+	return func() time.Duration { return r.Lease().Deadline.Sub(boottime.Now()) }
+}
+
 func (d *Daemon) handoverConfig(a *attempt) handover.Config {
 	return handover.Config{
 		Path:             d.cfg.Executable,
@@ -257,6 +290,7 @@ func (d *Daemon) handoverConfig(a *attempt) handover.Config {
 		StopGrace:        d.cfg.StopGrace,
 		KillGrace:        d.cfg.KillGrace,
 		OnProgress:       a.onProgress,
+		Leases:           a.leases,
 	}
 }
 
@@ -273,7 +307,6 @@ func (d *Daemon) payload(c wire.Claim) []byte {
 			Runnerd:  d.cfg.Executable,
 			Docker:   d.cfg.Docker,
 		},
-		ExecTimeoutMS:    d.cfg.ExecTimeout.Milliseconds(),
 		RequestTimeoutMS: d.cfg.Receipts.TryTimeout.Milliseconds(),
 		RetryDelayMS:     d.cfg.Receipts.Wait.Milliseconds(),
 		LogFormat:        d.cfg.LogFormat,
@@ -386,8 +419,8 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (settlement.Report, stri
 	return rep, outcome
 }
 
-// childSawLeaseRejected: the child's RESULT says one of its own writes was
-// refused for the lease.
+// childSawLeaseRejected: the child's RESULT says the lease is gone — one of
+// its own writes was refused for it, or its own lease deadline passed.
 func childSawLeaseRejected(e handover.Ended) bool {
 	var res turn.Result
 	return e.Outcome == handover.OutcomeResult && json.Unmarshal(e.Result, &res) == nil && res.LeaseRejected

@@ -16,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/memnet"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -287,13 +288,15 @@ func TestK4ClaimLeaseCountsFromSendPlusHeld(t *testing.T) {
 			t.Fatalf("the answer came %v after the send: no longer than the lease, the test shows nothing", answered.Sub(sent))
 		}
 		timings := heartbeat.Timings{LeaseTTL: ttl, Interval: 2 * time.Second, RequestTimeout: time.Second, RetryDelay: time.Second}
-		r := heartbeat.Start(heartbeat.Config{Timings: timings, Client: c.wc},
+		clock := boottime.Since(sent) // the bubble's fake time
+		r := heartbeat.Start(heartbeat.Config{Timings: timings, Client: c.wc, Clock: clock},
 			heartbeat.AttemptFromClaim(claim, leaseStart(sent, held, answered)))
-		if got, want := r.Deadline(), sent.Add(held).Add(ttl); !got.Equal(want) {
-			t.Fatalf("deadline %v after the send, want send + held + ttl = %v", got.Sub(sent), want.Sub(sent))
+		at := func(t time.Time) boottime.Instant { return boottime.FromTime(clock, t) }
+		if got, want := r.Lease().Deadline, at(sent.Add(held).Add(ttl)); got != want {
+			t.Fatalf("deadline %v after the send, want send + held + ttl = %v", got.Sub(at(sent)), want.Sub(at(sent)))
 		}
-		if r.Deadline().After(claim.LeaseExpiresAt) {
-			t.Fatalf("local deadline %v is later than the server's expiry %v", r.Deadline(), claim.LeaseExpiresAt)
+		if r.Lease().Deadline > at(claim.LeaseExpiresAt) {
+			t.Fatalf("local deadline %v is later than the server's expiry %v", r.Lease().Deadline, at(claim.LeaseExpiresAt))
 		}
 		time.Sleep(time.Minute)
 		select {

@@ -71,9 +71,11 @@ type Config struct {
 	// timeout is Timings.RequestTimeout). Tests set DialContext.
 	RenewHTTP heartbeat.HTTPConfig
 
-	// ExecTimeout bounds the agent turn (R5), default 3,600 s. The child
-	// enforces it; the daemon stops a child still alive ExecTimeoutMargin
-	// later (default 2 min), time for its settlement and report.
+	// ExecTimeout bounds the turn (R5), default 3,600 s, counted from the
+	// launch of its child: the child gets the deadline in its payload and
+	// enforces it in every phase (K6); the daemon, counting from the same
+	// launch, stops a child still alive ExecTimeoutMargin later (default
+	// 2 min), time for its report.
 	ExecTimeout       time.Duration
 	ExecTimeoutMargin time.Duration
 	// StopGrace is STOP → SIGTERM of the child's group, KillGrace SIGTERM →

@@ -31,7 +31,7 @@ type Metrics struct {
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
 	mu     sync.Mutex // guards leases and nextID
-	leases map[int]func() time.Time
+	leases map[int]func() time.Duration // how long each held lease has left
 	nextID int
 }
 
@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the claim's answer to the child's ACCEPT.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
-		leases: map[int]func() time.Time{},
+		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
@@ -98,13 +98,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// holdLease counts a held lease whose expiry deadline reports, until the
+// holdLease counts a held lease, whose time left left reports, until the
 // returned func is called.
-func (m *Metrics) holdLease(deadline func() time.Time) (release func()) {
+func (m *Metrics) holdLease(left func() time.Duration) (release func()) {
 	m.mu.Lock()
 	id := m.nextID
 	m.nextID++
-	m.leases[id] = deadline
+	m.leases[id] = left
 	m.mu.Unlock()
 	return func() {
 		m.mu.Lock()
@@ -148,10 +148,8 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
 	held := len(c.m.leases)
 	margin := math.Inf(1)
-	for _, deadline := range c.m.leases {
-		if dl := deadline(); !dl.IsZero() {
-			margin = math.Min(margin, dl.Sub(now).Seconds())
-		}
+	for _, left := range c.m.leases {
+		margin = math.Min(margin, left().Seconds())
 	}
 	c.m.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descLeasesHeld, prometheus.GaugeValue, float64(held))

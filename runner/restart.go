@@ -101,7 +101,7 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		WorkerToken: c.WorkerToken, LeaseTTL: ttl, ClaimSent: sent,
 	}
 	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log}, hbAttempt)
-	defer d.m.holdLease(a.renewer.Deadline)()
+	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	over := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {

@@ -132,6 +132,10 @@ func (r *Reporter) LeaseLost() { r.reject(ErrLeaseRejected) }
 // Rejected reports whether the lease was rejected.
 func (r *Reporter) Rejected() bool { return r.fenced.Err() != nil }
 
+// Fence is done once the lease is rejected (K5: the turn child stops its
+// agent on it).
+func (r *Reporter) Fence() context.Context { return r.fenced }
+
 // Send sends the terminal report under the report policy (K1) until it is
 // acknowledged, refused, the lease is rejected or ctx ends. Sending again
 // after an acknowledgement returns the first answer (P2 on our side).

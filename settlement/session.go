@@ -154,6 +154,11 @@ func (s *Session) LeaseLost() { s.rep.LeaseLost() }
 // Rejected reports whether the lease was rejected.
 func (s *Session) Rejected() bool { return s.rep.Rejected() }
 
+// Fence is done once the lease is rejected — by LeaseLost or by an answer
+// to one of the Session's own writes — so the owner can stop the agent at
+// once (K5).
+func (s *Session) Fence() context.Context { return s.rep.Fence() }
+
 // Facts returns what the Session has learned so far.
 func (s *Session) Facts() Facts {
 	s.mu.Lock()

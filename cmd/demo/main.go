@@ -2,11 +2,10 @@
 // directory of the built binaries (default ./bin), it starts the reference
 // control plane on SQLite in a temporary directory and one host daemon
 // with the process sandbox backend and the demo agent, runs three
-// conversations through three turns each — one turn declined on its first
-// try as a failed preflight would be, so that it is released and runs
-// again; one silent for several renewal intervals — prints a table of the
-// turns, shuts everything down (SIGTERM, wait) and exits 0, or 1 if any
-// turn ended other than expected.
+// conversations through three turns each — one of them silent for several
+// renewal intervals, one carrying a directive the product must ignore
+// (K12) — prints a table of the turns, shuts everything down (SIGTERM,
+// wait) and exits 0, or 1 if any turn ended other than expected.
 //
 // With --dev it starts the same two programs, prints the Admin → Servers
 // address and how to send a message, and keeps them up until interrupted
@@ -311,7 +310,9 @@ var conversations = []struct {
 }{
 	{"alpha", []script{
 		{prompt: "Hello, alpha.\n!events 3", attempts: 1, note: "3 events streamed"},
-		{prompt: "Second turn.\n!decline-first\n!events 2", attempts: 2, note: "first try declined before ACCEPT, released, run again (R33)"},
+		// "!decline-first" once made the product's turn child decline; now only
+		// prompt-blind checks decide a decline, and this turn runs once (K12).
+		{prompt: "Second turn.\n!decline-first\n!events 2", attempts: 1, note: "an old demo directive in the prompt changed nothing (K12)"},
 		{prompt: "Third turn.\n!events 2", attempts: 1, note: "native session continues"},
 	}},
 	{"bravo", []script{

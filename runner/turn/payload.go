@@ -20,8 +20,8 @@ type Payload struct {
 	Claim           wire.Claim `json:"claim"`
 	ControlPlaneURL string     `json:"control_plane_url"`
 	Sandbox         Sandbox    `json:"sandbox"`
-	// ExecTimeoutMS bounds the agent turn (R5); 0 means the default.
-	ExecTimeoutMS int64 `json:"exec_timeout_ms,omitempty"`
+	// The execution deadline (R5) and the lease travel in the handover
+	// payload itself, as CLOCK_BOOTTIME instants (K5, K6).
 	// RequestTimeoutMS bounds each receipt try (R24); 0 means 10 s.
 	RequestTimeoutMS int64 `json:"request_timeout_ms,omitempty"`
 	// RetryDelayMS is the pause between receipt tries (R24); 0 means 5 s.
@@ -69,9 +69,11 @@ type Result struct {
 	// metrics.
 	Outcome string `json:"outcome"`
 	Class   string `json:"class,omitempty"`
-	// LeaseRejected: one of the child's own writes was refused for the lease
-	// (409, 410, 401, 403, 404) before the daemon's renewer may know. The
-	// daemon then sends no report and stops renewal: nothing more is written
-	// about the attempt (R8, R11, R22, R23).
+	// LeaseRejected: the lease is gone as far as the child knows — one of its
+	// own writes was refused for it (409, 410, 401, 403, 404), or its own
+	// lease deadline passed (K5) — possibly before the daemon's renewer
+	// knows. The child stopped its agent at once; the daemon sends no report
+	// and stops renewal: nothing more is written about the attempt (R8, R10,
+	// R11, R22, R23).
 	LeaseRejected bool `json:"lease_rejected,omitempty"`
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
@@ -22,16 +23,16 @@ import (
 
 // Defaults of the Payload's zero fields.
 const (
-	DefaultExecTimeout    = 3600 * time.Second // R5
-	DefaultRequestTimeout = 10 * time.Second   // R24
-	DefaultRetryDelay     = 5 * time.Second    // R24
+	DefaultRequestTimeout = 10 * time.Second // R24
+	DefaultRetryDelay     = 5 * time.Second  // R24
+	// supervisorCallTimeout bounds one lease deadline sent to the supervisor.
+	supervisorCallTimeout = 5 * time.Second
 )
 
 // Classes of the turn's own failures, for the terminal report and DECLINE.
 const (
 	ClassBadPayload         = "bad_payload"
 	ClassSandboxConfig      = "sandbox_config"
-	ClassDemoDecline        = "demo_decline"
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
@@ -42,6 +43,7 @@ const (
 	ClassAgentInterrupted   = "agent_interrupted"
 	ClassExecTimeout        = "execution_timeout"
 	ClassAgentExit          = "agent_exit"
+	ClassAgentSignal        = "agent_signal" // agent_signal_KILL: a signal ended the agent
 	ClassSettlement         = "settlement_failed"
 	ClassCancelled          = "cancelled"
 	ClassHostStopped        = "host_stopped" // the daemon's drain or shutdown ended the turn (P6)
@@ -55,12 +57,6 @@ const (
 	StopShutdown     = "shutdown"      // the daemon stops hard
 )
 
-// DirectiveDeclineFirst in a prompt makes the turn child decline the first
-// attempt of that turn (lease generation 1) as a failed preflight would.
-// It exists for the demo and the tests: it shows a claim released and run
-// again (R33) without breaking a real engine.
-const DirectiveDeclineFirst = "!decline-first"
-
 // Main is `runnerd turn`: it takes the handover descriptor, runs the turn
 // and returns the process's exit code. Records go to stderr.
 func Main(ctx context.Context, stderr io.Writer) int {
@@ -71,11 +67,13 @@ func Main(ctx context.Context, stderr io.Writer) int {
 	}
 	defer ch.Close()
 	// The turn ends on STOP or the parent's death (ch.Context; its cause says
-	// which), and also on SIGTERM (ctx), which the daemon sends when a STOP
-	// was not heeded within its grace.
+	// which), on SIGTERM (ctx), which the daemon sends when a STOP was not
+	// heeded within its grace, and when the lease or the execution deadline
+	// passes (ch.Deadlines, K5, K6).
 	turnCtx, cancel := context.WithCancelCause(ch.Context())
 	defer cancel(nil)
 	defer context.AfterFunc(ctx, func() { cancel(errSignalled) })()
+	defer context.AfterFunc(ch.Deadlines(), func() { cancel(context.Cause(ch.Deadlines())) })()
 
 	var p Payload
 	if err := json.Unmarshal(ch.Payload().Data, &p); err != nil || p.Claim.AttemptID != ch.Payload().AttemptID {
@@ -92,7 +90,10 @@ func Main(ctx context.Context, stderr io.Writer) int {
 		return 1
 	}
 	spec := sandbox.SpecFromTurn(p.Claim.Turn)
-	if class := preflight(turnCtx, backend, spec, p.Claim); class != "" {
+	// A preflight that a stop or a deadline cut short proves nothing about
+	// the sandbox: the child takes the turn and ends it as that stop says,
+	// never a decline (K6, R34).
+	if class := preflight(turnCtx, backend, spec); class != "" && turnCtx.Err() == nil {
 		log.Warn(diagnostics.MsgTurnDeclined, "class", class)
 		_ = ch.Decline(class)
 		return 0
@@ -117,11 +118,9 @@ func Main(ctx context.Context, stderr io.Writer) int {
 	return 0
 }
 
-// preflight is the read-only check before ACCEPT; "" means go ahead.
-func preflight(ctx context.Context, b sandbox.Backend, spec sandbox.Spec, c wire.Claim) string {
-	if c.LeaseGeneration == 1 && strings.Contains(c.Turn.Prompt, DirectiveDeclineFirst) {
-		return ClassDemoDecline
-	}
+// preflight is the read-only check before ACCEPT; "" means go ahead. It
+// looks at the sandbox, never at the prompt (K12).
+func preflight(ctx context.Context, b sandbox.Backend, spec sandbox.Spec) string {
 	if err := b.Preflight(ctx, spec); err != nil {
 		var pe *sandbox.PreflightError
 		if errors.As(err, &pe) && pe.Class != "" {
@@ -140,6 +139,7 @@ type turn struct {
 	backend sandbox.Backend
 	spec    sandbox.Spec
 	sess    *settlement.Session
+	fence   context.Context // ends when the lease is gone (run)
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -172,29 +172,66 @@ func (t *turn) run(ctx context.Context) Result {
 	}
 	t.sess = sess
 	defer sess.Close()
+	// The fence ends the turn at once, in every phase and past the user's
+	// cancel too: the child's own lease deadline passed, or one of its own
+	// writes was refused for the lease (409/401/403/404) — the agent stops
+	// now, not at the daemon's next STOP (K5).
+	fence, endFence := context.WithCancelCause(context.Background())
+	defer endFence(nil)
+	defer context.AfterFunc(t.ch.Deadlines(), func() {
+		if errors.Is(context.Cause(t.ch.Deadlines()), handover.ErrLeaseExpired) {
+			endFence(handover.ErrLeaseExpired)
+		}
+	})()
+	defer context.AfterFunc(sess.Fence(), func() { endFence(settlement.ErrLeaseRejected) })()
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	defer context.AfterFunc(fence, func() { stop(context.Cause(fence)) })()
+	t.fence = fence
 	defer fenceOnLeaseLoss(ctx, sess)()
+
 	outcome, class := t.drive(ctx)
 	outcome, class = byStop(ctx, outcome, class)
-	if stoppedForLeaseLoss(ctx) {
+	// Asked of the sources, not of fence: its AfterFuncs may not have run yet.
+	expired := errors.Is(context.Cause(t.ch.Deadlines()), handover.ErrLeaseExpired)
+	leaseGone := stoppedForLeaseLoss(ctx) || expired || sess.Rejected()
+	if leaseGone {
 		sess.LeaseLost() // before the flush, whether or not the watcher ran yet
+		if expired {
+			// K5: the positive record that the child fenced itself (R18);
+			// the deadline is a CLOCK_BOOTTIME instant in nanoseconds.
+			dl := t.ch.Lease().Deadline
+			t.log.Warn(diagnostics.MsgTurnLeaseDeadline, "lease_deadline_ns", int64(dl),
+				"agent_stopped_after_ms", boottime.Now().Sub(dl).Milliseconds())
+		}
 	}
 	sess.FlushEvents(context.WithoutCancel(ctx))
 	res := result(sess.Facts(), ref, outcome, class)
-	res.LeaseRejected = sess.Rejected()
+	res.LeaseRejected = sess.Rejected() || leaseGone
 	return res
 }
 
-// byStop: a turn that failed because the daemon stopped it ends as the
-// daemon's own report would say for that STOP: cancelled for the user's
+// byStop: a turn that failed because it was stopped ends as the stop says:
+// execution_timeout when the execution deadline passed — the child's own or
+// the daemon's STOP — in whatever phase (K6); cancelled for the user's
 // cancel (P7); worker_lost for the daemon's drain timeout or shutdown, so
 // a never-admitted job runs again without counting an attempt and an
 // admitted one is LOST (P6, R30). A turn that did not fail keeps its outcome.
 func byStop(ctx context.Context, outcome, class string) (string, string) {
+	if class == "" {
+		return outcome, class
+	}
+	cause := context.Cause(ctx)
+	if errors.Is(cause, handover.ErrExecutionDeadline) {
+		return wire.OutcomeFailed, ClassExecTimeout
+	}
 	var se *handover.StopError
-	if class == "" || !errors.As(context.Cause(ctx), &se) {
+	if !errors.As(cause, &se) {
 		return outcome, class
 	}
 	switch se.Class {
+	case handover.ClassExecutionTimeout:
+		return wire.OutcomeFailed, ClassExecTimeout
 	case ClassCancelled:
 		return wire.OutcomeCancelled, ClassCancelled
 	case StopDrainTimeout, StopShutdown:
@@ -205,8 +242,10 @@ func byStop(ctx context.Context, outcome, class string) (string, string) {
 
 // ignoringCancel is ctx without the daemon's STOP "cancelled": it ends
 // when ctx ends for any other cause (a lease loss, a drain timeout, a
-// shutdown, the daemon gone). The returned func releases it.
-func ignoringCancel(ctx context.Context) (context.Context, func()) {
+// shutdown, the daemon gone), and when deadlines (the execution deadline)
+// or fence ends, which may come after the cancel. The returned func
+// releases it.
+func ignoringCancel(ctx, deadlines, fence context.Context) (context.Context, func()) {
 	out, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() {
 		var se *handover.StopError
@@ -214,7 +253,9 @@ func ignoringCancel(ctx context.Context) (context.Context, func()) {
 			cancel(cause)
 		}
 	})
-	return out, func() { stop(); cancel(nil) }
+	stopDeadlines := context.AfterFunc(deadlines, func() { cancel(context.Cause(deadlines)) })
+	stopFence := context.AfterFunc(fence, func() { cancel(context.Cause(fence)) })
+	return out, func() { stop(); stopDeadlines(); stopFence(); cancel(nil) }
 }
 
 // fenceOnLeaseLoss fences sess as soon as ctx ends with the daemon's STOP
@@ -257,6 +298,10 @@ func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Resu
 func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	fail := func(class string) (string, string) { return wire.OutcomeFailed, class }
 	t.progress("accepted")
+	if ctx.Err() != nil {
+		// Stopped before it began (a preflight cut short): byStop names it.
+		return fail(ClassAgentInterrupted)
+	}
 
 	sb, err := t.backend.Ensure(ctx, t.spec)
 	if err != nil {
@@ -267,11 +312,15 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassSandboxUnavailable)
 	}
 	cl := sb.Client()
-	act, err := cl.Activate(ctx)
+	// The supervisor gets the lease deadline now and after every renewal,
+	// so that even a dead or frozen turn child leaves no agent running past
+	// it (K5).
+	act, err := cl.Activate(ctx, t.ch.Lease().Deadline)
 	if err != nil {
 		t.log.Error(diagnostics.MsgActivationFailed, "error_class", sandbox.CodeOf(err))
 		return fail(ClassActivation)
 	}
+	defer t.forwardLeases(cl, act.ID)()
 	// R31: resume only the exact native session the control plane settled.
 	if act.NativeTurn != t.p.Claim.Turn.NativeTurn {
 		t.log.Error(diagnostics.MsgBoundaryMismatch,
@@ -295,9 +344,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	t.progress("admitted")
 
-	execCtx, cancel := context.WithTimeoutCause(ctx, ms(t.p.ExecTimeoutMS, DefaultExecTimeout), errExecTimeout)
-	defer cancel()
-	stream, err := settlement.SendPrompt(execCtx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
+	stream, err := settlement.SendPrompt(ctx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
 		return cl.Run(ctx, act.ID, t.spec.AgentCommand, prompt)
 	})
 	if err != nil {
@@ -318,8 +365,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	res, err := stream.Result()
 	if err != nil {
-		if errors.Is(context.Cause(execCtx), errExecTimeout) {
-			t.log.Warn(diagnostics.MsgExecutionTimeout)
+		if errors.Is(context.Cause(ctx), handover.ErrExecutionDeadline) {
 			return fail(ClassExecTimeout)
 		}
 		t.log.Warn(diagnostics.MsgTurnInterrupted, "error_class", sandbox.CodeOf(err))
@@ -330,7 +376,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	// The agent's turn is over: settle it even if the user's cancel arrives
 	// now, or a completed turn would fail closed and lose its conversation
 	// (R13, R28). Any other STOP still ends settlement.
-	settleCtx, stopSettle := ignoringCancel(ctx)
+	settleCtx, stopSettle := ignoringCancel(ctx, t.ch.Deadlines(), t.fence)
 	defer stopSettle()
 	if _, err := t.sess.Settle(settleCtx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
 		return cl.Settle(ctx, act.ID)
@@ -340,16 +386,54 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	t.progress("settled")
 	// R23: a failed notice is recorded by the session and does not fail the turn.
 	_ = t.sess.Notify(settleCtx)
-	if res.ExitCode != 0 {
-		return fail(fmt.Sprintf("%s_%d", ClassAgentExit, max(res.ExitCode, 0)))
+	if class := exitClass(res); class != "" {
+		return fail(class)
 	}
 	return wire.OutcomeSucceeded, ""
 }
 
-var (
-	errExecTimeout = errors.New("execution timeout")
-	errSignalled   = errors.New("turn child signalled to stop")
-)
+// exitClass is the failure class of how the agent ended: agent_exit_<code>
+// for a non-zero exit, agent_signal_<NAME> (agent_signal_KILL) when a
+// signal ended it; "" for a clean exit.
+func exitClass(res sandbox.Result) string {
+	switch {
+	case res.Signal != "":
+		return ClassAgentSignal + "_" + strings.TrimPrefix(res.Signal, "SIG")
+	case res.ExitCode < 0:
+		return ClassAgentSignal + "_unknown"
+	case res.ExitCode != 0:
+		return fmt.Sprintf("%s_%d", ClassAgentExit, res.ExitCode)
+	}
+	return ""
+}
+
+// forwardLeases sends the supervisor every lease deadline a DEADLINE frame
+// brings, until the returned func is called (K5). A deadline that does not
+// get through leaves the older one in force, which fences sooner, never
+// later.
+func (t *turn) forwardLeases(cl *sandbox.Client, activationID string) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.ch.LeaseChanged():
+			}
+			cctx, ccancel := context.WithTimeout(ctx, supervisorCallTimeout)
+			err := cl.SetDeadline(cctx, activationID, t.ch.Lease().Deadline)
+			ccancel()
+			if err != nil && ctx.Err() == nil {
+				t.log.Warn(diagnostics.MsgSupervisorDeadline, "error_class", sandbox.CodeOf(err))
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+var errSignalled = errors.New("turn child signalled to stop")
 
 // progress sends the Facts so far; a lost PROGRESS only makes the daemon's
 // fallback report less precise, never wrong (the store guards every write).

@@ -26,32 +26,44 @@ type fakeBackend struct {
 func (b *fakeBackend) Preflight(context.Context, sandbox.Spec) error { b.calls++; return b.err }
 
 func TestPreflightDeclineClasses(t *testing.T) {
-	claim := func(gen int64, prompt string) wire.Claim {
-		return wire.Claim{LeaseGeneration: gen, Turn: wire.Turn{Prompt: prompt}}
-	}
 	tests := []struct {
-		name      string
-		claim     wire.Claim
-		err       error
-		want      string
-		preflight bool // whether the backend's preflight was asked
+		name string
+		err  error
+		want string
 	}{
-		{"healthy", claim(1, "hello"), nil, "", true},
-		{"demo directive declines the first attempt", claim(1, "!decline-first\nhi"), nil, ClassDemoDecline, false},
-		{"demo directive lets the second attempt run", claim(2, "!decline-first\nhi"), nil, "", true},
-		{"backend class is the decline class", claim(1, "hi"), &sandbox.PreflightError{Class: sandbox.ClassImageMissing}, sandbox.ClassImageMissing, true},
-		{"unclassified failure", claim(1, "hi"), errors.New("boom"), "preflight_failed", true},
+		{"healthy", nil, ""},
+		{"backend class is the decline class", &sandbox.PreflightError{Class: sandbox.ClassImageMissing}, sandbox.ClassImageMissing},
+		{"unclassified failure", errors.New("boom"), "preflight_failed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := &fakeBackend{err: tt.err}
-			if got := preflight(context.Background(), b, sandbox.Spec{}, tt.claim); got != tt.want {
+			if got := preflight(context.Background(), b, sandbox.Spec{}); got != tt.want {
 				t.Fatalf("preflight = %q, want %q", got, tt.want)
 			}
-			if (b.calls == 1) != tt.preflight {
-				t.Fatalf("backend preflight called %d times, want called=%v", b.calls, tt.preflight)
+			if b.calls != 1 {
+				t.Fatalf("backend preflight called %d times, want once", b.calls)
 			}
 		})
+	}
+}
+
+// An agent that a signal ended is reported with the signal's name, not as
+// a clean exit (agent_exit_0 before).
+func TestExitClass(t *testing.T) {
+	for _, tt := range []struct {
+		res  sandbox.Result
+		want string
+	}{
+		{sandbox.Result{ExitCode: 0}, ""},
+		{sandbox.Result{ExitCode: 3}, "agent_exit_3"},
+		{sandbox.Result{ExitCode: -1, Signal: "SIGKILL"}, "agent_signal_KILL"},
+		{sandbox.Result{ExitCode: -1, Signal: "SIGSEGV"}, "agent_signal_SEGV"},
+		{sandbox.Result{ExitCode: -1}, "agent_signal_unknown"},
+	} {
+		if got := exitClass(tt.res); got != tt.want {
+			t.Errorf("exitClass(%+v) = %q, want %q", tt.res, got, tt.want)
+		}
 	}
 }
 
@@ -149,8 +161,10 @@ func TestLeaseLostStopFencesTheSession(t *testing.T) {
 
 // A failed turn stopped by the daemon reports what the daemon's own
 // fallback would for that STOP: cancelled for a user cancel, worker_lost
-// for a drain timeout or shutdown (P6); a lease loss or an execution
-// timeout keeps the turn's own failure; a succeeded turn stays succeeded.
+// for a drain timeout or shutdown (P6); a lease loss keeps the turn's own
+// failure; the execution deadline — the child's own or the daemon's STOP —
+// is execution_timeout whatever phase failed (K6); a succeeded turn stays
+// succeeded.
 func TestOutcomeFollowsStop(t *testing.T) {
 	stop := func(class string) error { return &handover.StopError{Class: class} }
 	tests := []struct {
@@ -167,6 +181,9 @@ func TestOutcomeFollowsStop(t *testing.T) {
 		{"shutdown", stop(StopShutdown), wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeWorkerLost, ClassHostStopped},
 		{"lease lost", stop(StopLeaseLost), wire.OutcomeFailed, ClassAgentInterrupted, wire.OutcomeFailed, ClassAgentInterrupted},
 		{"execution timeout", stop(handover.ClassExecutionTimeout), wire.OutcomeFailed, ClassExecTimeout, wire.OutcomeFailed, ClassExecTimeout},
+		{"daemon's execution timeout in settlement", stop(handover.ClassExecutionTimeout), wire.OutcomeFailed, ClassSettlement, wire.OutcomeFailed, ClassExecTimeout},
+		{"own execution deadline in preparation", handover.ErrExecutionDeadline, wire.OutcomeFailed, ClassSandboxUnavailable, wire.OutcomeFailed, ClassExecTimeout},
+		{"own execution deadline in admission", handover.ErrExecutionDeadline, wire.OutcomeFailed, ClassAdmissionRefused, wire.OutcomeFailed, ClassExecTimeout},
 		{"succeeded before the cancel", stop(ClassCancelled), wire.OutcomeSucceeded, "", wire.OutcomeSucceeded, ""},
 	}
 	for _, tt := range tests {
@@ -185,7 +202,8 @@ func TestOutcomeFollowsStop(t *testing.T) {
 
 // R13, R28: once the agent has exited, settlement goes on through the
 // user's cancel (a completed turn is settled, not failed closed), but any
-// other end of the turn's context ends it, with that cause.
+// other end of the turn's context ends it, with that cause — and so do the
+// execution deadline and the lease fence, even after the cancel (K5, K6).
 func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
 	gone := errors.New("descriptor closed")
 	tests := []struct {
@@ -203,7 +221,11 @@ func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				ctx, cancel := context.WithCancelCause(context.Background())
-				sctx, release := ignoringCancel(ctx)
+				deadlines, endDeadlines := context.WithCancelCause(context.Background())
+				fence, endFence := context.WithCancelCause(context.Background())
+				defer endDeadlines(nil)
+				defer endFence(nil)
+				sctx, release := ignoringCancel(ctx, deadlines, fence)
 				cancel(tt.cause)
 				synctest.Wait()
 				if ended := sctx.Err() != nil; ended != tt.ended {
@@ -215,6 +237,41 @@ func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
 				release()
 				if sctx.Err() == nil {
 					t.Fatal("release left the settlement context open")
+				}
+			})
+		})
+	}
+	for _, late := range []struct {
+		name  string
+		cause error
+		fence bool
+	}{
+		{"execution deadline after the cancel", handover.ErrExecutionDeadline, false},
+		{"lease deadline after the cancel", handover.ErrLeaseExpired, true},
+		{"lease rejected after the cancel", settlement.ErrLeaseRejected, true},
+	} {
+		t.Run(late.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancelCause(context.Background())
+				deadlines, endDeadlines := context.WithCancelCause(context.Background())
+				fence, endFence := context.WithCancelCause(context.Background())
+				defer endDeadlines(nil)
+				defer endFence(nil)
+				sctx, release := ignoringCancel(ctx, deadlines, fence)
+				defer release()
+				cancel(&handover.StopError{Class: ClassCancelled})
+				synctest.Wait()
+				if sctx.Err() != nil {
+					t.Fatal("the user's cancel ended settlement")
+				}
+				if late.fence {
+					endFence(late.cause)
+				} else {
+					endDeadlines(late.cause)
+				}
+				synctest.Wait()
+				if !errors.Is(context.Cause(sctx), late.cause) {
+					t.Fatalf("cause %v, want %v", context.Cause(sctx), late.cause)
 				}
 			})
 		})

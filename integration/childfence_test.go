@@ -1,0 +1,159 @@
+package integration
+
+import (
+	"encoding/json"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/runnerd/runnerd/integration/fleet"
+	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// wallOf converts a CLOCK_BOOTTIME instant of this host to wall time: the
+// two clocks move together while nothing suspends the machine or steps the
+// wall clock, which holds for the length of a test.
+func wallOf(i boottime.Instant) time.Time {
+	now, bnow := time.Now(), boottime.Now()
+	return now.Add(i.Sub(bnow))
+}
+
+// silentTurn starts a silent turn whose prompt the agent has and whose lease
+// was renewed once, and returns its job, agent and turn child.
+func (e *env) silentTurn(title string) (wire.Job, proc, proc) {
+	e.t.Helper()
+	c := e.conversation(title)
+	j := e.send(c.ID, "a long, quiet turn\n!silent 10m")
+	e.waitPrompts(c.ID, 1)
+	agents, children := e.agents(c.ID), e.turnChildren()
+	if len(agents) != 1 || len(children) != 1 {
+		e.t.Fatalf("want one agent and one turn child running; got %v and %v", agents, children)
+	}
+	first := e.job(j.ID).Attempts[0]
+	e.waitJob(j.ID, "renewed", func(j wire.Job) bool { return j.Attempts[0].LeaseExpiresAt.After(first.LeaseExpiresAt) })
+	return j, agents[0], children[0]
+}
+
+// freeze stops p with SIGSTOP; the test's cleanup thaws it first, so that
+// the harness can stop it as usual.
+func (e *env) freeze(pid int) {
+	e.t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+}
+
+// K5: the daemon frozen (SIGSTOP) during a silent turn renews nothing and
+// stops nothing, yet the agent is gone no later than the lease deadline
+// plus the stop grace: the turn child, which got the deadline in its
+// payload and after every renewal in a DEADLINE frame, stops its agent
+// itself when it passes, and says so (agent_turn_lease_deadline). The
+// deadline is never later than the store's lease expiry (R10). Once thawed,
+// the daemon writes no report about the attempt; the admitted conversation
+// is LOST as for any lost lease (R30) and the prompt reached the agent once.
+func TestFrozenDaemonChildStopsAgentAtDeadline(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	d := e.startDaemon(nil)
+	j, agent, child := e.silentTurn("frozen daemon")
+
+	mark := d.Mark()
+	frozenAt := time.Now()
+	e.freeze(d.Pid())
+	agentGone, err := waitGone(agent.Pid, waitFor)
+	if err != nil {
+		t.Fatalf("the agent outlived the frozen daemon: %v", err)
+	}
+	lines, err := d.AwaitOutput(mark, regexp.MustCompile(`\{.*"msg":"agent_turn_lease_deadline".*\}`), waitFor)
+	if err != nil {
+		t.Fatalf("no agent_turn_lease_deadline record from the turn child: %v", err)
+	}
+	var rec struct {
+		Deadline int64  `json:"lease_deadline_ns"`
+		JobID    string `json:"job_id"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &rec); err != nil || rec.JobID != j.ID || rec.Deadline <= 0 {
+		t.Fatalf("record %s: %v", lines[0], err)
+	}
+	deadline := wallOf(boottime.Instant(rec.Deadline))
+	past := agentGone.Sub(deadline)
+	t.Logf("daemon frozen at %s; the child's lease deadline %v later; the agent gone %v past the deadline (limit: stop grace %v)",
+		frozenAt.Format("15:04:05.000"), deadline.Sub(frozenAt), past, stopGrace)
+	if past > stopGrace {
+		t.Errorf("the agent lived %v past the lease deadline, more than the stop grace %v", past, stopGrace)
+	}
+	if past < -50*time.Millisecond {
+		t.Errorf("the agent was stopped %v before the lease deadline", -past)
+	}
+	if childGone, err := waitGone(child.Pid, waitFor); err != nil {
+		t.Errorf("the turn child did not end after its deadline: %v", err)
+	} else {
+		t.Logf("turn child gone %v past the deadline", childGone.Sub(deadline))
+	}
+	att := e.job(j.ID).Attempts[0]
+	if deadline.After(att.LeaseExpiresAt) {
+		t.Errorf("the child's deadline %s is later than the store's expiry %s", deadline.Format(time.StampMicro), att.LeaseExpiresAt.Format(time.StampMicro))
+	}
+
+	_ = syscall.Kill(d.Pid(), syscall.SIGCONT)
+	job := e.waitEnded(j.ID)
+	if job.State != wire.JobFailed || len(job.Attempts) != 1 || job.Attempts[0].State != wire.AttemptSuperseded {
+		t.Errorf("want the attempt superseded by the reaper and the job failed: %s", describeJob(job))
+	}
+	if _, ok := findEvent(job, job.Attempts[0].ID, evStaleReport); ok {
+		t.Errorf("the thawed daemon tried a report about its lost attempt: %s", describeJob(job))
+	}
+	e.assertLostPromptOnce(job.ConversationID, "a long, quiet turn\n!silent 10m", job)
+}
+
+// K5: with the daemon frozen and its turn child dead (SIGKILL) or frozen
+// too (SIGSTOP, its driving connection still open), the supervisor alone is
+// left with the agent, and the agent is gone no later than the lease
+// deadline the supervisor was given: at once when the child dies (its
+// driving connection drops), at the deadline itself when the child is
+// frozen (the supervisor's own alarm). The store's expiry bounds that
+// deadline (R10).
+func TestDeadTurnChildSupervisorStopsAgent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		sig  syscall.Signal
+	}{
+		{"child killed", syscall.SIGKILL},
+		{"child frozen", syscall.SIGSTOP},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, envOpts{})
+			d := e.startDaemon(nil)
+			j, agent, child := e.silentTurn(tc.name)
+			supPid, err := fleet.SupervisorPid(e.stateDir, j.ConversationID)
+			if err != nil || !alive(supPid) {
+				t.Fatalf("no live supervisor: pid %d, %v", supPid, err)
+			}
+			e.freeze(d.Pid())
+			if tc.sig == syscall.SIGSTOP {
+				e.freeze(child.Pid)
+			} else if err := syscall.Kill(child.Pid, tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			at := time.Now()
+			agentGone, err := waitGone(agent.Pid, waitFor)
+			if err != nil {
+				t.Fatalf("the agent outlived its turn child: %v", err)
+			}
+			expiry := e.job(j.ID).Attempts[0].LeaseExpiresAt
+			t.Logf("child %s at %s; agent gone %v later, %v relative to the store's lease expiry",
+				tc.sig, at.Format("15:04:05.000"), agentGone.Sub(at), agentGone.Sub(expiry))
+			if agentGone.After(expiry.Add(stopGrace)) {
+				t.Errorf("the agent lived %v past the store's lease expiry", agentGone.Sub(expiry))
+			}
+			if !alive(supPid) {
+				t.Error("the supervisor died with the agent; it is retained for the conversation")
+			}
+		})
+	}
+}
