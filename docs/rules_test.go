@@ -26,6 +26,7 @@ var packageDirs = map[string]string{
 	"sandbox":      "sandbox",
 	"controlplane": "controlplane",
 	"model":        "integration/model",
+	"boottime":     "internal/boottime",
 }
 
 func ruleIDs() []string {

@@ -2,13 +2,15 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"regexp"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/runnerd/runnerd/integration/fleet"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -153,6 +155,61 @@ func TestDeadTurnChildSupervisorStopsAgent(t *testing.T) {
 			}
 			if !alive(supPid) {
 				t.Error("the supervisor died with the agent; it is retained for the conversation")
+			}
+		})
+	}
+}
+
+// K5: a 409, 401, 403 or 404 the turn child itself receives — here on its
+// event upload, while renewal goes on undisturbed — stops the agent at
+// once, long before any lease could run out: the child stops its agent,
+// writes nothing more, and its RESULT tells the daemon the lease is gone, so
+// the daemon sends no report and stops renewal (R22). The reaper ends the
+// attempt.
+func TestChildRefusedWriteStopsAgent(t *testing.T) {
+	t.Parallel()
+	for _, status := range []int{http.StatusConflict, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound} {
+		t.Run(fmt.Sprint(status), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, envOpts{faults: true})
+			e.startDaemon(nil)
+			c := e.conversation(fmt.Sprintf("event upload refused with %d", status))
+			e.faults.refuse(wire.OpEvents, status)
+			// One status event to upload, then ten minutes of sleep.
+			j := e.send(c.ID, "a long turn\n!sleep 10m")
+			e.waitPrompts(c.ID, 1)
+			agents := e.agents(c.ID)
+			if len(agents) > 1 {
+				t.Fatalf("want at most one agent, got %v", agents)
+			}
+			var gone time.Time
+			if len(agents) == 1 {
+				var err error
+				if gone, err = waitGone(agents[0].Pid, waitFor); err != nil {
+					t.Fatalf("the agent still runs after the child's write was refused: %v", err)
+				}
+			}
+			refused := e.faults.calls(j.ID, wire.OpEvents)
+			if len(refused) == 0 {
+				t.Fatal("no event upload reached the proxy")
+			}
+			if !gone.IsZero() {
+				after := gone.Sub(refused[0].at)
+				t.Logf("agent gone %v after the child's first refused write", after)
+				if after > leaseTTL {
+					t.Errorf("the agent lived %v after the refusal, longer than a lease: it was not stopped at once", after)
+				}
+			}
+			job := e.waitJob(j.ID, "superseded", func(j wire.Job) bool {
+				return len(j.Attempts) > 0 && j.Attempts[0].State == wire.AttemptSuperseded
+			})
+			for _, op := range []string{wire.OpFinish, wire.OpAbandon, wire.OpRelease, wire.OpSettlement} {
+				if calls := e.faults.calls(j.ID, op); len(calls) > 0 {
+					t.Errorf("%s sent about the attempt whose write was refused: %s", op, describeJob(job))
+				}
+			}
+			if n := len(e.faults.calls(j.ID, wire.OpEvents)); n != 1 {
+				t.Errorf("%d event uploads, want the one refused and nothing after it", n)
 			}
 		})
 	}

@@ -150,6 +150,8 @@ type faultProxy struct {
 	mu     sync.Mutex
 	op     string // e.g. wire.OpRenew
 	status int
+	hangOp string        // an operation answered never (until the caller gives up)
+	closed chan struct{} // ends hanging requests when the test is over
 	seen   []proxied
 }
 
@@ -169,14 +171,22 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 	rp.ErrorLog = log.New(io.Discard, "", 0)
 	tr := &http.Transport{}
 	rp.Transport = tr
-	f := &faultProxy{}
+	f := &faultProxy{closed: make(chan struct{})}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		job, op := attemptCall(r.URL.Path)
 		f.mu.Lock()
 		refuse := op != "" && op == f.op
+		hang := op != "" && op == f.hangOp
 		status := f.status
 		f.seen = append(f.seen, proxied{at: time.Now(), job: job, op: op, refused: refuse})
 		f.mu.Unlock()
+		if hang {
+			select {
+			case <-r.Context().Done():
+			case <-f.closed:
+			}
+			return
+		}
 		if refuse {
 			_, _ = io.Copy(io.Discard, io.LimitReader(r.Body, wire.MaxBodyBytes))
 			w.Header().Set("Content-Type", "application/json")
@@ -187,10 +197,19 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(func() {
+		close(f.closed)
 		f.srv.Close()
 		tr.CloseIdleConnections()
 	})
 	return f
+}
+
+// hang makes the proxy answer no call of op from now on: each waits until
+// its caller gives up.
+func (f *faultProxy) hang(op string) {
+	f.mu.Lock()
+	f.hangOp = op
+	f.mu.Unlock()
 }
 
 // URL is the base address the daemon is given.

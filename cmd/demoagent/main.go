@@ -18,9 +18,9 @@
 //	!hang         never end
 //
 // Any other directive is reported as an "unknown_directive" event and
-// ignored ("!preflight-fail" is for the runner's turn child, which sees the
-// prompt before the agent does; the agent ignores it too). Other lines are
-// echoed as one "message" event. Every event carries "native_turn".
+// ignored. Directives live here only: the product never reads a prompt for
+// them (K12). Other lines are echoed as one "message" event. Every event
+// carries "native_turn".
 package main
 
 import (

@@ -140,6 +140,7 @@ type turn struct {
 	spec    sandbox.Spec
 	sess    *settlement.Session
 	fence   context.Context // ends when the lease is gone (run)
+	stage   string          // the last progress stage, for records
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -192,6 +193,10 @@ func (t *turn) run(ctx context.Context) Result {
 
 	outcome, class := t.drive(ctx)
 	outcome, class = byStop(ctx, outcome, class)
+	if class == ClassExecTimeout {
+		// R18, K6: the positive record, naming the phase it struck in.
+		t.log.Warn(diagnostics.MsgExecutionTimeout, diagnostics.KeyStage, t.stage)
+	}
 	// Asked of the sources, not of fence: its AfterFuncs may not have run yet.
 	expired := errors.Is(context.Cause(t.ch.Deadlines()), handover.ErrLeaseExpired)
 	leaseGone := stoppedForLeaseLoss(ctx) || expired || sess.Rejected()
@@ -372,6 +377,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassAgentInterrupted)
 	}
 	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn)
+	t.progress("agent_exited")
 
 	// The agent's turn is over: settle it even if the user's cancel arrives
 	// now, or a completed turn would fail closed and lose its conversation
@@ -438,6 +444,7 @@ var errSignalled = errors.New("turn child signalled to stop")
 // progress sends the Facts so far; a lost PROGRESS only makes the daemon's
 // fallback report less precise, never wrong (the store guards every write).
 func (t *turn) progress(stage string) {
+	t.stage = stage
 	b, err := json.Marshal(Progress{Stage: stage, Facts: t.sess.Facts(), At: time.Now().UTC()})
 	if err == nil {
 		_ = t.ch.Progress(b)
