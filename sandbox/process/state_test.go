@@ -60,7 +60,7 @@ func TestScribblingAgentCannotChangeRecordedBoundary(t *testing.T) {
 	if _, nt := turn(t, c, "first"); nt != 1 {
 		t.Fatalf("first turn ended at %d", nt)
 	}
-	act, err := c.Activate(ctx)
+	act, err := c.Activate(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
