@@ -72,7 +72,10 @@ var secondRetry = regexp.MustCompile(`"msg":"agent_heartbeat_retry".*"consecutiv
 func TestExecutionTimeout(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
-	const limit = 2 * leaseTTL // outlives a lease: renewal goes on meanwhile
+	// Outlives several leases (renewal goes on meanwhile), and leaves a
+	// loaded machine time to bring the prompt to the agent: the deadline
+	// counts from the launch, preparation included (K6).
+	const limit = 4 * leaseTTL
 	d := e.startDaemon(func(c *fleet.DaemonConfig) { c.ExecTimeout = limit })
 
 	c := e.conversation("timeout")

@@ -156,7 +156,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}
 	// 2. The claim record, 3. the renewer.
 	d.rec.AttemptClaimed(context.Background(), a.id, claim.LeaseGeneration, d.workerID, d.cfg.HostName)
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, OnRenewed: a.offerLease},
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease},
 		heartbeat.AttemptFromClaim(claim, sent))
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
@@ -180,7 +180,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	lease := a.renewer.Lease()
 	t, err := handover.Launch(launchCtx, d.handoverConfig(a), handover.Payload{
 		Echo:         handover.Echo{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		Lease:        handover.Lease{Sent: lease.Sent, Deadline: lease.Deadline},
+		Lease:        d.bootLease(lease),
 		ExecDeadline: boottime.Now().Add(d.cfg.ExecTimeout),
 		Data:         d.payload(claim),
 	})
@@ -261,7 +261,7 @@ func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 // one not yet taken: the child needs only the newest. It runs on the
 // renewer's goroutine, the only sender, and never blocks.
 func (a *attempt) offerLease(l heartbeat.Lease) {
-	hl := handover.Lease{Sent: l.Sent, Deadline: l.Deadline}
+	hl := a.d.bootLease(l)
 	for {
 		select {
 		case a.leases <- hl:
@@ -275,9 +275,20 @@ func (a *attempt) offerLease(l heartbeat.Lease) {
 	}
 }
 
-// leaseLeft reports how long r's lease has left.
+// leaseLeft reports how long r's lease has left, on the daemon's Clock.
 func (d *Daemon) leaseLeft(r *heartbeat.Renewer) func() time.Duration {
-	return func() time.Duration { return r.Lease().Deadline.Sub(boottime.Now()) }
+	return func() time.Duration { return r.Lease().Deadline.Sub(d.cfg.Clock.Now()) }
+}
+
+// bootLease is a renewer's lease on CLOCK_BOOTTIME, the clock of the turn
+// child and the supervisor: the same instants when the daemon counts on
+// CLOCK_BOOTTIME itself (production), moved over from its Clock otherwise.
+func (d *Daemon) bootLease(l heartbeat.Lease) handover.Lease {
+	if _, ok := d.cfg.Clock.(boottime.System); ok {
+		return handover.Lease{Sent: l.Sent, Deadline: l.Deadline}
+	}
+	shift := boottime.Now().Sub(d.cfg.Clock.Now())
+	return handover.Lease{Sent: l.Sent.Add(shift), Deadline: l.Deadline.Add(shift)}
 }
 
 func (d *Daemon) handoverConfig(a *attempt) handover.Config {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
@@ -67,6 +68,12 @@ type Config struct {
 	// Timings are the lease renewal timings, already checked against R12
 	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.
 	Timings heartbeat.Timings
+	// Clock is what leases are counted on (R10, K5). Default
+	// boottime.System, CLOCK_BOOTTIME, which the turn children and the
+	// supervisors read too; a daemon in a testing/synctest bubble passes
+	// boottime.Since(time.Now()), which runs on the bubble's fake time.
+	// Deadlines handed to a child are converted to CLOCK_BOOTTIME.
+	Clock boottime.Clock
 	// RenewHTTP configures the renewal client's transport (its request
 	// timeout is Timings.RequestTimeout). Tests set DialContext.
 	RenewHTTP heartbeat.HTTPConfig
@@ -147,6 +154,9 @@ type Config struct {
 
 func (c Config) withDefaults() (Config, error) {
 	var errs []error
+	if c.Clock == nil {
+		c.Clock = boottime.System{}
+	}
 	if c.ControlPlaneURL == "" {
 		errs = append(errs, errors.New("control plane URL is required"))
 	} else if u, err := url.Parse(c.ControlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -21,6 +21,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/memnet"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
@@ -175,6 +176,7 @@ func (w *k1World) daemonWith(mod func(*Config)) (*Daemon, *logBuf) {
 		Executable:      "/bin/false",
 		Transport:       &http.Transport{DialContext: dial},
 		Logger:          slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Clock:           boottime.Since(time.Now()), // the bubble's fake time
 	}
 	cfg.RenewHTTP.DialContext = dial
 	if mod != nil {

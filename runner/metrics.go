@@ -30,7 +30,7 @@ type Metrics struct {
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
-	mu     sync.Mutex // guards leases and nextID
+	mu     sync.Mutex                   // guards leases and nextID
 	leases map[int]func() time.Duration // how long each held lease has left
 	nextID int
 }

@@ -100,7 +100,7 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		JobID: c.JobID, AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration,
 		WorkerToken: c.WorkerToken, LeaseTTL: ttl, ClaimSent: sent,
 	}
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log}, hbAttempt)
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock}, hbAttempt)
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	over := make(chan struct{})
 	watched := make(chan struct{})
