@@ -267,6 +267,7 @@ func TestProtocolErrorsBeforeAcceptNeverReleased(t *testing.T) {
 		{"wrong echo", "bad-echo", ClassBadEcho},
 		{"PROGRESS before ACCEPT", "progress-before-accept", ClassProtocol},
 		{"ACCEPT after DECLINE", "decline-then-accept", ClassProtocol},
+		{"DEADLINE from the child", "deadline-from-child", ClassProtocol},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

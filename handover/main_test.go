@@ -153,6 +153,11 @@ func childMain(mode string) int {
 	case "progress-before-accept":
 		must(writeFrame(ch.conn, FrameProgress, []byte("too early")))
 		hang()
+	case "deadline-from-child":
+		// DEADLINE is the parent's frame only.
+		body, _ := encodeDeadline(ch.Payload().Echo, Lease{Sent: 1, Deadline: 2})
+		must(writeFrame(ch.conn, FrameDeadline, body))
+		hang()
 	case "decline-then-accept":
 		must(ch.Decline("preflight_failed"))
 		body, _ := appendEcho(nil, ch.Payload().Echo)
