@@ -94,7 +94,7 @@ func TestTurnResultIsReported(t *testing.T) {
 	waitFor(t, "the job to end", 15*time.Second, ended(c, j.ID))
 	got := c.job(j.ID)
 	if got.State != wire.JobFailed || got.Attempts[0].Outcome != wire.OutcomeFailed || len(got.Attempts) != 1 {
-		t.Fatalf("job %s, attempts %+v", got.State, got.Attempts)
+		t.Fatalf("job %s, attempts %+v\nthe daemon's records:\n%s", got.State, got.Attempts, r.logs)
 	}
 	waitFor(t, "the attempt to be forgotten", 5*time.Second, func() bool { return persisted(r.d) == 0 })
 	for _, msg := range []string{"agent_attempt_claimed", MsgTurnAccepted, MsgTurnEnded, MsgReportSent} {
