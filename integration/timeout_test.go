@@ -1,7 +1,12 @@
 package integration
 
 import (
+	"context"
 	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -12,40 +17,50 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// silentEngine is a unix socket that accepts connections and never answers:
-// a Docker engine that hangs (issue 10 §3).
-func silentEngine(t *testing.T) string {
+// hangingEngine is a Docker engine that answers pings and network
+// inspections — the daemon's start-up probe goes through to the real engine,
+// and so does the preflight's first step — and nothing else: every other
+// request (the preflight's image inspection first) hangs, as an engine stuck
+// behind a wedged storage driver does (issue 10 §3).
+func hangingEngine(t *testing.T) string {
 	t.Helper()
+	real := "/var/run/docker.sock"
+	if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
+		real = h
+	}
 	sock := filepath.Join(t.TempDir(), "docker.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	var conns []net.Conn
-	go func() {
-		defer close(done)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			conns = append(conns, c) // held open, read from never
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", real)
+	}}
+	up := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: "docker"})
+	up.Transport = tr
+	closed := make(chan struct{})
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/_ping") || strings.Contains(r.URL.Path, "/networks/") {
+			up.ServeHTTP(w, r)
+			return
 		}
-	}()
+		select {
+		case <-r.Context().Done():
+		case <-closed:
+		}
+	})}
+	go srv.Serve(l)
 	t.Cleanup(func() {
-		l.Close()
-		<-done
-		for _, c := range conns {
-			c.Close()
-		}
+		close(closed)
+		srv.Close()
+		tr.CloseIdleConnections()
 	})
 	return sock
 }
 
 // K6: the execution timeout ends the turn failed with class
 // execution_timeout in whatever phase it strikes — a preflight that hangs
-// (a Docker engine that accepts and never answers), a preparation whose
+// (a Docker engine that answers pings and nothing else), a preparation whose
 // container record, an admission and a settlement the control plane never
 // answers, an agent that never ends — and never as a decline
 // or a release: one attempt, ended by the runner's own report, no
@@ -81,7 +96,7 @@ func TestExecutionTimeoutInEveryPhase(t *testing.T) {
 				c.ReceiptTimeout = 3 * limit
 				if tt.docker {
 					c.Sandbox = "docker"
-					c.Env = append(c.Env, "DOCKER_HOST=unix://"+silentEngine(t))
+					c.Env = append(c.Env, "DOCKER_HOST=unix://"+hangingEngine(t))
 					c.Args = append(c.Args, "--sandbox-sweep", "0")
 				}
 			})
