@@ -15,7 +15,7 @@ import (
 // hostAdd registers a host and hands out its token once: on stdout, or
 // into a new 0600 file with --token-file. Only the token's hash is stored.
 func hostAdd(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f := newFlags("host add NAME", getenv, stderr)
+	f := newFlags("host add NAME", stderr)
 	d := addDBFlags(f)
 	tokenFile := f.fs.String("token-file", "", "write the host token to this new file (0600) instead of printing it")
 	if err := f.parse(args); err != nil {

@@ -30,13 +30,10 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	if sub == "list" {
 		usage = "host list"
 	}
-	f := newFlags(usage, getenv, stderr)
+	f := newFlags(usage, stderr)
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	f.env("server")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	f.env("data-dir")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
-	f.env("user-token-file")
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
 	if err := f.parse(args); err != nil {
 		return err

@@ -37,7 +37,7 @@ func get(t *testing.T, url string) (int, string) {
 func TestHostLifecycleCommands(t *testing.T) {
 	dir := t.TempDir()
 	s := startServe(t, "--data-dir", dir, "--log-format", "json")
-	env := envOf(map[string]string{"CONTROLPLANE_SERVER": s.addr, "CONTROLPLANE_DATA_DIR": dir})
+	env := envOf(t, map[string]string{"CONTROLPLANE_SERVER": s.addr, "CONTROLPLANE_DATA_DIR": dir})
 	host := func(args ...string) (int, string, string) {
 		t.Helper()
 		return runCmd(t, env, append([]string{"host"}, args...)...)

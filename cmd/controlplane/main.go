@@ -7,10 +7,11 @@
 //	                        the hosts' lifecycle, through the admin API
 //	controlplane submit     send a message to a conversation and follow the turn
 //
-// docs/protocol.md describes the API it serves. Most flags have an
+// docs/protocol.md describes the API it serves. Every flag has an
 // environment variable, CONTROLPLANE_ and the flag's name (--lease-ttl:
-// CONTROLPLANE_LEASE_TTL); a flag beats the variable, which beats the
-// default. The prefix is not runnerd's RUNNERD_: the same names there mean
+// CONTROLPLANE_LEASE_TTL), and may be set in a --config file (one "flag
+// value" per line); a flag beats the variable, which beats the file, which
+// beats the default (github.com/peterbourgon/ff reads all three). The prefix is not runnerd's RUNNERD_: the same names there mean
 // the daemon's settings (RUNNERD_LEASE_TTL is the lease a runner asks for),
 // and one environment may serve both programs (the demo, a dev shell).
 package main
@@ -23,8 +24,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
+
+	"github.com/peterbourgon/ff/v3"
 )
 
 // version is set by the Makefile (-X main.version=…).
@@ -94,7 +98,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = token(ctx, args[1:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
-	case "version":
+	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
@@ -118,23 +122,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 }
 
-// flags is a flag set whose flags may also come from the environment.
+// flags is a flag set whose every flag may also come from its variable
+// (CONTROLPLANE_ and the flag's name) or from a --config file: one
+// definition, three sources, read by ff.
 type flags struct {
-	fs     *flag.FlagSet
-	envOf  map[string]string // flag name → variable
-	argv   map[string]bool   // flags set on the command line
-	getenv func(string) string
-	out    io.Writer
-	usage  func()
+	fs    *flag.FlagSet
+	argv  map[string]bool // flags set on the command line itself
+	usage func()
 }
 
-func newFlags(cmd string, getenv func(string) string, out io.Writer) *flags {
+func newFlags(cmd string, out io.Writer) *flags {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are reported in one line by run
-	f := &flags{fs: fs, envOf: map[string]string{}, argv: map[string]bool{}, getenv: getenv, out: out}
+	fs.String("config", "", "file of settings, one \"flag value\" per line (# starts a comment); flags and variables win over it")
+	f := &flags{fs: fs, argv: map[string]bool{}}
 	fs.Usage = func() {} // parse prints it for -h only
 	f.usage = func() {
-		fmt.Fprintf(out, "usage: controlplane %s [flags]\n\n", cmd)
+		fmt.Fprintf(out, "usage: controlplane %s [flags]\nEvery flag also has a variable: --lease-ttl is %sLEASE_TTL.\n\n", cmd, envPrefix)
 		fs.SetOutput(out)
 		fs.PrintDefaults()
 		fs.SetOutput(io.Discard)
@@ -148,25 +152,17 @@ const envPrefix = "CONTROLPLANE_"
 // envUserToken may hold the user token itself, for submit.
 const envUserToken = envPrefix + "USER_TOKEN"
 
-// envName is a flag's variable: --reaper-grace is CONTROLPLANE_REAPER_GRACE.
-func envName(flagName string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-// env lets the flag come from its variable (envName), and says so in its usage.
-func (f *flags) env(name string) {
-	variable := envName(name)
-	f.envOf[name] = variable
-	fl := f.fs.Lookup(name)
-	fl.Usage += " (env " + variable + ")"
-}
-
-// onCommandLine reports whether the command line set the flag.
+// onCommandLine reports whether the command line itself set the flag.
 func (f *flags) onCommandLine(name string) bool { return f.argv[name] }
 
-// parse applies the command line, then the environment to every flag the
-// command line left alone.
+// ffEnvError is ff's error for a variable that is not a valid value of
+// its flag; it names both but not the value.
+var ffEnvError = regexp.MustCompile(`setting flag "([^"]+)" from environment variable "([^"]+)"`)
+
+// parse applies the command line, then the variables, then the --config
+// file, each to the flags the ones before left alone.
 func (f *flags) parse(args []string) error {
+	// The command line alone first, to know what it set (onCommandLine).
 	if err := f.fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			f.usage()
@@ -175,14 +171,13 @@ func (f *flags) parse(args []string) error {
 		return usagef("%v", err)
 	}
 	f.fs.Visit(func(fl *flag.Flag) { f.argv[fl.Name] = true })
-	for name, variable := range f.envOf {
-		v := strings.TrimSpace(f.getenv(variable))
-		if f.argv[name] || v == "" {
-			continue
-		}
-		if err := f.fs.Set(name, v); err != nil {
-			return usagef("%s=%q is not a valid --%s: %v", variable, v, name, err)
-		}
+	err := ff.Parse(f.fs, args, ff.WithEnvVarPrefix(strings.TrimSuffix(envPrefix, "_")),
+		ff.WithConfigFileFlag("config"), ff.WithConfigFileParser(ff.PlainParser))
+	if err == nil {
+		return nil
 	}
-	return nil
+	if m := ffEnvError.FindStringSubmatch(err.Error()); m != nil {
+		return usagef("%s=%q is not a valid --%s", m[2], os.Getenv(m[2]), m[1])
+	}
+	return usagef("%s", strings.TrimPrefix(err.Error(), "error parsing commandline arguments: "))
 }

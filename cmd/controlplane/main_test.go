@@ -22,7 +22,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func noEnv(string) string { return "" }
 
-func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+// envOf sets the variables for the test (ff reads flags' variables from
+// the process environment) and returns the getenv the command is given.
+func envOf(t *testing.T, m map[string]string) func(string) string {
+	for k, v := range m {
+		t.Setenv(k, v)
+	}
+	return os.Getenv
+}
 
 func runCmd(t *testing.T, env func(string) string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
@@ -65,7 +72,7 @@ func TestBadFlagsOneLine(t *testing.T) {
 		{"submit bad server", nil, []string{"submit", "--conversation", "c", "--prompt", "x", "--server", "ftp://x"}, "--server must be an http://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, stderr := runCmd(t, envOf(tc.env), tc.args...)
+			code, _, stderr := runCmd(t, envOf(t, tc.env), tc.args...)
 			if code != exitUsage {
 				t.Fatalf("exit %d, want %d; stderr %q", code, exitUsage, stderr)
 			}
@@ -93,12 +100,12 @@ func TestFlagEnvPrecedence(t *testing.T) {
 		{"default", nil, nil, "127.0.0.1:8080"},
 		{"env", map[string]string{"CONTROLPLANE_LISTEN": ":9000"}, nil, ":9000"},
 		{"flag over env", map[string]string{"CONTROLPLANE_LISTEN": ":9000"}, []string{"--listen", ":9001"}, ":9001"},
-		{"blank env is unset", map[string]string{"CONTROLPLANE_LISTEN": "  "}, nil, "127.0.0.1:8080"},
+		{"empty env is unset", map[string]string{"CONTROLPLANE_LISTEN": ""}, nil, "127.0.0.1:8080"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFlags("serve", envOf(tc.env), io.Discard)
+			envOf(t, tc.env)
+			f := newFlags("serve", io.Discard)
 			listen := f.fs.String("listen", "127.0.0.1:8080", "")
-			f.env("listen")
 			if err := f.parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
@@ -123,7 +130,7 @@ func TestHostAdd(t *testing.T) {
 		t.Fatalf("stdout %q, stderr %q", stdout, stderr)
 	}
 	file := filepath.Join(dir, "h2.token")
-	code, stdout, stderr = runCmd(t, envOf(map[string]string{"CONTROLPLANE_DATA_DIR": dir}), "host", "add", "--token-file", file, "host-2")
+	code, stdout, stderr = runCmd(t, envOf(t, map[string]string{"CONTROLPLANE_DATA_DIR": dir}), "host", "add", "--token-file", file, "host-2")
 	if code != exitOK || stdout != "" {
 		t.Fatalf("host add --token-file: exit %d, stdout %q, stderr %s", code, stdout, stderr)
 	}
@@ -238,7 +245,7 @@ func TestServeAndSubmit(t *testing.T) {
 		_, err = wc.Finish(ctx, c.WorkerToken, c.JobID, fin)
 		return err
 	}
-	submitEnv := envOf(map[string]string{"CONTROLPLANE_SERVER": addr, "CONTROLPLANE_DATA_DIR": dir})
+	submitEnv := envOf(t, map[string]string{"CONTROLPLANE_SERVER": addr, "CONTROLPLANE_DATA_DIR": dir})
 
 	done := make(chan error, 1)
 	go func() { done <- worker(true) }()
@@ -294,7 +301,8 @@ func TestSQLiteSynchronousDefaultsToFull(t *testing.T) {
 		{"normal by env", map[string]string{"CONTROLPLANE_SQLITE_SYNCHRONOUS": "NORMAL"}, nil, sqlstore.SyncNormal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFlags("serve", envOf(tc.env), io.Discard)
+			envOf(t, tc.env)
+			f := newFlags("serve", io.Discard)
 			d := addDBFlags(f)
 			if err := f.parse(tc.args); err != nil {
 				t.Fatal(err)
@@ -306,5 +314,54 @@ func TestSQLiteSynchronousDefaultsToFull(t *testing.T) {
 				t.Fatalf("synchronous %s, want %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// controlplane --version and version print the version; --help, -h and
+// help the commands; all exit 0.
+func TestVersionAndHelp(t *testing.T) {
+	for _, arg := range []string{"--version", "-version", "version"} {
+		if code, stdout, _ := runCmd(t, noEnv, arg); code != exitOK || stdout != version+"\n" {
+			t.Errorf("controlplane %s: exit %d, stdout %q", arg, code, stdout)
+		}
+	}
+	for _, arg := range []string{"--help", "-h", "help"} {
+		if code, stdout, _ := runCmd(t, noEnv, arg); code != exitOK || !strings.Contains(stdout, "commands:") {
+			t.Errorf("controlplane %s: exit %d, stdout %q", arg, code, stdout)
+		}
+	}
+}
+
+// --config FILE (or CONTROLPLANE_CONFIG) is the third source: below the
+// command line and the variables; an unknown setting is refused in one
+// line, a missing file names its path.
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "cp.conf")
+	if err := os.WriteFile(file, []byte("# control plane\nlisten 127.0.0.1:7000\nreaper-interval 7s\nmax-worker-lost 4\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	envOf(t, map[string]string{"CONTROLPLANE_REAPER_INTERVAL": "9s"})
+	f := newFlags("serve", io.Discard)
+	listen := f.fs.String("listen", "127.0.0.1:8080", "")
+	interval := f.fs.Duration("reaper-interval", time.Second, "")
+	lost := f.fs.Int("max-worker-lost", 3, "")
+	if err := f.parse([]string{"--config", file, "--max-worker-lost", "5"}); err != nil {
+		t.Fatal(err)
+	}
+	if *listen != "127.0.0.1:7000" || *interval != 9*time.Second || *lost != 5 {
+		t.Fatalf("listen %q (file), reaper interval %v (variable over file), max worker lost %d (flag over file)", *listen, *interval, *lost)
+	}
+	missing := filepath.Join(dir, "nope.conf")
+	code, _, stderr := runCmd(t, noEnv, "serve", "--config", missing)
+	if code != exitUsage || !strings.Contains(stderr, missing) || strings.Count(stderr, "\n") != 1 {
+		t.Fatalf("missing config file: exit %d, %q", code, stderr)
+	}
+	if err := os.WriteFile(file, []byte("reaper-intervall 7s\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr = runCmd(t, noEnv, "serve", "--config", file)
+	if code != exitUsage || !strings.Contains(stderr, `"reaper-intervall" not defined`) {
+		t.Fatalf("unknown setting: exit %d, %q", code, stderr)
 	}
 }

@@ -37,11 +37,8 @@ type dbFlags struct {
 func addDBFlags(f *flags) *dbFlags {
 	d := &dbFlags{}
 	f.fs.StringVar(&d.dataDir, "data-dir", "data", "directory for the SQLite database and the user token")
-	f.env("data-dir")
 	f.fs.StringVar(&d.db, "db", "", "database: sqlite:PATH or postgres://… (default sqlite:DATA-DIR/controlplane.db)")
-	f.env("db")
 	f.fs.StringVar(&d.sync, "sqlite-synchronous", "full", "SQLite synchronous level: full (every acknowledged write survives power loss) or normal (the last writes may roll back on power loss: only by choice)")
-	f.env("sqlite-synchronous")
 	return d
 }
 
@@ -91,36 +88,22 @@ func (d *dbFlags) open(ctx context.Context, opts ...sqlstore.Option) (st *sqlsto
 }
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
-	f := newFlags("serve", getenv, stderr)
+	f := newFlags("serve", stderr)
 	d := addDBFlags(f)
 	listen := f.fs.String("listen", "127.0.0.1:8080", "address to serve HTTP on")
-	f.env("listen")
 	tokenFile := f.fs.String("user-token-file", "", "file of the user API's bearer token, created 0600 on first start (default DATA-DIR/user-token)")
-	f.env("user-token-file")
 	leaseTTL := f.fs.Duration("lease-ttl", controlplane.DefaultLeaseTTL, "lease of a claim or renewal that asks for none")
-	f.env("lease-ttl")
 	minLeaseTTL := f.fs.Duration("min-lease-ttl", controlplane.DefaultMinLeaseTTL, "shortest lease a runner may ask for: one renewal interval plus one request timeout (lower only for tests)")
-	f.env("min-lease-ttl")
 	maxLeaseTTL := f.fs.Duration("max-lease-ttl", controlplane.DefaultMaxLeaseTTL, "longest lease a runner may ask for")
-	f.env("max-lease-ttl")
 	claimWait := f.fs.Duration("claim-wait-max", controlplane.DefaultClaimWaitMax, "longest hold of a claim or event long poll")
-	f.env("claim-wait-max")
 	reaperInterval := f.fs.Duration("reaper-interval", controlplane.DefaultReaperInterval, "period of the reaper's sweep")
-	f.env("reaper-interval")
 	reaperGrace := f.fs.Duration("reaper-grace", controlplane.DefaultReaperGrace, "time past a lease's expiry before its attempt is superseded; at least the runner's stop grace")
-	f.env("reaper-grace")
 	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
-	f.env("max-worker-lost")
 	maxReleases := f.fs.Int("max-releases", store.DefaultMaxReleases, "releases and declines of a job (its turn never started on a host) that queue it again; the next one fails it, with the last decline's class as its reason (K7)")
-	f.env("max-releases")
 	releaseBackoff := f.fs.Duration("release-backoff", store.DefaultReleaseBackoff, "how long a released job waits before any host is given it again; doubles with each release, at most a minute (K7)")
-	f.env("release-backoff")
 	retention := f.fs.Duration("retention", controlplane.DefaultRetention, "how long an ended job keeps its prompt, credentials and runner payloads before the reaper reclaims them; 0 keeps them for ever")
-	f.env("retention")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
-	f.env("log-level")
 	logFormat := f.fs.String("log-format", "text", "records as text (people) or json (journald, collectors)")
-	f.env("log-format")
 	if err := f.parse(args); err != nil {
 		return err
 	}

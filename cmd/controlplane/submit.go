@@ -28,13 +28,10 @@ const (
 )
 
 func submit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f := newFlags("submit", getenv, stderr)
+	f := newFlags("submit", stderr)
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	f.env("server")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	f.env("data-dir")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
-	f.env("user-token-file")
 	convID := f.fs.String("conversation", "", "conversation to send the message to")
 	newConv := f.fs.Bool("new", false, "start a new conversation (with --image and --agent)")
 	title := f.fs.String("title", "", "title of a new conversation")

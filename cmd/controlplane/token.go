@@ -54,7 +54,7 @@ func tokenArgs(f *flags, args []string, what string) (string, error) {
 // tokenCreate makes a user token and hands it out once: on stdout, or in a
 // new 0600 file with --token-file. Only its hash is stored.
 func tokenCreate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f := newFlags("token create NAME", getenv, stderr)
+	f := newFlags("token create NAME", stderr)
 	d := addDBFlags(f)
 	tokenFile := f.fs.String("token-file", "", "write the token to this new file (0600) instead of printing it")
 	name, err := tokenArgs(f, args, "NAME (a label: who or what holds it)")
@@ -103,7 +103,7 @@ func tokenCreate(ctx context.Context, args []string, getenv func(string) string,
 // tokenList prints every user token's id, name, creation and revocation;
 // never a token, never a hash.
 func tokenList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f := newFlags("token list", getenv, stderr)
+	f := newFlags("token list", stderr)
 	d := addDBFlags(f)
 	if err := f.parse(args); err != nil {
 		return err
@@ -138,7 +138,7 @@ func tokenList(ctx context.Context, args []string, getenv func(string) string, s
 // tokenRevoke refuses a user token from now on, on every replica (they
 // look it up on each request).
 func tokenRevoke(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
-	f := newFlags("token revoke ID", getenv, stderr)
+	f := newFlags("token revoke ID", stderr)
 	d := addDBFlags(f)
 	id, err := tokenArgs(f, args, "ID (from controlplane token list)")
 	if err != nil {

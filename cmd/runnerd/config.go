@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
+	"regexp"
 	"strings"
 	"time"
+
+	"github.com/peterbourgon/ff/v3"
 
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/runner"
@@ -17,13 +19,9 @@ import (
 	"github.com/runnerd/runnerd/sandbox/docker"
 )
 
-// envPrefix makes a flag's environment name: --renew-interval is
-// RUNNERD_RENEW_INTERVAL.
-const envPrefix = "RUNNERD_"
-
-func envName(flagName string) string {
-	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
+// envPrefix makes a flag's environment name (ff's rule): --renew-interval
+// is RUNNERD_RENEW_INTERVAL.
+const envPrefix = "RUNNERD"
 
 // options is `runnerd run`'s configuration: the daemon's Config without what
 // main builds (logger, notifier, backend, metrics, executable), and what
@@ -39,9 +37,11 @@ type options struct {
 	version       bool
 }
 
-// parseRun reads `runnerd run`'s flags, then the environment for every flag
-// not given (flag > environment > default). It returns one error that reads
-// as one line.
+// parseRun reads `runnerd run`'s flags from the command line, then from
+// RUNNERD_ variables (the process environment, as ff reads it), then from
+// --config, each for the flags the ones before left unset. getenv serves
+// the variables that are not flags (R12's AGENT_LEASE_TTL). It returns
+// one error that reads as one line.
 func parseRun(args []string, getenv func(string) string) (options, error) {
 	var o options
 	c := &o.cfg
@@ -97,39 +97,32 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.IntVar(&dockerLogFiles, "docker-log-max-files", docker.DefaultLogMaxFiles, "docker backend: container log files kept")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			var b strings.Builder
-			b.WriteString("usage: runnerd run [flags]; every flag has a RUNNERD_ variable (--renew-interval: RUNNERD_RENEW_INTERVAL)\n\n")
-			fs.SetOutput(&b)
-			fs.PrintDefaults()
-			return o, &helpError{usage: b.String()}
+	fs.String("config", "", "file of settings, one \"flag value\" per line (# starts a comment); flags and RUNNERD_ variables win over it")
+
+	// One definition, three sources: the command line, then RUNNERD_
+	// variables, then --config (ff).
+	err := ff.Parse(fs, args, ff.WithEnvVarPrefix(envPrefix), ff.WithConfigFileFlag("config"), ff.WithConfigFileParser(ff.PlainParser))
+	if o.version {
+		return o, nil // --version answers whatever else is wrong
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		var b strings.Builder
+		b.WriteString("usage: runnerd run [flags]; every flag has a RUNNERD_ variable (--renew-interval: RUNNERD_RENEW_INTERVAL)\nand may be set in --config FILE\n\n")
+		fs.SetOutput(&b)
+		fs.PrintDefaults()
+		return o, &helpError{usage: b.String()}
+	}
+	if err != nil {
+		if m := ffEnvError.FindStringSubmatch(err.Error()); m != nil {
+			return o, fmt.Errorf("%s=%q is not a valid --%s", m[2], os.Getenv(m[2]), m[1])
 		}
 		return o, oneLine(err)
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if o.version {
-		return o, nil
-	}
-	given := map[string]bool{}
+	given := map[string]bool{} // set by any of the three sources
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var envErrs []string
-	fs.VisitAll(func(f *flag.Flag) {
-		if given[f.Name] || f.Name == "version" {
-			return
-		}
-		if v := getenv(envName(f.Name)); v != "" {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErrs = append(envErrs, fmt.Sprintf("%s: invalid value %q for --%s", envName(f.Name), v, f.Name))
-			}
-		}
-	})
-	if len(envErrs) > 0 {
-		sort.Strings(envErrs)
-		return o, errors.New(envErrs[0])
-	}
 
 	// Every duration flag must be positive: a zero here was given on
 	// purpose, not left for a default.
@@ -151,7 +144,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	// R12 and the renewal timings: heartbeat checks them together and its
 	// errors name these flags.
-	leaseSet := given["lease-ttl"] || getenv(envName("lease-ttl")) != ""
+	leaseSet := given["lease-ttl"]
 	t, warns, err := heartbeat.ResolveTimings(heartbeat.TimingInputs{
 		LeaseTTLFlag:    leaseTTL,
 		LeaseTTLFlagSet: leaseSet,
@@ -220,10 +213,18 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	return o, nil
 }
 
-// oneLine keeps the flag package's first line ("invalid value … for flag
-// -x: …") and drops its usage text.
+// ffEnvError is ff's error for a variable that is not a valid value of
+// its flag; it names both but not the value.
+var ffEnvError = regexp.MustCompile(`setting flag "([^"]+)" from environment variable "([^"]+)"`)
+
+// oneLine keeps the first line of a parse error ("invalid value … for
+// flag -x: …", without ff's "error parsing …: " preamble) and drops the
+// flag package's usage text.
 func oneLine(err error) error {
 	s, _, _ := strings.Cut(err.Error(), "\n")
+	for _, p := range []string{"error parsing commandline arguments: ", "error parsing environment variables: "} {
+		s = strings.TrimPrefix(s, p)
+	}
 	return errors.New(s)
 }
 

@@ -16,12 +16,13 @@ import (
 	"github.com/runnerd/runnerd/runner"
 )
 
-func env(kv ...string) func(string) string {
-	m := map[string]string{}
+// env sets the variables for the test (ff reads RUNNERD_ variables from
+// the process environment) and returns the getenv runnerd is given.
+func env(t *testing.T, kv ...string) func(string) string {
 	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
+		t.Setenv(kv[i], kv[i+1])
 	}
-	return func(k string) string { return m[k] }
+	return os.Getenv
 }
 
 // Flag > environment > default, for every kind of flag.
@@ -29,10 +30,10 @@ func TestConfigPrecedence(t *testing.T) {
 	tests := []struct {
 		name  string
 		args  []string
-		env   func(string) string
+		env   []string
 		check func(t *testing.T, o options)
 	}{
-		{"defaults", nil, env(), func(t *testing.T, o options) {
+		{"defaults", nil, nil, func(t *testing.T, o options) {
 			c := o.cfg
 			if c.Capacity != runner.DefaultCapacity || c.Sandbox != "process" || c.ExecTimeout != 3600*time.Second ||
 				c.Timings != (heartbeat.Timings{LeaseTTL: 120 * time.Second, Interval: 30 * time.Second, RequestTimeout: 10 * time.Second, RetryDelay: 5 * time.Second}) ||
@@ -43,65 +44,65 @@ func TestConfigPrecedence(t *testing.T) {
 				t.Fatalf("defaults %+v", o)
 			}
 		}},
-		{"environment over default", nil, env("RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s",
-			"RUNNERD_LOG_FORMAT", "text", "RUNNERD_DOCKER_CPUS", "0.5", "RUNNERD_METRICS_LISTEN", ":9464", "RUNNERD_HOST_NAME", "h1"),
+		{"environment over default", nil, []string{"RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s",
+			"RUNNERD_LOG_FORMAT", "text", "RUNNERD_DOCKER_CPUS", "0.5", "RUNNERD_METRICS_LISTEN", ":9464", "RUNNERD_HOST_NAME", "h1"},
 			func(t *testing.T, o options) {
 				if o.cfg.Capacity != 5 || o.cfg.Sandbox != "docker" || o.cfg.Timings.Interval != 20*time.Second ||
 					o.logFormat != "text" || o.cfg.Docker.NanoCPUs != 5e8 || o.metricsListen != ":9464" || o.cfg.HostName != "h1" {
 					t.Fatalf("%+v", o)
 				}
 			}},
-		{"container log caps from the environment", nil, env("RUNNERD_DOCKER_LOG_MAX_SIZE", "1048576", "RUNNERD_DOCKER_LOG_MAX_FILES", "5"),
+		{"container log caps from the environment", nil, []string{"RUNNERD_DOCKER_LOG_MAX_SIZE", "1048576", "RUNNERD_DOCKER_LOG_MAX_FILES", "5"},
 			func(t *testing.T, o options) {
 				if o.cfg.Docker.LogMaxBytes != 1<<20 || o.cfg.Docker.LogMaxFiles != 5 {
 					t.Fatalf("log caps %d x %d", o.cfg.Docker.LogMaxBytes, o.cfg.Docker.LogMaxFiles)
 				}
 			}},
 		{"flag over environment", []string{"--capacity=7", "--sandbox", "process", "--renew-interval=25s", "--host-name", "h2"},
-			env("RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s", "RUNNERD_HOST_NAME", "h1"),
+			[]string{"RUNNERD_CAPACITY", "5", "RUNNERD_SANDBOX", "docker", "RUNNERD_RENEW_INTERVAL", "20s", "RUNNERD_HOST_NAME", "h1"},
 			func(t *testing.T, o options) {
 				if o.cfg.Capacity != 7 || o.cfg.Sandbox != "process" || o.cfg.Timings.Interval != 25*time.Second || o.cfg.HostName != "h2" {
 					t.Fatalf("%+v", o)
 				}
 			}},
-		{"scaled timings for tests", []string{"--lease-ttl=1.2s", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, env(),
+		{"scaled timings for tests", []string{"--lease-ttl=1.2s", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, nil,
 			func(t *testing.T, o options) {
 				want := heartbeat.Timings{LeaseTTL: 1200 * time.Millisecond, Interval: 300 * time.Millisecond, RequestTimeout: 100 * time.Millisecond, RetryDelay: 50 * time.Millisecond}
 				if o.cfg.Timings != want {
 					t.Fatalf("timings %+v", o.cfg.Timings)
 				}
 			}},
-		{"--sandbox-sweep over RUNNERD_SANDBOX_SWEEP", []string{"--sandbox-sweep=15s"}, env("RUNNERD_SANDBOX_SWEEP", "2m"),
+		{"--sandbox-sweep over RUNNERD_SANDBOX_SWEEP", []string{"--sandbox-sweep=15s"}, []string{"RUNNERD_SANDBOX_SWEEP", "2m"},
 			func(t *testing.T, o options) {
 				if o.cfg.SandboxSweep != 15*time.Second {
 					t.Fatalf("sweep %v", o.cfg.SandboxSweep)
 				}
 			}},
-		{"RUNNERD_SANDBOX_SWEEP=0 turns the sweep off", nil, env("RUNNERD_SANDBOX_SWEEP", "0"),
+		{"RUNNERD_SANDBOX_SWEEP=0 turns the sweep off", nil, []string{"RUNNERD_SANDBOX_SWEEP", "0"},
 			func(t *testing.T, o options) {
 				if o.cfg.SandboxSweep >= 0 {
 					t.Fatalf("sweep %v, want negative (off)", o.cfg.SandboxSweep)
 				}
 			}},
-		{"R12: a short AGENT_LEASE_TTL is ignored with a warning", nil, env("AGENT_LEASE_TTL", "20"),
+		{"R12: a short AGENT_LEASE_TTL is ignored with a warning", nil, []string{"AGENT_LEASE_TTL", "20"},
 			func(t *testing.T, o options) {
 				if o.cfg.Timings.LeaseTTL != 120*time.Second || len(o.warnings) != 1 || o.warnings[0].Setting != "AGENT_LEASE_TTL" || o.warnings[0].Given != 20*time.Second {
 					t.Fatalf("lease %v, warnings %+v", o.cfg.Timings.LeaseTTL, o.warnings)
 				}
 			}},
-		{"AGENT_LEASE_TTL long enough is used", nil, env("AGENT_LEASE_TTL", "90"),
+		{"AGENT_LEASE_TTL long enough is used", nil, []string{"AGENT_LEASE_TTL", "90"},
 			func(t *testing.T, o options) {
 				if o.cfg.Timings.LeaseTTL != 90*time.Second || len(o.warnings) != 0 {
 					t.Fatalf("lease %v, warnings %+v", o.cfg.Timings.LeaseTTL, o.warnings)
 				}
 			}},
-		{"--lease-ttl over AGENT_LEASE_TTL", []string{"--lease-ttl=60s"}, env("AGENT_LEASE_TTL", "90"),
+		{"--lease-ttl over AGENT_LEASE_TTL", []string{"--lease-ttl=60s"}, []string{"AGENT_LEASE_TTL", "90"},
 			func(t *testing.T, o options) {
 				if o.cfg.Timings.LeaseTTL != 60*time.Second {
 					t.Fatalf("lease %v", o.cfg.Timings.LeaseTTL)
 				}
 			}},
-		{"RUNNERD_LEASE_TTL over AGENT_LEASE_TTL", nil, env("RUNNERD_LEASE_TTL", "45s", "AGENT_LEASE_TTL", "90"),
+		{"RUNNERD_LEASE_TTL over AGENT_LEASE_TTL", nil, []string{"RUNNERD_LEASE_TTL", "45s", "AGENT_LEASE_TTL", "90"},
 			func(t *testing.T, o options) {
 				if o.cfg.Timings.LeaseTTL != 45*time.Second {
 					t.Fatalf("lease %v", o.cfg.Timings.LeaseTTL)
@@ -110,7 +111,7 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			o, err := parseRun(tt.args, tt.env)
+			o, err := parseRun(tt.args, env(t, tt.env...))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,30 +127,30 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 	tests := []struct {
 		name string
 		args []string
-		env  func(string) string
+		env  []string
 		want string
 	}{
-		{"R12 short --lease-ttl", []string{"--lease-ttl=30s"}, env(), "--lease-ttl 30s is shorter than"},
-		{"R12 short --lease-ttl for scaled timings", []string{"--lease-ttl=350ms", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, env(), "--lease-ttl 350ms is shorter than"},
-		{"R12 short RUNNERD_LEASE_TTL", nil, env("RUNNERD_LEASE_TTL", "39s"), "--lease-ttl 39s is shorter than"},
-		{"retry longer than interval", []string{"--renew-retry=40s"}, env(), "--renew-retry 40s is longer than --renew-interval 30s"},
-		{"zero interval", []string{"--renew-interval=0s"}, env(), "--renew-interval 0s: must be positive"},
-		{"bad env value", nil, env("RUNNERD_CAPACITY", "many"), `RUNNERD_CAPACITY: invalid value "many" for --capacity`},
-		{"bad flag value", []string{"--drain-timeout=soon"}, env(), `invalid value "soon" for flag -drain-timeout`},
-		{"unknown flag", []string{"--capacty=2"}, env(), "flag provided but not defined: -capacty"},
-		{"capacity zero", []string{"--capacity=0"}, env(), "--capacity 0: must be at least 1"},
-		{"zero container log size", []string{"--docker-log-max-size=0"}, env(), "--docker-log-max-size 0: want a size in bytes"},
-		{"no container log files", nil, env("RUNNERD_DOCKER_LOG_MAX_FILES", "0"), "--docker-log-max-files 0: must be at least 1"},
-		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, env(), "--sandbox-sweep -1s: must not be negative"},
-		{"bad sandbox", nil, env("RUNNERD_SANDBOX", "vm"), `--sandbox "vm": want process or docker`},
-		{"bad log format", []string{"--log-format=xml"}, env(), `--log-format "xml": want json or text`},
-		{"bad URL", []string{"--control-plane=cp:8080"}, env(), `--control-plane "cp:8080": want an http:// or https:// URL`},
-		{"missing token file", []string{"--host-token-file=/nonexistent/token"}, env(), "--host-token-file: no such file or directory"},
+		{"R12 short --lease-ttl", []string{"--lease-ttl=30s"}, nil, "--lease-ttl 30s is shorter than"},
+		{"R12 short --lease-ttl for scaled timings", []string{"--lease-ttl=350ms", "--renew-interval=300ms", "--renew-timeout=100ms", "--renew-retry=50ms"}, nil, "--lease-ttl 350ms is shorter than"},
+		{"R12 short RUNNERD_LEASE_TTL", nil, []string{"RUNNERD_LEASE_TTL", "39s"}, "--lease-ttl 39s is shorter than"},
+		{"retry longer than interval", []string{"--renew-retry=40s"}, nil, "--renew-retry 40s is longer than --renew-interval 30s"},
+		{"zero interval", []string{"--renew-interval=0s"}, nil, "--renew-interval 0s: must be positive"},
+		{"bad env value", nil, []string{"RUNNERD_CAPACITY", "many"}, `RUNNERD_CAPACITY="many" is not a valid --capacity`},
+		{"bad flag value", []string{"--drain-timeout=soon"}, nil, `invalid value "soon" for flag -drain-timeout`},
+		{"unknown flag", []string{"--capacty=2"}, nil, "flag provided but not defined: -capacty"},
+		{"capacity zero", []string{"--capacity=0"}, nil, "--capacity 0: must be at least 1"},
+		{"zero container log size", []string{"--docker-log-max-size=0"}, nil, "--docker-log-max-size 0: want a size in bytes"},
+		{"no container log files", nil, []string{"RUNNERD_DOCKER_LOG_MAX_FILES", "0"}, "--docker-log-max-files 0: must be at least 1"},
+		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, nil, "--sandbox-sweep -1s: must not be negative"},
+		{"bad sandbox", nil, []string{"RUNNERD_SANDBOX", "vm"}, `--sandbox "vm": want process or docker`},
+		{"bad log format", []string{"--log-format=xml"}, nil, `--log-format "xml": want json or text`},
+		{"bad URL", []string{"--control-plane=cp:8080"}, nil, `--control-plane "cp:8080": want an http:// or https:// URL`},
+		{"missing token file", []string{"--host-token-file=/nonexistent/token"}, nil, "--host-token-file /nonexistent/token: no such file or directory"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := runDaemon(tt.args, tt.env, &stdout, &stderr)
+			code := runDaemon(tt.args, env(t, tt.env...), &stdout, &stderr)
 			out := stderr.String()
 			if code != 2 {
 				t.Fatalf("exit %d, want 2; stderr %q", code, out)
@@ -169,7 +170,7 @@ func TestHostTokenFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	code := runDaemon([]string{"--host-token-file", f, "--state-dir", dir}, env(), &stdout, &stderr)
+	code := runDaemon([]string{"--host-token-file", f, "--state-dir", dir}, env(t), &stdout, &stderr)
 	if code != 2 || strings.Contains(stderr.String(), "secret") || !strings.Contains(stderr.String(), "one token on one line") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
@@ -177,14 +178,14 @@ func TestHostTokenFile(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := runDaemon([]string{"--help"}, env(), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "-renew-interval duration") {
+	if code := runDaemon([]string{"--help"}, env(t), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "-renew-interval duration") {
 		t.Fatalf("exit %d, stdout %q", code, stdout.String())
 	}
 }
 
 func TestVersion(t *testing.T) {
 	var stdout, stderr bytes.Buffer
-	if code := runDaemon([]string{"--version"}, env("RUNNERD_CAPACITY", "bad-but-ignored"), &stdout, &stderr); code != 0 || stdout.String() != "runnerd dev\n" {
+	if code := runDaemon([]string{"--version"}, env(t, "RUNNERD_CAPACITY", "bad-but-ignored"), &stdout, &stderr); code != 0 || stdout.String() != "runnerd dev\n" {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
 }
@@ -201,7 +202,7 @@ func TestR12ShortAgentLeaseTTLIsIgnoredWithRecord(t *testing.T) {
 	args := []string{"--control-plane", "http://127.0.0.1:1", "--host-token-file", tok, "--state-dir", filepath.Join(dir, "state"), "--host-name", "h"}
 	stderr := &syncbuf.Buffer{}
 	exit := make(chan int, 1)
-	go func() { exit <- runDaemon(args, env("AGENT_LEASE_TTL", "20"), io.Discard, stderr) }()
+	go func() { exit <- runDaemon(args, env(t, "AGENT_LEASE_TTL", "20"), io.Discard, stderr) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(stderr.String(), `"msg":"runnerd_started"`) { // logged after the signal handler is in place
 		if time.Now().After(deadline) {
@@ -268,5 +269,57 @@ func TestTokenFileModeWarning(t *testing.T) {
 				t.Fatal("the token reached a record")
 			}
 		})
+	}
+}
+
+// runnerd --help and --version exit 0 (the usage on stdout); an unknown
+// role is the usage on stderr and 2.
+func TestTopLevelHelpAndVersion(t *testing.T) {
+	for _, tc := range []struct {
+		arg, out string
+		code     int
+	}{
+		{"--help", "usage: runnerd run", 0}, {"-h", "usage: runnerd run", 0}, {"help", "usage: runnerd run", 0},
+		{"--version", "runnerd dev", 0}, {"version", "runnerd dev", 0}, {"frob", "", 2},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := answer(tc.arg, &stdout, &stderr); code != tc.code || !strings.Contains(stdout.String(), tc.out) ||
+			(tc.code != 0) != strings.Contains(stderr.String(), "usage:") {
+			t.Errorf("runnerd %s: exit %d, stdout %q, stderr %q", tc.arg, code, stdout.String(), stderr.String())
+		}
+	}
+}
+
+// --config FILE is the third source, below flags and RUNNERD_ variables,
+// with the flags' own names; a missing file names its path; a setting the
+// daemon does not have is refused.
+func TestConfigFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "runnerd.conf")
+	if err := os.WriteFile(file, []byte("# runnerd settings\ncapacity 6\nsandbox docker\nrenew-interval 20s\nhost-name from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := parseRun([]string{"--config", file, "--renew-interval=25s"}, env(t, "RUNNERD_CAPACITY", "5"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.Capacity != 5 || o.cfg.Sandbox != "docker" || o.cfg.Timings.Interval != 25*time.Second || o.cfg.HostName != "from-file" {
+		t.Fatalf("capacity %d (env over file), sandbox %q (file), interval %v (flag over file), host %q (file)",
+			o.cfg.Capacity, o.cfg.Sandbox, o.cfg.Timings.Interval, o.cfg.HostName)
+	}
+	t.Setenv("RUNNERD_CAPACITY", "")
+	t.Setenv("RUNNERD_CONFIG", file) // the file itself may come from the environment
+	if o, err := parseRun(nil, os.Getenv); err != nil || o.cfg.Capacity != 6 {
+		t.Fatalf("RUNNERD_CONFIG: capacity %d, %v", o.cfg.Capacity, err)
+	}
+	missing := filepath.Join(dir, "nope.conf")
+	if _, err := parseRun([]string{"--config", missing}, os.Getenv); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("missing config file: %v", err)
+	}
+	if err := os.WriteFile(file, []byte("capacty 6\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parseRun([]string{"--config", file}, os.Getenv); err == nil || !strings.Contains(err.Error(), `"capacty" not defined`) {
+		t.Fatalf("unknown setting in the config file: %v", err)
 	}
 }

@@ -63,12 +63,25 @@ func main() {
 		os.Exit(code)
 	case "run":
 		os.Exit(runDaemon(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
-	case "version", "--version", "-version":
-		fmt.Println("runnerd", version)
 	default:
-		fmt.Fprintln(os.Stderr, usage)
-		os.Exit(2)
+		os.Exit(answer(os.Args[1], os.Stdout, os.Stderr))
 	}
+}
+
+// answer is runnerd with an argument that is no role: the version and the
+// help exit 0, anything else is the usage and 2.
+func answer(arg string, stdout, stderr io.Writer) int {
+	switch arg {
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "runnerd", version)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprintln(stdout, usage)
+		fmt.Fprintln(stdout, `Run "runnerd run --help" for the daemon's flags.`)
+	default:
+		fmt.Fprintln(stderr, usage)
+		return 2
+	}
+	return 0
 }
 
 // exitHostTokenRefused is `runnerd run`'s status when the control plane
@@ -228,7 +241,7 @@ func absorbHangup() {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
 }
 
-// readToken reads the host token file. A file others can read gets a
+// readToken reads the host token file; its errors name the path. A file others can read gets a
 // warning record (never the token), unless it is a systemd credential
 // (LoadCredential=, deploy/runnerd.service): a file directly in credDir,
 // $CREDENTIALS_DIRECTORY, which systemd keeps 0440 on a mount only this
@@ -236,7 +249,7 @@ func absorbHangup() {
 func readToken(path, credDir string, log *slog.Logger) (string, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
+		return "", fmt.Errorf("--host-token-file %s: %w", path, errors.Unwrap(err))
 	}
 	credential := credDir != "" && filepath.Dir(filepath.Clean(path)) == filepath.Clean(credDir)
 	if fi.Mode().Perm()&0o077 != 0 && !credential {
@@ -244,7 +257,7 @@ func readToken(path, credDir string, log *slog.Logger) (string, error) {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("--host-token-file: %w", errors.Unwrap(err))
+		return "", fmt.Errorf("--host-token-file %s: %w", path, errors.Unwrap(err))
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
