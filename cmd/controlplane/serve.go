@@ -162,7 +162,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := os.MkdirAll(d.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create the data directory: %w", err)
 	}
-	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff),
+	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff), sqlstore.WithMaxWorkerLost(*maxWorkerLost),
 		sqlstore.WithTxObserver(metrics.ObserveTx))
 	if err != nil {
 		return err
