@@ -402,8 +402,28 @@ func (e *env) assertLostPromptOnce(convID, prompt string, j wire.Job) {
 	if len(j.Attempts) != 1 {
 		e.t.Errorf("the LOST conversation's turn was attempted again: %s", describeJob(j))
 	}
-	if _, err := os.Stat(fleet.SandboxDir(e.stateDir, convID)); errors.Is(err, os.ErrNotExist) {
+	// The daemon removes a LOST conversation's sandbox when its report is
+	// answered, so the removal may be under way while the transcript is
+	// read: an empty transcript proves nothing until the sandbox is gone
+	// or plainly stays.
+	if tr := e.transcript(convID); len(tr) > 0 {
+		e.assertPromptsOnce(convID, prompt)
 		return
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, 2*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if _, err := os.Stat(fleet.SandboxDir(e.stateDir, convID)); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		if tr := e.transcript(convID); len(tr) > 0 {
+			e.assertPromptsOnce(convID, prompt)
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	e.assertPromptsOnce(convID, prompt)
 }
