@@ -94,6 +94,27 @@ func (c *Client) Settle(ctx context.Context, activationID string) (wire.Supervis
 	return *resp.Receipt, nil
 }
 
+// Interrupt stops the activation's running turn on request (the user's
+// cancel, K10) and settles an interrupted boundary: the agent's process
+// group gets SIGINT, SIGKILL if it is still there grace later (0 for
+// DefaultInterruptGrace), and once nothing of the turn runs the answer is
+// the activation's receipt with Interrupted set — the same one Settle then
+// returns (R26). A turn that ended on its own before the interrupt answers
+// its ordinary receipt. It fails as Settle does when there is no receipt to
+// give: ErrInterrupted for a turn stopped any other way (a dropped driving
+// connection, the lease deadline), ErrNotRun, ErrFenced,
+// ErrUnknownActivation. ctx must allow for grace.
+func (c *Client) Interrupt(ctx context.Context, activationID string, grace time.Duration) (wire.SupervisorReceipt, error) {
+	resp, err := c.call(ctx, Request{Op: OpInterrupt, Activation: activationID, GraceMS: grace.Milliseconds()})
+	if err != nil {
+		return wire.SupervisorReceipt{}, err
+	}
+	if resp.Receipt == nil || resp.Receipt.ReceiptID == "" || resp.Receipt.ActivationID != activationID {
+		return wire.SupervisorReceipt{}, protocolError(OpInterrupt, "no receipt for the activation in answer")
+	}
+	return *resp.Receipt, nil
+}
+
 // Run hands the prompt to the agent — once — and returns the turn's event
 // stream. It must be called only after the admission acknowledgement
 // (R25); the caller (settlement.SendPrompt) gates it.

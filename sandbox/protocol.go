@@ -21,11 +21,26 @@ import (
 //	 "command":[…],"prompt":…}     {"event":{…}}    one per agent stdout line
 //	                               {"end":{…}}      the agent exited on its own
 //	{"op":"settle","activation":…} {"receipt":{…}}
+//	{"op":"interrupt",             {"receipt":{…}}  once the agent stopped
+//	 "activation":…,"grace_ms":…}
 //	any                            {"error":{"code":…,"message":…}} and close
 //
 // The connection that sent "run" is the driving connection: when it closes
 // before "end", the supervisor stops the agent (kills its process group) and
 // the turn is interrupted — it has no receipt, ever.
+//
+// "interrupt" is the other way to end a running turn (K10, the user's
+// cancel): the supervisor sends the agent's process group SIGINT, as a
+// terminal's Ctrl-C would, kills it with SIGKILL if it is still there
+// grace_ms later (0: DefaultInterruptGrace; at most MaxInterruptGrace),
+// waits until nothing of the turn runs, and settles an interrupted boundary:
+// the native turn ordinal moves on as for a completed turn, and the answer
+// is the activation's receipt with "interrupted":true — retained and
+// answered again to "settle" and "interrupt" with the same token until the
+// next activation (R26). The driving connection then gets an "interrupted"
+// error. An interrupt of a turn that already ended on its own answers that
+// turn's ordinary receipt; of a turn stopped any other way, "interrupted"
+// (no receipt).
 //
 // lease_deadline is the turn's lease deadline, an instant of CLOCK_BOOTTIME
 // in nanoseconds (package boottime; the same clock inside a container as on
@@ -42,11 +57,18 @@ const ProtocolVersion = 1
 
 // Operations.
 const (
-	OpStatus   = "status"
-	OpActivate = "activate"
-	OpRun      = "run"
-	OpSettle   = "settle"
-	OpDeadline = "deadline"
+	OpStatus    = "status"
+	OpActivate  = "activate"
+	OpRun       = "run"
+	OpSettle    = "settle"
+	OpDeadline  = "deadline"
+	OpInterrupt = "interrupt"
+)
+
+// Bounds of an interrupt's grace (Request.GraceMS).
+const (
+	DefaultInterruptGrace = 3 * time.Second
+	MaxInterruptGrace     = time.Minute
 )
 
 // Size bounds. A prompt is at most wire.MaxBodyBytes when it arrives in a
@@ -78,6 +100,9 @@ type Request struct {
 	Prompt     string   `json:"prompt,omitempty"`
 	// LeaseDeadline is the lease deadline of activate and deadline.
 	LeaseDeadline boottime.Instant `json:"lease_deadline,omitempty"`
+	// GraceMS is how long interrupt lets the agent stop on SIGINT before
+	// it is killed.
+	GraceMS int64 `json:"grace_ms,omitempty"`
 }
 
 // Response is one line from the supervisor; exactly one field is set.

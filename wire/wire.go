@@ -469,6 +469,10 @@ type SupervisorReceipt struct {
 	ReceiptID    string `json:"receipt_id"`
 	NativeTurn   int64  `json:"native_turn"`
 	ExitCode     int    `json:"exit_code"`
+	// Interrupted says the turn did not end on its own: the supervisor
+	// interrupted it on request (the user's cancel, K10) and NativeTurn is
+	// the interrupted boundary the next turn resumes from.
+	Interrupted bool `json:"interrupted,omitempty"`
 }
 
 // SettlementRequest is POST .../settlement.

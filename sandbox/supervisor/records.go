@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/runnerd/runnerd/sandbox"
 )
@@ -17,6 +18,7 @@ const (
 	RecordTurnEnded      = "supervisor_turn_ended"
 	RecordTurnStopped    = "supervisor_turn_stopped"
 	RecordSettled        = "supervisor_settled"
+	RecordInterrupting   = "supervisor_interrupting"
 	RecordRequestRefused = "supervisor_request_refused"
 	RecordStateFailure   = "supervisor_state_failure"
 	RecordOrphanReaped   = "supervisor_orphan_reaped"
@@ -48,8 +50,13 @@ func recordTurnStopped(l *slog.Logger, gen uint64, reason string) {
 	l.Warn(RecordTurnStopped, slog.Uint64("generation", gen), slog.String("reason", reason))
 }
 
-func recordSettled(l *slog.Logger, gen uint64, nativeTurn int64, exitCode int) {
-	l.Info(RecordSettled, slog.Uint64("generation", gen), slog.Int64("native_turn", nativeTurn), slog.Int("exit_code", exitCode))
+func recordSettled(l *slog.Logger, gen uint64, nativeTurn int64, exitCode int, interrupted bool) {
+	l.Info(RecordSettled, slog.Uint64("generation", gen), slog.Int64("native_turn", nativeTurn), slog.Int("exit_code", exitCode),
+		slog.Bool("interrupted", interrupted))
+}
+
+func recordInterrupting(l *slog.Logger, gen uint64, grace time.Duration) {
+	l.Info(RecordInterrupting, slog.Uint64("generation", gen), slog.Int64("grace_ms", grace.Milliseconds()))
 }
 
 func recordRefused(l *slog.Logger, op, code string) {

@@ -132,6 +132,9 @@ const (
 	actCompleted                   // the agent exited on its own
 	actInterrupted                 // stopped: connection dropped, fenced, shutdown
 	actStartFailed                 // the agent could not be started; no prompt reached it
+	// actInterruptSettled: interrupted on request (K10); it settles like a
+	// completed turn, its receipt marked interrupted.
+	actInterruptSettled
 )
 
 type activation struct {
@@ -305,6 +308,13 @@ func (s *server) handle(ctx context.Context, conn net.Conn) {
 		} else {
 			resp.Deadline = &sandbox.Deadline{LeaseDeadline: req.LeaseDeadline}
 		}
+	case sandbox.OpInterrupt:
+		r, err := s.interrupt(req.Activation, time.Duration(req.GraceMS)*time.Millisecond)
+		if err != nil {
+			resp = errReply(err)
+		} else {
+			resp.Receipt = &r
+		}
 	case sandbox.OpSettle:
 		r, err := s.settle(req.Activation)
 		if err != nil {
@@ -410,10 +420,46 @@ func (s *server) settle(id string) (wire.SupervisorReceipt, error) {
 			ReceiptID:    "sr-" + randomHex(16),
 			NativeTurn:   a.result.NativeTurn,
 			ExitCode:     a.result.ExitCode,
+			Interrupted:  a.state == actInterruptSettled,
 		}
-		recordSettled(s.log, a.gen, a.result.NativeTurn, a.result.ExitCode)
+		recordSettled(s.log, a.gen, a.result.NativeTurn, a.result.ExitCode, a.receipt.Interrupted)
 	}
 	return *a.receipt, nil
+}
+
+// interrupt stops the activation's running turn on request (K10): SIGINT
+// to the agent's process group, SIGKILL after grace, and once nothing of
+// the turn runs, the activation's receipt, marked interrupted. A turn that
+// ended on its own first answers its ordinary receipt; every other case
+// answers as settle does.
+func (s *server) interrupt(id string, grace time.Duration) (wire.SupervisorReceipt, error) {
+	if grace <= 0 {
+		grace = sandbox.DefaultInterruptGrace
+	}
+	grace = min(grace, sandbox.MaxInterruptGrace)
+	s.mu.Lock()
+	a, err := s.lookup(id)
+	var t *agentTurn
+	if err == nil && a.state == actRunning {
+		t = a.turn
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return wire.SupervisorReceipt{}, err
+	}
+	if t != nil {
+		recordInterrupting(s.log, a.gen, grace)
+		t.interrupt()
+		timer := time.NewTimer(grace)
+		select {
+		case <-t.done:
+			timer.Stop()
+		case <-timer.C:
+			t.stop(stopInterrupt) // kills the group; the reason stays as it was
+			<-t.done
+		}
+	}
+	return s.settle(id)
 }
 
 // stopRunning stops the running agent turn, if any, and waits for it.

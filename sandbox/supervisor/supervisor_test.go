@@ -19,6 +19,7 @@ import (
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
+	"github.com/runnerd/runnerd/wire"
 )
 
 func TestTurnStreamsEventsAndSettles(t *testing.T) {
@@ -674,6 +675,125 @@ func TestLeaseDeadlineStopsAgent(t *testing.T) {
 		}
 		if err := s.c.SetDeadline(ctx, old.ID, boottime.Now().Add(time.Hour)); !errors.Is(err, sandbox.ErrFenced) {
 			t.Fatalf("deadline for a fenced token: %v, want ErrFenced", err)
+		}
+	})
+}
+
+// K10 (supervisor part): an interrupt on request stops the running agent,
+// waits until nothing of the turn runs and settles an interrupted boundary:
+// the receipt says interrupted, is retained for the token (R26), and the
+// next activation resumes from it — the native turn ordinal continues, and
+// every prompt reached the agent once.
+func TestInterruptSettlesInterruptedBoundary(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	runTurn(t, s.c, "first")
+	act, err := s.c.Activate(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if act.NativeTurn != 1 {
+		t.Fatalf("activation after one turn starts from %d", act.NativeTurn)
+	}
+	if _, err := s.c.Interrupt(ctx, act.ID, 0); !errors.Is(err, sandbox.ErrNotRun) {
+		t.Fatalf("interrupt before a run: %v, want ErrNotRun", err)
+	}
+	turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "second\n!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	pid := eventField[int](t, nextEvent(t, turn), "pid")
+	r, err := s.c.Interrupt(ctx, act.ID, 5*time.Second)
+	if err != nil {
+		t.Fatalf("interrupt: %v", err)
+	}
+	if !r.Interrupted || r.ActivationID != act.ID || r.NativeTurn != 2 {
+		t.Fatalf("interrupt receipt %+v, want interrupted at native turn 2 for %s", r, act.ID)
+	}
+	if err := testbin.WaitGone(pid, time.Second); err != nil {
+		t.Fatalf("the agent outlived the interrupt's answer: %v", err)
+	}
+	if err := streamEnd(turn); !errors.Is(err, sandbox.ErrInterrupted) {
+		t.Fatalf("the driving connection's stream ended with %v, want ErrInterrupted", err)
+	}
+	// Retained for the token, from any client, through settle and interrupt.
+	for _, again := range []func() (wire.SupervisorReceipt, error){
+		func() (wire.SupervisorReceipt, error) { return (&sandbox.Client{Socket: s.sock}).Settle(ctx, act.ID) },
+		func() (wire.SupervisorReceipt, error) { return s.c.Interrupt(ctx, act.ID, 0) },
+	} {
+		if r2, err := again(); err != nil || r2 != r {
+			t.Fatalf("receipt asked again: %+v, %v; first %+v", r2, err, r)
+		}
+	}
+	if st, err := s.c.Status(ctx); err != nil || st.Busy || st.NativeTurn != 2 {
+		t.Fatalf("status after the interrupt: %+v, %v", st, err)
+	}
+	_, _, res := runTurn(t, s.c, "third")
+	if res.NativeTurn != 3 {
+		t.Fatalf("the turn after the interrupted one ended at native turn %d, want 3", res.NativeTurn)
+	}
+	if got := transcript(t, s.ws); !slices.Equal(got, []string{"first", "second\n!hang", "third"}) {
+		t.Fatalf("the agent received %q", got)
+	}
+}
+
+// K10: an agent that does not stop on SIGINT is killed once the grace has
+// passed, and the boundary still settles as interrupted; an interrupt of a
+// turn that ended on its own answers its ordinary receipt; of a turn
+// stopped another way, no receipt.
+func TestInterruptGraceAndOtherEndings(t *testing.T) {
+	ctx := context.Background()
+	t.Run("ignores_sigint", func(t *testing.T) {
+		s := startServe(t)
+		act, err := s.c.Activate(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agent := []string{"/bin/sh", "-c", `trap '' INT; echo '{"type":"turn.started"}'; exec sleep 400`}
+		turn, err := s.c.Run(ctx, act.ID, agent, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer turn.Close()
+		nextEvent(t, turn)
+		const grace = 300 * time.Millisecond
+		start := time.Now()
+		r, err := s.c.Interrupt(ctx, act.ID, grace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took < grace {
+			t.Fatalf("an agent ignoring SIGINT was killed after %v, before the grace of %v", took, grace)
+		}
+		if !r.Interrupted || r.ExitCode != -1 || r.NativeTurn != 1 {
+			t.Fatalf("receipt %+v, want interrupted, killed, native turn 1", r)
+		}
+		s.rec.waitFor(t, RecordInterrupting, 1)
+	})
+	t.Run("ended_on_its_own", func(t *testing.T) {
+		s := startServe(t)
+		act, _, _ := runTurn(t, s.c, "done")
+		r, err := s.c.Interrupt(ctx, act.ID, 0)
+		if err != nil || r.Interrupted || r.NativeTurn != 1 {
+			t.Fatalf("interrupt after the turn ended: %+v, %v; want its ordinary receipt", r, err)
+		}
+	})
+	t.Run("dropped", func(t *testing.T) {
+		s := startServe(t)
+		act, err := s.c.Activate(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		turn, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
+		if err != nil {
+			t.Fatal(err)
+		}
+		nextEvent(t, turn)
+		turn.Close()
+		s.rec.waitFor(t, RecordTurnStopped, 1)
+		if _, err := s.c.Interrupt(ctx, act.ID, 0); !errors.Is(err, sandbox.ErrInterrupted) {
+			t.Fatalf("interrupt of a dropped turn: %v, want ErrInterrupted", err)
 		}
 	})
 }

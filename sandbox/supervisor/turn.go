@@ -25,11 +25,12 @@ import (
 type stopReason int
 
 const (
-	stopNone     stopReason = iota
-	stopDropped             // the driving connection closed
-	stopFenced              // a newer activation took ownership
-	stopShutdown            // the supervisor is stopping
-	stopDeadline            // the activation's lease deadline passed (K5)
+	stopNone      stopReason = iota
+	stopDropped              // the driving connection closed
+	stopFenced               // a newer activation took ownership
+	stopShutdown             // the supervisor is stopping
+	stopDeadline             // the activation's lease deadline passed (K5)
+	stopInterrupt            // interrupted on request (K10): the one stop that settles
 )
 
 func (r stopReason) String() string {
@@ -42,6 +43,8 @@ func (r stopReason) String() string {
 		return "shutdown"
 	case stopDeadline:
 		return "lease_deadline"
+	case stopInterrupt:
+		return "interrupted_on_request"
 	}
 	return "none"
 }
@@ -53,9 +56,28 @@ type agentTurn struct {
 	conn   net.Conn           // the driving connection
 	grace  time.Duration      // how long a stopped turn may still write to it
 	moved  chan struct{}      // one pending notice that the lease deadline moved
+	pid    int                // the agent's pid, also its process group id
 
-	mu     sync.Mutex // guards reason
+	mu     sync.Mutex // guards reason and reaped
 	reason stopReason
+	// reaped is set before the agent's leader is reaped: from then on its
+	// process group id may be reused, and no signal goes to it but from
+	// the reaper, which kills the group first.
+	reaped bool
+}
+
+// interrupt asks the agent to stop (SIGINT to its process group) for
+// reason stopInterrupt, unless the turn is already stopping for another.
+func (t *agentTurn) interrupt() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.reason != stopNone {
+		return
+	}
+	t.reason = stopInterrupt
+	if !t.reaped {
+		_ = unix.Kill(-t.pid, unix.SIGINT)
+	}
 }
 
 func (t *agentTurn) deadlineMoved() {
@@ -170,6 +192,9 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 				break
 			}
 		}
+		t.mu.Lock()
+		t.reaped = true
+		t.mu.Unlock()
 		_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
 		waitErr = cmd.Wait()
 		_ = stdout.SetReadDeadline(time.Now().Add(s.cfg.DrainTimeout))
@@ -205,13 +230,19 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 	res := resultOf(cmd, waitErr)
 	why := t.stopReason()
 	s.mu.Lock()
-	if why == stopNone {
+	if why == stopNone || why == stopInterrupt {
+		// Ended on its own, or interrupted on request: either way the
+		// prompt reached the agent and nothing of the turn runs any more,
+		// so the native session moved on by this turn (K10).
 		if reported == 0 {
 			reported = s.nativeTurn + 1
 		}
 		s.setNativeTurn(reported)
 		res.NativeTurn = reported
 		a.state = actCompleted
+		if why == stopInterrupt {
+			a.state = actInterruptSettled
+		}
 		a.result = res
 	} else {
 		if reported > 0 {
@@ -241,6 +272,8 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 			err = sandbox.ErrFenced
 		case stopDeadline:
 			err = sandbox.ErrDeadlinePassed
+		case stopInterrupt:
+			err = fmt.Errorf("%w: on request; settle for the interrupted boundary", sandbox.ErrInterrupted)
 		}
 		_ = writeMsg(conn, errReply(err))
 	}
@@ -301,7 +334,7 @@ func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) 
 		stdoutR.Close()
 		return nil, nil, nil, nil, nil, fmt.Errorf("%w: %v", sandbox.ErrStartFailed, err)
 	}
-	t := &agentTurn{cancel: cancel, done: make(chan struct{}), conn: conn, grace: s.cfg.DrainTimeout, moved: make(chan struct{}, 1)}
+	t := &agentTurn{cancel: cancel, done: make(chan struct{}), conn: conn, grace: s.cfg.DrainTimeout, moved: make(chan struct{}, 1), pid: cmd.Process.Pid}
 	a.state = actRunning
 	a.turn = t
 	s.running = t
