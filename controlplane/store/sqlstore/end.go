@@ -50,9 +50,10 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		var admitted, settled sql.NullInt64
+		var interrupted int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'finished', outcome = ?, ended_at = ?, report = ?
-			WHERE `+guard+` RETURNING job_id, admitted_at, settled_at`),
-			args([]any{req.Outcome, ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID, &admitted, &settled)
+			WHERE `+guard+` RETURNING job_id, admitted_at, settled_at, settled_interrupted`),
+			args([]any{req.Outcome, ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID, &admitted, &settled, &interrupted)
 		if errors.Is(err, sql.ErrNoRows) {
 			a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 			if err != nil {
@@ -72,6 +73,9 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 		}
 		if req.Outcome == wire.OutcomeSucceeded && !settled.Valid {
 			return fmt.Errorf("%w: succeeded needs a recorded settlement", store.ErrInvalid)
+		}
+		if req.Outcome == wire.OutcomeSucceeded && interrupted != 0 {
+			return fmt.Errorf("%w: an interrupted turn did not succeed", store.ErrInvalid)
 		}
 		var conv string
 		if err := tx.QueryRowContext(ctx, s.q(`SELECT conversation_id FROM jobs WHERE id = ?`), jobID).Scan(&conv); err != nil {
@@ -93,6 +97,11 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 			state, reason := wire.JobFailed, reasonFailed
 			if req.Outcome == wire.OutcomeCancelled {
 				state, reason = wire.JobCancelled, reasonCancelled
+				if interrupted != 0 {
+					// K10: interrupted at the supervisor and settled there;
+					// the conversation continues from that boundary.
+					reason = reasonInterruptedByUser
+				}
 			}
 			if req.Outcome == wire.OutcomeWorkerLost && !settled.Valid {
 				// P6: the host died after admission; the counts say so,

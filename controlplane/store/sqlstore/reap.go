@@ -72,14 +72,15 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	var jobID, owner string
 	var gen, exp int64
 	var admitted, settled sql.NullInt64
+	var interrupted int64
 	// P6: a host lost before settlement is not an attempt of the job; a
 	// settled turn completed (K2) and counts.
 	err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'superseded', ended_at = ?,
 		counts_as_attempt = CASE WHEN settled_at IS NULL THEN 0 ELSE counts_as_attempt END,
 		outcome = CASE WHEN settled_at IS NULL THEN outcome ELSE ? END
 		WHERE id = ? AND state = 'running' AND lease_expires_at < ?
-		RETURNING job_id, generation, lease_owner, lease_expires_at, admitted_at, settled_at`),
-		ns(now), wire.OutcomeReportMissing, id, cutoff).Scan(&jobID, &gen, &owner, &exp, &admitted, &settled)
+		RETURNING job_id, generation, lease_owner, lease_expires_at, admitted_at, settled_at, settled_interrupted`),
+		ns(now), wire.OutcomeReportMissing, id, cutoff).Scan(&jobID, &gen, &owner, &exp, &admitted, &settled, &interrupted)
 	if err == sql.ErrNoRows {
 		return nil // finished or renewed meanwhile
 	}
@@ -113,6 +114,10 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 		// went missing. The conversation stays usable and its next turn
 		// runs from the recorded boundary.
 		res.ReportsMissing++
+		if interrupted != 0 {
+			// K10: the boundary is an interrupt on the user's cancel.
+			return s.endJob(ctx, tx, jobID, conv, wire.JobCancelled, wire.OutcomeCancelled, reasonInterruptedByUser, now)
+		}
 		return s.endJob(ctx, tx, jobID, conv, wire.JobSucceeded, wire.OutcomeReportMissing, reasonReportMissing, now)
 	}
 	// P6: the host was lost, which the counts say; it is not an attempt.

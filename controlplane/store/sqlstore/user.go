@@ -22,8 +22,10 @@ const (
 	reasonLostHostRetired = "This conversation is no longer available: the computer that kept its working state was taken out of service."
 	reasonQueuedLost      = "This message was not answered because the conversation is no longer available."
 	reasonCancelled       = "Cancelled."
-	reasonFailed          = "The reply failed."
-	reasonNotStarted      = "The reply could not be started."
+	// K10: the user's cancel interrupted a running reply, which was kept.
+	reasonInterruptedByUser = "The reply was interrupted at your request. The conversation continues from where it stopped."
+	reasonFailed            = "The reply failed."
+	reasonNotStarted        = "The reply could not be started."
 	// K2: the turn settled, its host never sent the final report.
 	reasonReportMissing = "The reply was completed and saved, but the computer that ran it stopped before confirming it. The conversation continues from this reply."
 	reasonWorkerLostCap = "This message could not be answered: the computers that tried to run it stopped responding %d times."

@@ -443,14 +443,34 @@ func (s *Store) Settle(ctx context.Context, ref wire.AttemptRef, req wire.Settle
 		return wire.Boundary{}, fmt.Errorf("settle: %w: the supervisor receipt must be for the same activation", store.ErrInvalid)
 	}
 	newSnap := newID("snap")
+	interrupted := 0
+	if req.Supervisor.Interrupted {
+		interrupted = 1
+	}
 	var b wire.Boundary
 	err := s.write(ctx, func(tx txn) error {
+		if interrupted == 1 {
+			// K10: only the user's cancel interrupts a turn at the
+			// supervisor; the flag is never cleared, so this cannot race.
+			var cancel int64
+			err := tx.QueryRowContext(ctx, s.q(`SELECT j.cancel_requested FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.id = ?`),
+				ref.AttemptID).Scan(&cancel)
+			if err == nil && cancel == 0 {
+				return fmt.Errorf("%w: an interrupted boundary settles only a turn whose cancel was requested", store.ErrInvalid)
+			}
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
 		var jobID string
 		var settled int64
-		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET snapshot_id = COALESCE(snapshot_id, ?), settled_at = COALESCE(settled_at, ?)
+		// Every SET reads the row as it was: a repeat keeps the first
+		// settlement's interrupted flag with its boundary.
+		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET snapshot_id = COALESCE(snapshot_id, ?), settled_at = COALESCE(settled_at, ?),
+			settled_interrupted = CASE WHEN snapshot_id IS NULL THEN ? ELSE settled_interrupted END
 			WHERE `+guard+` AND admitted_at IS NOT NULL AND activation_id = ?
 			RETURNING job_id, snapshot_id, settled_at, boundary_epoch, boundary_native_turn`),
-			args(args([]any{newSnap, ns(now)}, guardArgs(ref, now)...), req.ActivationID)...).Scan(
+			args(args([]any{newSnap, ns(now), interrupted}, guardArgs(ref, now)...), req.ActivationID)...).Scan(
 			&jobID, &b.SnapshotID, &settled, &b.WorkspaceEpoch, &b.NativeTurn)
 		if errors.Is(err, sql.ErrNoRows) {
 			a, err := s.refused(ctx, tx, wire.OpSettlement, ref, now)
@@ -482,10 +502,14 @@ func (s *Store) Settle(ctx context.Context, ref wire.AttemptRef, req wire.Settle
 			b.WorkspaceEpoch, b.NativeTurn, ref.AttemptID); err != nil {
 			return err
 		}
-		return s.event(ctx, tx, jobID, ref.AttemptID, now, "settled", map[string]any{
+		data := map[string]any{
 			"workspace_epoch": b.WorkspaceEpoch, "snapshot_id": b.SnapshotID, "native_turn": b.NativeTurn,
 			"supervisor_receipt_id": req.Supervisor.ReceiptID,
-		})
+		}
+		if interrupted == 1 {
+			data["interrupted"] = true
+		}
+		return s.event(ctx, tx, jobID, ref.AttemptID, now, "settled", data)
 	})
 	if err != nil {
 		return wire.Boundary{}, fmt.Errorf("settle: %w", err)

@@ -53,6 +53,7 @@ var tests = []test{
 	{"P6_WorkerLostNotCountedAndCapped", testP6WorkerLostNotCounted},
 	{"P7_Cancel", testP7Cancel},
 	{"K2_SettledFinishLostKeepsConversation", testK2SettledFinishLostKeepsConversation},
+	{"K10_InterruptedBoundaryKeepsConversation", testK10InterruptedBoundaryKeepsConversation},
 	{"P6_AdmittedHostLossCounted", testP6AdmittedHostLossCounted},
 	{"K3_AbsenceDecidedInTheGuard", testK3AbsenceDecidedInTheGuard},
 	{"K3_RenewalsRaceTheResume", testK3RenewalsRaceTheResume},
