@@ -33,6 +33,11 @@ const (
 	MsgTurnInterrupted    = "agent_turn_interrupted"           // the agent's stream broke before its result
 	MsgTurnLeaseDeadline  = "agent_turn_lease_deadline"        // the child's own lease deadline passed: agent stopped, nothing more written (K5)
 	MsgSupervisorDeadline = "agent_supervisor_deadline_failed" // a renewed lease deadline did not reach the supervisor: class
+	// K10: the user's cancel interrupted the agent at the supervisor, which
+	// settled an interrupted boundary (native_turn, took_ms) — or could not
+	// (class): the driving connection is then dropped and the turn fails closed.
+	MsgTurnInterruptedOnCancel = "agent_turn_interrupted_on_cancel"
+	MsgTurnInterruptFailed     = "agent_turn_interrupt_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
@@ -27,6 +28,10 @@ const (
 	DefaultRetryDelay     = 5 * time.Second  // R24
 	// supervisorCallTimeout bounds one lease deadline sent to the supervisor.
 	supervisorCallTimeout = 5 * time.Second
+	// InterruptGrace is how long the agent has to stop on SIGINT after the
+	// user's cancel before the supervisor kills it (K10). With the
+	// settlement after it, it fits within the daemon's stop grace.
+	InterruptGrace = 3 * time.Second
 )
 
 // Classes of the turn's own failures, for the terminal report and DECLINE.
@@ -349,7 +354,14 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	t.progress("admitted")
 
-	stream, err := settlement.SendPrompt(ctx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
+	// The driving connection does not end on the user's cancel: the cancel
+	// interrupts the agent at the supervisor instead, which settles an
+	// interrupted boundary (K10). Every other stop still drops it.
+	runCtx, endRun := ignoringCancel(ctx, t.ch.Deadlines(), t.fence)
+	defer endRun()
+	runCtx, dropRun := context.WithCancel(runCtx)
+	defer dropRun()
+	stream, err := settlement.SendPrompt(runCtx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
 		return cl.Run(ctx, act.ID, t.spec.AgentCommand, prompt)
 	})
 	if err != nil {
@@ -361,6 +373,8 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	t.progress("prompt_sent")
 	defer stream.Close()
+	intr := t.interruptOnCancel(ctx, runCtx, cl, act.ID, dropRun)
+	defer intr.wait()
 	for {
 		ev, err := stream.Next()
 		if err != nil {
@@ -369,6 +383,21 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		t.sess.Event(ev.Type, ev.Data)
 	}
 	res, err := stream.Result()
+	if err != nil && intr.wait() {
+		// K10: interrupted at the user's request, and the supervisor
+		// settled an interrupted boundary: settle it with the control
+		// plane, and the conversation continues from it. If it cannot be
+		// settled, the turn fails closed as any unsettled admitted turn.
+		settleCtx, stopSettle := ignoringCancel(ctx, t.ch.Deadlines(), t.fence)
+		defer stopSettle()
+		if _, err := t.sess.Settle(settleCtx, adm, func(ctx context.Context) (wire.SupervisorReceipt, error) {
+			return cl.Settle(ctx, act.ID)
+		}); err != nil {
+			return fail(ClassSettlement)
+		}
+		t.progress("settled_interrupted")
+		return wire.OutcomeCancelled, ClassCancelled
+	}
 	if err != nil {
 		if errors.Is(context.Cause(ctx), handover.ErrExecutionDeadline) {
 			return fail(ClassExecTimeout)
@@ -396,6 +425,63 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(class)
 	}
 	return wire.OutcomeSucceeded, ""
+}
+
+// interruption is the interrupt of a running turn on the user's cancel.
+type interruption struct {
+	stop func() bool   // stops watching for the cancel
+	done chan struct{} // closed once the watch, started, ended
+	ok   bool          // the supervisor answered with a receipt; set before done closes
+
+	once  sync.Once
+	never bool // the watch was stopped before the cancel came; set in once
+}
+
+// interruptOnCancel asks the supervisor to interrupt the activation's
+// turn once ctx ends with the daemon's STOP "cancelled" (K10): SIGINT,
+// SIGKILL after InterruptGrace, and an interrupted boundary with its
+// receipt. Within runCtx, which the cancel does not end. If the supervisor
+// does not answer with a receipt, drop ends the driving connection, so the
+// agent is stopped all the same — with no receipt, and the turn fails
+// closed.
+func (t *turn) interruptOnCancel(ctx, runCtx context.Context, cl *sandbox.Client, activationID string, drop func()) *interruption {
+	in := &interruption{done: make(chan struct{})}
+	in.stop = context.AfterFunc(ctx, func() {
+		defer close(in.done)
+		if !userCancelled(ctx) {
+			return
+		}
+		start := time.Now()
+		ictx, cancel := context.WithTimeout(runCtx, InterruptGrace+supervisorCallTimeout)
+		rcpt, err := cl.Interrupt(ictx, activationID, InterruptGrace)
+		cancel()
+		if err != nil {
+			t.log.Warn(diagnostics.MsgTurnInterruptFailed, "error_class", sandbox.CodeOf(err))
+			drop()
+			return
+		}
+		in.ok = true
+		t.log.Info(diagnostics.MsgTurnInterruptedOnCancel, "native_turn", rcpt.NativeTurn,
+			"interrupted", rcpt.Interrupted, "took_ms", time.Since(start).Milliseconds())
+	})
+	return in
+}
+
+// wait reports whether an interrupt was asked for and got its receipt,
+// waiting for it to end.
+func (in *interruption) wait() bool {
+	in.once.Do(func() {
+		if in.never = in.stop(); !in.never {
+			<-in.done
+		}
+	})
+	return !in.never && in.ok
+}
+
+// userCancelled: ctx ended with the daemon's STOP "cancelled".
+func userCancelled(ctx context.Context) bool {
+	var se *handover.StopError
+	return errors.As(context.Cause(ctx), &se) && se.Class == ClassCancelled
 }
 
 // exitClass is the failure class of how the agent ended: agent_exit_<code>
