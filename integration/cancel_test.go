@@ -1,0 +1,130 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// dockerEngine is the real Docker engine, or a skip (a failure under
+// RUNNERD_REQUIRE_DOCKER=1) when none answers.
+func dockerEngine(t *testing.T) *client.Client {
+	t.Helper()
+	eng, err := docker.EngineFromEnv()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = eng.Ping(ctx)
+		cancel()
+	}
+	if err != nil {
+		if os.Getenv("RUNNERD_REQUIRE_DOCKER") == "1" {
+			t.Fatalf("RUNNERD_REQUIRE_DOCKER=1 but no Docker engine answers: %v", err)
+		}
+		t.Skipf("no Docker engine answers (%v); set RUNNERD_REQUIRE_DOCKER=1 to make this a failure", err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	return eng
+}
+
+// nativeTurnOf is the native turn ordinal the demo agent reported in the
+// job's first runner event of type typ, or 0.
+func nativeTurnOf(j wire.Job, typ string) int64 {
+	for _, ev := range j.Events {
+		if ev.Source == "runner" && ev.Type == typ {
+			var d struct {
+				NativeTurn int64 `json:"native_turn"`
+			}
+			if json.Unmarshal(ev.Data, &d) == nil {
+				return d.NativeTurn
+			}
+		}
+	}
+	return 0
+}
+
+// TestCancelKeepsConversationDocker is K10 on the Docker backend against
+// the real engine: the user's cancel of a running, admitted turn interrupts
+// the agent in its retained container; the job ends cancelled on its one
+// attempt with an interrupted settlement, and the owner reads that the
+// reply was interrupted at their request; the conversation stays usable,
+// and its next message runs in the same container on the same native
+// session: the agent reports native turn 2, on one attempt.
+func TestCancelKeepsConversationDocker(t *testing.T) {
+	t.Parallel()
+	eng := dockerEngine(t)
+	e := newEnv(t, envOpts{})
+	ctx := e.ctx
+	const tag = "runnerd-test/cancel-agent:dev"
+	if err := docker.BuildScratchImage(ctx, eng, docker.ScratchImage{
+		Tag:   tag,
+		Files: []docker.ImageFile{{Path: "/demoagent", Source: bins.DemoAgent, Exec: true}},
+		User:  "65534:65534",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	be, err := docker.New(docker.Config{Engine: eng, Host: e.host, StateDir: e.stateDir, RunnerdPath: e.runnerd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := be.Sweep(ctx, func(string) bool { return true }); err != nil {
+			t.Errorf("remove the test's containers: %v", err)
+		}
+	})
+	e.startDaemon(func(c *fleet.DaemonConfig) {
+		c.Sandbox = "docker"
+		c.StopGrace = 10 * time.Second
+		c.Args = append(c.Args, "--sandbox-sweep", "0")
+	})
+	c, err := e.user.Create(ctx, wire.CreateConversationRequest{Title: "cancel in docker", Image: tag, AgentCommand: []string{"/demoagent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := e.send(c.ID, "never ends\n!hang")
+	running := e.waitJob(j.ID, "the agent to run in its container", func(j wire.Job) bool { return nativeTurnOf(j, "status") == 1 })
+	cancelAt := time.Now()
+	if _, err := e.user.Cancel(ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	got := e.waitEnded(j.ID)
+	t.Logf("job ended %v after the cancel", got.EndedAt.Sub(cancelAt))
+	if got.State != wire.JobCancelled || got.Outcome != wire.OutcomeCancelled || len(got.Attempts) != 1 ||
+		got.Attempts[0].State != wire.AttemptFinished {
+		t.Fatalf("want cancelled on its one attempt, reported by the runner; got %s", describeJob(got))
+	}
+	if !strings.Contains(got.Reason, "interrupted at your request") {
+		t.Errorf("the owner reads %q, want that the reply was interrupted at their request", got.Reason)
+	}
+	if ev, ok := findEvent(got, got.Attempts[0].ID, "settled"); !ok || !strings.Contains(string(ev.Data), `"interrupted":true`) {
+		t.Errorf("no interrupted settlement: %s", describeJob(got))
+	}
+	cv := e.conv(c.ID)
+	if cv.State != wire.ConversationUsable || cv.NativeTurn != 1 || cv.ContainerID != running.Attempts[0].ContainerID {
+		t.Fatalf("after the cancel: conversation %+v, want usable at native turn 1 in container %s", cv, running.Attempts[0].ContainerID)
+	}
+
+	next := e.waitEnded(e.send(c.ID, "after the cancel").ID)
+	if next.State != wire.JobSucceeded || len(next.Attempts) != 1 {
+		t.Fatalf("the message after the cancel: %s", describeJob(next))
+	}
+	if n := nativeTurnOf(next, "turn.started"); n != 2 {
+		t.Errorf("the next turn ran at native turn %d, want 2 (the same session, the interrupted turn counted once)", n)
+	}
+	if a := next.Attempts[0]; a.ContainerID != cv.ContainerID {
+		t.Errorf("the next turn ran in container %s, want the retained %s", a.ContainerID, cv.ContainerID)
+	}
+	if cv := e.conv(c.ID); cv.State != wire.ConversationUsable || cv.NativeTurn != 2 {
+		t.Errorf("after the next message: conversation %s at native turn %d, want usable at 2", cv.State, cv.NativeTurn)
+	}
+}
