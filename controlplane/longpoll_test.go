@@ -260,3 +260,61 @@ func TestReaperAfterAbsenceGivesFullLease(t *testing.T) {
 		}
 	})
 }
+
+// K10: the host's cancel poll is held while none of the running attempts
+// it names has its cancel requested (204 after wait_ms), answers within
+// one poll step of the user's cancel with exactly that attempt, never
+// names another host's attempt, and refuses a request that names none.
+func TestCancelsLongPoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := newBubble(t)
+		ctx := context.Background()
+		b.enqueue(t)
+		b.enqueue(t)
+		c1, err := b.wc.Claim(ctx, b.hostToken, wire.ClaimRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := b.wc.Claim(ctx, b.hostToken, wire.ClaimRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		watch := wire.CancelsRequest{AttemptIDs: []string{c1.AttemptID, c2.AttemptID}, WaitMS: 20_000}
+		start := time.Now()
+		if ids, err := b.wc.Cancels(ctx, b.hostToken, watch); err != nil || len(ids) != 0 || time.Since(start) != 20*time.Second {
+			t.Fatalf("cancel poll with no cancel: %v, %v after %v; want 204 after 20s", ids, err, time.Since(start))
+		}
+		const cancelAfter = 7 * time.Second
+		go func() {
+			time.Sleep(cancelAfter)
+			if _, err := b.st.CancelJob(ctx, c2.JobID, time.Now()); err != nil {
+				t.Error(err)
+			}
+		}()
+		start = time.Now()
+		ids, err := b.wc.Cancels(ctx, b.hostToken, watch)
+		took := time.Since(start)
+		if err != nil || len(ids) != 1 || ids[0] != c2.AttemptID {
+			t.Fatalf("cancel poll: %v, %v; want [%s]", ids, err, c2.AttemptID)
+		}
+		if took < cancelAfter || took > cancelAfter+250*time.Millisecond {
+			t.Fatalf("the cancel came %v after the poll began, the user's %v", took, cancelAfter)
+		}
+		// Another host knows nothing of these attempts.
+		other := controlplane.NewToken(controlplane.HostTokenPrefix)
+		if _, err := b.st.CreateHost(ctx, "host-b", controlplane.HashToken(other), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if ids, err := b.wc.Cancels(ctx, other, wire.CancelsRequest{AttemptIDs: []string{c2.AttemptID}}); err != nil || len(ids) != 0 {
+			t.Fatalf("another host's cancel poll: %v, %v; want nothing", ids, err)
+		}
+		if _, err := b.wc.Cancels(ctx, b.hostToken, wire.CancelsRequest{}); !isStatus(err, http.StatusBadRequest) {
+			t.Fatalf("a cancel poll naming no attempt: %v, want 400", err)
+		}
+	})
+}
+
+func isStatus(err error, status int) bool {
+	var se *wire.StatusError
+	return errors.As(err, &se) && se.Status == status
+}

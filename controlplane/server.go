@@ -129,6 +129,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST "+wire.PathClaim, s.handleClaim)
 	mux.HandleFunc("POST "+wire.PathHostHeartbeat, s.handleHostHeartbeat)
 	mux.HandleFunc("POST "+wire.PathConversations, s.handleConversationStates)
+	mux.HandleFunc("POST "+wire.PathCancels, s.handleCancels)
 
 	// Worker API, attempt scope.
 	job := func(op string) string { return "POST " + wire.AttemptPath("{job}", op) }

@@ -195,6 +195,52 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, wire.HostHeartbeatResponse{ServerTime: now, ClusterID: cluster})
 }
 
+// handleCancels is the host's long poll for the user's cancels of its
+// running attempts (K10): held like a claim until one of the attempts it
+// names has its cancel requested, 204 if none has within the wait.
+func (s *Server) handleCancels(w http.ResponseWriter, r *http.Request) {
+	const op = "cancels"
+	h, ok := s.host(w, r, op)
+	if !ok {
+		return
+	}
+	var req wire.CancelsRequest
+	if e := decode(w, r, &req, "attempt_ids"); e != nil {
+		writeError(w, e)
+		return
+	}
+	switch {
+	case len(req.AttemptIDs) == 0 || len(req.AttemptIDs) > wire.MaxCancelWatch:
+		writeError(w, invalid("attempt_ids must hold 1 to %d ids.", wire.MaxCancelWatch))
+		return
+	case req.WaitMS < 0:
+		writeError(w, invalid("wait_ms must not be negative."))
+		return
+	}
+	for _, id := range req.AttemptIDs {
+		if id == "" {
+			writeError(w, invalid("attempt_ids must not hold an empty id."))
+			return
+		}
+	}
+	var ids []string
+	found, err := poll(r.Context(), s.longPoll(req.WaitMS), func(ctx context.Context) (bool, error) {
+		var err error
+		ids, err = s.cfg.Store.CancelsRequested(ctx, h.ID, req.AttemptIDs)
+		return len(ids) > 0, err
+	})
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	if !found {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, wire.CancelsResponse{AttemptIDs: ids})
+}
+
 // attemptCall is the shape of every attempt-scoped call: the worker token
 // authorizes one attempt of the path's job, the body names that same
 // attempt and its lease generation, check validates the body's other

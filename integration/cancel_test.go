@@ -128,3 +128,54 @@ func TestCancelKeepsConversationDocker(t *testing.T) {
 		t.Errorf("after the next message: conversation %s at native turn %d, want usable at 2", cv.State, cv.NativeTurn)
 	}
 }
+
+// TestCancelReachesRunningTurnWithinSeconds measures how long the user's
+// cancel takes to reach a running turn when renewals are 30 s apart (the
+// default interval): the host's cancel poll carries it (K10), so the agent
+// is interrupted and the job ends cancelled long before the next renewal
+// could have said so, with the conversation usable. Asserted: under 10 s
+// (a third of the renewal interval, robust on a loaded machine); the
+// figure is logged.
+func TestCancelReachesRunningTurnWithinSeconds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	const renewal = 30 * time.Second
+	d := e.startDaemon(func(c *fleet.DaemonConfig) {
+		c.LeaseTTL = 4 * renewal
+		c.RenewInterval = renewal
+		c.RenewTimeout = 5 * time.Second
+		c.StopGrace = 10 * time.Second
+	})
+	c := e.conversation("cancel latency")
+	const hang = "never ends\n!hang"
+	j := e.send(c.ID, hang)
+	e.waitPrompts(c.ID, 1)
+	agents := e.agents(c.ID)
+	if len(agents) != 1 {
+		t.Fatalf("want one agent running, got %v", agents)
+	}
+	cancelAt := time.Now()
+	if _, err := e.user.Cancel(e.ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := waitGone(agents[0].Pid, waitFor)
+	if err != nil {
+		t.Fatalf("the agent still runs after the cancel: %v", err)
+	}
+	got := e.waitEnded(j.ID)
+	stopped, ended := gone.Sub(cancelAt), got.EndedAt.Sub(cancelAt)
+	t.Logf("cancel delivery with renewals every %v: agent stopped %v after the cancel, job ended %v after it", renewal, stopped, ended)
+	if ended > 10*time.Second {
+		t.Errorf("the job ended %v after the cancel, want well within the %v renewal interval", ended, renewal)
+	}
+	if got.State != wire.JobCancelled || len(got.Attempts) != 1 || !strings.Contains(got.Reason, "interrupted at your request") {
+		t.Fatalf("want cancelled on its one attempt, interrupted at the user's request; got %s", describeJob(got))
+	}
+	if !strings.Contains(d.Output(), `"msg":"runnerd_cancel_received","job_id":"`+j.ID+`","attempt_id":"`+got.Attempts[0].ID+`","via":"host_poll"`) {
+		t.Errorf("the cancel did not come by the host's poll:\n%s", d.Output())
+	}
+	if cv := e.conv(c.ID); cv.State != wire.ConversationUsable || cv.NativeTurn != 1 {
+		t.Errorf("after the cancel the conversation is %s at native turn %d, want usable at 1", cv.State, cv.NativeTurn)
+	}
+	e.assertPromptsOnce(c.ID, hang)
+}

@@ -64,6 +64,11 @@ type attempt struct {
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
 	stopChild context.CancelFunc
 
+	// hostCancel is closed once the host's cancel poll brought the user's
+	// cancel (cancels.go); the renewal answer is the other way (P7).
+	hostCancel     chan struct{}
+	hostCancelOnce sync.Once
+
 	mu     sync.Mutex     // guards turn, reason and facts
 	turn   *handover.Turn // set once the child accepted
 	reason stopReason
@@ -135,16 +140,18 @@ func (a *attempt) lastFacts() settlement.Facts {
 // file. runCtx is Run's: its end is the hard stop.
 func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
 	a := &attempt{
-		d:         d,
-		claim:     claim,
-		claimedAt: time.Now(),
-		id:        diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
-		ref:       wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		leases:    make(chan handover.Lease, 1),
+		d:          d,
+		claim:      claim,
+		claimedAt:  time.Now(),
+		id:         diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
+		ref:        wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		leases:     make(chan handover.Lease, 1),
+		hostCancel: make(chan struct{}),
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	defer a.fence()
 	a.reporter = d.newReporter(claim)
+	defer d.watchCancel(a)()
 
 	// 1. Persist before anything else: a restart must find every lease we hold.
 	if err := d.state.save(record{Claim: claim, ClaimedAt: a.claimedAt}); err != nil {
@@ -224,6 +231,15 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 	d := a.d
 	cancelled := a.renewer.CancelRequested()
+	hostCancelled := (<-chan struct{})(a.hostCancel)
+	cancel := func(via string) {
+		cancelled, hostCancelled = nil, nil
+		d.unwatchCancel(a.claim.AttemptID)
+		a.stop(stopCancel)
+		d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
+		d.logAttempt(slog.LevelInfo, MsgCancelReceived, a.id, slog.String("via", via))
+		a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
+	}
 	drained := (<-chan struct{})(d.stopTurns)
 	hard := runCtx.Done()
 	for {
@@ -237,10 +253,9 @@ func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 			<-over
 			return
 		case <-cancelled:
-			cancelled = nil
-			a.stop(stopCancel)
-			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
-			a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
+			cancel(cancelViaRenewal)
+		case <-hostCancelled:
+			cancel(cancelViaHostPoll)
 		case <-drained:
 			drained = nil
 			a.stop(stopDrain)

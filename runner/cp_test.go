@@ -3,11 +3,13 @@ package runner
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,10 @@ type cp struct {
 	url       string
 	hostToken string
 	wc        *wire.Client
+
+	// noCancels makes the control plane answer the host's cancel poll 404,
+	// as a release without it does.
+	noCancels atomic.Bool
 
 	mu     sync.Mutex
 	offset time.Duration
@@ -52,7 +58,14 @@ func newCP(t *testing.T) *cp {
 		MinLeaseTTL:  time.Second,
 		ClaimWaitMax: time.Second,
 	})
-	hs := httptest.NewServer(c.srv.Handler())
+	h := c.srv.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == wire.PathCancels && c.noCancels.Load() {
+			http.NotFound(w, r)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}))
 	t.Cleanup(func() { hs.Close(); st.Close() })
 	c.url = hs.URL
 	c.wc = &wire.Client{BaseURL: hs.URL}

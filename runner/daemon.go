@@ -44,6 +44,10 @@ type Daemon struct {
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
+	// cancelWatch holds the attempts the host's cancel poll asks about:
+	// held here and not yet told of a cancel (cancels.go).
+	cancelWatch      map[string]*attempt
+	cancelWatchMoved chan struct{} // one pending notice that cancelWatch changed
 
 	cluster *clusterPin // the control plane's identity, pinned at first contact (cluster.go)
 
@@ -63,22 +67,24 @@ func New(cfg Config) (*Daemon, error) {
 	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
 	renewHTTP.Transport = countRenewals{base: renewHTTP.Transport, m: cfg.Metrics}
 	d := &Daemon{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		rec:       diagnostics.NewRecorder(cfg.Logger),
-		m:         cfg.Metrics,
-		state:     st,
-		gate:      newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
-		health:    newHealth(),
-		control:   &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: &http.Client{Transport: cfg.Transport}},
-		renew:     &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: renewHTTP},
-		workerID:  fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
-		stopTurns: make(chan struct{}),
-		kickBeat:  make(chan struct{}, 1),
-		slotFreed: make(chan struct{}, 1),
-		turnConvs: map[string]int{},
-		refused:   make(chan struct{}),
-		cluster:   loadClusterPin(cfg.StateDir),
+		cfg:              cfg,
+		log:              cfg.Logger,
+		rec:              diagnostics.NewRecorder(cfg.Logger),
+		m:                cfg.Metrics,
+		state:            st,
+		gate:             newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
+		health:           newHealth(),
+		control:          &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: &http.Client{Transport: cfg.Transport}},
+		renew:            &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: renewHTTP},
+		workerID:         fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
+		stopTurns:        make(chan struct{}),
+		kickBeat:         make(chan struct{}, 1),
+		slotFreed:        make(chan struct{}, 1),
+		turnConvs:        map[string]int{},
+		cancelWatch:      map[string]*attempt{},
+		cancelWatchMoved: make(chan struct{}, 1),
+		refused:          make(chan struct{}),
+		cluster:          loadClusterPin(cfg.StateDir),
 	}
 	if _, ok := cfg.Backend.(backendProber); !ok {
 		d.backend = backendReady // nothing to ask: the turn child's preflight decides
@@ -116,6 +122,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 
 	wg.Go(func() { d.hostBeatLoop(loops) })
+	wg.Go(func() { d.cancelLoop(loops) })
 	if p, ok := d.cfg.Backend.(backendProber); ok {
 		wg.Go(func() { d.probeLoop(loops, p) })
 	}

@@ -288,6 +288,52 @@ func TestR13CancelStopsTurn(t *testing.T) {
 	}
 }
 
+// K10, P7: the user's cancel reaches a running turn by the host's cancel
+// poll, and by the renewal answer when the control plane has no cancel
+// poll (an older release): the job ends cancelled either way, and the
+// record says which way it came.
+func TestCancelReachesTurnByPollOrRenewal(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		noCancels bool
+		via       string
+	}{
+		{"host_poll", false, cancelViaHostPoll},
+		{"renewal_fallback", true, cancelViaRenewal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCP(t)
+			c.noCancels.Store(tc.noCancels)
+			j := c.enqueue("stopped")
+			r := startDaemon(t, c, func(cfg *Config) {
+				if !tc.noCancels {
+					// Renewals far apart: only the poll can be in time.
+					cfg.Timings.LeaseTTL, cfg.Timings.Interval = time.Minute, 20*time.Second
+				}
+			})
+			waitAccepted(t, r)
+			if _, err := c.st.CancelJob(context.Background(), j.ID, c.now()); err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if t.Failed() {
+					t.Logf("records:\n%s", r.logs)
+				}
+			}()
+			waitFor(t, "the job to end", 10*time.Second, ended(c, j.ID))
+			if got := c.job(j.ID); got.State != wire.JobCancelled {
+				t.Fatalf("job %s", got.State)
+			}
+			if !strings.Contains(r.logs.String(), `"msg":"`+MsgCancelReceived+`","job_id":"`+j.ID+`","attempt_id":"`+c.job(j.ID).Attempts[0].ID+`","via":"`+tc.via+`"`) {
+				t.Fatalf("the cancel did not come via %s", tc.via)
+			}
+			if tc.noCancels && !r.logs.has(MsgCancelPollFailed) {
+				t.Fatal("no record of the failing cancel poll")
+			}
+		})
+	}
+}
+
 // Drain: claiming stops, the running turn keeps its lease renewed until
 // the drain timeout, then it is stopped and reported as worker lost (the
 // host ended it): never admitted, so the job is queued again, uncounted.

@@ -37,11 +37,13 @@ const (
 	MsgStopped           = "runnerd_stopped"
 	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
 	MsgNotifyFailed      = "runnerd_notify_failed"
-	MsgMetricsListening  = "runnerd_metrics_listening" // /metrics is served: address
-	MsgTokenFileMode     = "runnerd_token_file_mode"   // the host token file is readable by others
-	MsgClaimsWithheld    = "runnerd_claims_withheld"   // the sandbox backend does not answer: no claim, no READY, until it does
-	MsgClaimsResumed     = "runnerd_claims_resumed"    // the sandbox backend answers again
-	MsgHangupIgnored     = "runnerd_sighup_ignored"    // SIGHUP: nothing is reloaded, every turn goes on (K11)
+	MsgMetricsListening  = "runnerd_metrics_listening"  // /metrics is served: address
+	MsgTokenFileMode     = "runnerd_token_file_mode"    // the host token file is readable by others
+	MsgClaimsWithheld    = "runnerd_claims_withheld"    // the sandbox backend does not answer: no claim, no READY, until it does
+	MsgClaimsResumed     = "runnerd_claims_resumed"     // the sandbox backend answers again
+	MsgHangupIgnored     = "runnerd_sighup_ignored"     // SIGHUP: nothing is reloaded, every turn goes on (K11)
+	MsgCancelReceived    = "runnerd_cancel_received"    // the user's cancel reached a turn: via renewal or host_poll (K10)
+	MsgCancelPollFailed  = "runnerd_cancel_poll_failed" // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).

@@ -146,6 +146,18 @@ func (c *Client) ConversationStates(ctx context.Context, hostToken string, req C
 	return out, err
 }
 
+// Cancels long-polls, with the host token, for the user's cancels of the
+// host's running attempts among req.AttemptIDs; none within the wait is
+// an empty answer.
+func (c *Client) Cancels(ctx context.Context, hostToken string, req CancelsRequest) ([]string, error) {
+	var out CancelsResponse
+	status, err := c.do(ctx, "cancels", PathCancels, hostToken, req, &out)
+	if err != nil || status == http.StatusNoContent {
+		return nil, err
+	}
+	return out.AttemptIDs, nil
+}
+
 // Renew renews an attempt's lease with its worker token.
 func (c *Client) Renew(ctx context.Context, workerToken, jobID string, req RenewRequest) (RenewResponse, error) {
 	var out RenewResponse

@@ -15,6 +15,7 @@ const (
 	PathClaim         = "/v1/agent/worker/claim"
 	PathHostHeartbeat = "/v1/agent/worker/heartbeat"
 	PathConversations = "/v1/agent/worker/conversations"
+	PathCancels       = "/v1/agent/worker/cancels"
 	pathJobPrefix     = "/v1/agent/worker/jobs/"
 )
 
@@ -395,6 +396,27 @@ type ConversationStatesResponse struct {
 	// host removes a sandbox only on a LOST answer carrying the identity
 	// it pinned.
 	ClusterID string `json:"cluster_id"`
+}
+
+// MaxCancelWatch bounds the attempt ids of one CancelsRequest.
+const MaxCancelWatch = 1000
+
+// CancelsRequest is POST /v1/agent/worker/cancels (host token): a long
+// poll that carries the user's cancels to the host within about a poll
+// period of the control plane instead of one renewal interval (K10). The
+// control plane holds it up to WaitMS (capped as a claim's) until one of
+// AttemptIDs — running attempts of this host — has its job's cancel
+// requested, and answers 204 if none has. The renewal answer stays the
+// fallback (P7).
+type CancelsRequest struct {
+	AttemptIDs []string `json:"attempt_ids"` // 1 to MaxCancelWatch ids
+	WaitMS     int64    `json:"wait_ms"`
+}
+
+// CancelsResponse is the 200 answer: the attempts among those asked for
+// that are running on this host and whose job's cancel was requested.
+type CancelsResponse struct {
+	AttemptIDs []string `json:"attempt_ids"`
 }
 
 // ---- worker API: attempt scope (worker token) ----

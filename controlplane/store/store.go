@@ -230,6 +230,10 @@ type Store interface {
 	// It returns false when there is none. The new attempt's generation is
 	// one more than the job's last (P1).
 	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
+	// CancelsRequested returns those of attemptIDs that are running
+	// attempts of hostID whose job's cancel was requested (K10: the host's
+	// fast path to a cancel; the renewal answer is the other).
+	CancelsRequested(ctx context.Context, hostID string, attemptIDs []string) ([]string, error)
 
 	// AuthorizeAttempt maps a worker token hash to its attempt, checking
 	// that it belongs to jobID: ErrUnauthorized if no attempt has it,

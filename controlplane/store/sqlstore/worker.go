@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -435,6 +436,40 @@ func (s *Store) Admit(ctx context.Context, ref wire.AttemptRef, activationID str
 		return wire.AdmissionReceipt{}, fmt.Errorf("admit: %w", err)
 	}
 	return r, nil
+}
+
+// CancelsRequested returns those of ids that are running attempts of the
+// host whose job's cancel was requested (see store.Store). One read over
+// the host's running attempts (index attempts_host).
+func (s *Store) CancelsRequested(ctx context.Context, hostID string, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	q := `SELECT a.id FROM attempts a JOIN jobs j ON j.id = a.job_id
+		WHERE a.host_id = ? AND a.state = 'running' AND j.cancel_requested = 1 AND a.id IN (?` + strings.Repeat(", ?", len(ids)-1) + `)
+		ORDER BY a.id`
+	qargs := make([]any, 0, len(ids)+1)
+	qargs = append(qargs, hostID)
+	for _, id := range ids {
+		qargs = append(qargs, id)
+	}
+	rows, err := s.r.QueryContext(ctx, s.q(q), qargs...)
+	if err != nil {
+		return nil, fmt.Errorf("cancels requested: %w", err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("cancels requested: %w", err)
+		}
+		out = append(out, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cancels requested: %w", err)
+	}
+	return out, nil
 }
 
 // Settle records the settlement boundary once (R27).
