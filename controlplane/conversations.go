@@ -1,10 +1,8 @@
 package controlplane
 
 import (
-	"errors"
 	"net/http"
 
-	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -40,6 +38,13 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 		s.fail(w, r, op, err)
 		return
 	}
+	// Never guess: conversations the store could not read are not
+	// "unknown", or their host would delete usable sandboxes.
+	states, err := s.cfg.Store.ConversationStates(r.Context(), req.ConversationIDs)
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
 	out := wire.ConversationStatesResponse{Conversations: make([]wire.ConversationState, 0, len(req.ConversationIDs)), ClusterID: cluster}
 	seen := make(map[string]bool, len(req.ConversationIDs))
 	for _, id := range req.ConversationIDs {
@@ -47,16 +52,9 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 			continue
 		}
 		seen[id] = true
-		state := wire.ConversationUnknown
-		c, err := s.cfg.Store.GetConversation(r.Context(), id)
-		switch {
-		case err == nil:
-			state = c.State
-		case !errors.Is(err, store.ErrNotFound):
-			// Never guess: a conversation the store could not read is not
-			// "unknown", or its host would delete a usable sandbox.
-			s.fail(w, r, op, err)
-			return
+		state, ok := states[id]
+		if !ok {
+			state = wire.ConversationUnknown
 		}
 		out.Conversations = append(out.Conversations, wire.ConversationState{ID: id, State: state})
 	}

@@ -148,12 +148,12 @@ func TestConversationStatesRefusesBadBodies(t *testing.T) {
 	}
 }
 
-// failingReads is the real store whose GetConversation fails the way a
-// lost database connection does.
+// failingReads is the real store whose read of conversation states fails
+// the way a lost database connection does.
 type failingReads struct{ store.Store }
 
-func (failingReads) GetConversation(context.Context, string) (wire.Conversation, error) {
-	return wire.Conversation{}, errors.New("connection reset")
+func (failingReads) ConversationStates(context.Context, []string) (map[string]string, error) {
+	return nil, errors.New("connection reset")
 }
 
 // A conversation the store could not read is a 503 (transient), never

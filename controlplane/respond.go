@@ -62,6 +62,8 @@ func fromStore(err error) (*apiError, bool) {
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return refuse(http.StatusNotFound, wire.CodeNotFound, "No such job, conversation or attempt."), true
+	case errors.Is(err, store.ErrOtherAttempt):
+		return errOtherAttempt, true
 	case errors.Is(err, store.ErrForbidden):
 		return refuse(http.StatusForbidden, wire.CodeForbidden, "The worker token belongs to another job."), true
 	case errors.Is(err, store.ErrUnauthorized):

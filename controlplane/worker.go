@@ -254,27 +254,12 @@ func attemptCall[Req any](s *Server, op string, ref func(*Req) wire.AttemptRef,
 			return
 		}
 		var req Req
-		if e := decode(w, r, &req); e != nil {
-			writeError(w, e)
+		if !decodeCall(w, r, &req, ref, check) {
 			return
 		}
-		a := ref(&req)
-		switch {
-		case a.AttemptID == "":
-			writeError(w, invalid("attempt_id is required."))
-			return
-		case a.AttemptID != auth.AttemptID:
+		if ref(&req).AttemptID != auth.AttemptID {
 			writeError(w, errOtherAttempt)
 			return
-		case a.LeaseGeneration < 1:
-			writeError(w, invalid("lease_generation must be at least 1."))
-			return
-		}
-		if check != nil {
-			if e := check(&req); e != nil {
-				writeError(w, e)
-				return
-			}
 		}
 		now, ok := s.now(w, r, op)
 		if !ok {
@@ -289,16 +274,67 @@ func attemptCall[Req any](s *Server, op string, ref func(*Req) wire.AttemptRef,
 	}
 }
 
+// workerCall is attemptCall for a call whose store method authorizes the
+// worker itself, in its guarded statement with the clock read inside it:
+// one round trip to PostgreSQL. A body that is not well formed is refused
+// before the token is looked at.
+func workerCall[Req any](s *Server, op string, ref func(*Req) wire.AttemptRef,
+	check func(*Req) *apiError, do func(ctx context.Context, wk store.Worker, req *Req) (any, error),
+) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		tok := bearer(r)
+		if tok == "" {
+			writeError(w, errNoToken)
+			return
+		}
+		var req Req
+		if !decodeCall(w, r, &req, ref, check) {
+			return
+		}
+		out, err := do(r.Context(), store.Worker{JobID: r.PathValue("job"), TokenHash: HashToken(tok)}, &req)
+		if err != nil {
+			s.fail(w, r, op, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
+}
+
+// decodeCall decodes an attempt-scoped call's body and checks it, or
+// answers 400 and reports false.
+func decodeCall[Req any](w http.ResponseWriter, r *http.Request, req *Req, ref func(*Req) wire.AttemptRef, check func(*Req) *apiError) bool {
+	if e := decode(w, r, req); e != nil {
+		writeError(w, e)
+		return false
+	}
+	a := ref(req)
+	switch {
+	case a.AttemptID == "":
+		writeError(w, invalid("attempt_id is required."))
+		return false
+	case a.LeaseGeneration < 1:
+		writeError(w, invalid("lease_generation must be at least 1."))
+		return false
+	}
+	if check != nil {
+		if e := check(req); e != nil {
+			writeError(w, e)
+			return false
+		}
+	}
+	return true
+}
+
 func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 	var ttl time.Duration
-	attemptCall(s, wire.OpRenew,
+	workerCall(s, wire.OpRenew,
 		func(q *wire.RenewRequest) wire.AttemptRef { return q.AttemptRef },
 		func(q *wire.RenewRequest) (e *apiError) {
 			ttl, e = s.leaseTTL(q.LeaseTTLMS)
 			return e
 		},
-		func(ctx context.Context, q *wire.RenewRequest, now time.Time) (any, error) {
-			resp, err := s.cfg.Store.Renew(ctx, q.AttemptRef, ttl, now)
+		func(ctx context.Context, wk store.Worker, q *wire.RenewRequest) (any, error) {
+			resp, err := s.cfg.Store.RenewAs(ctx, wk, q.AttemptRef, ttl, time.Time{})
 			if resp.LeaseTTLMS == 0 {
 				resp.LeaseTTLMS = ttl.Milliseconds()
 			}

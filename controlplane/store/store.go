@@ -18,6 +18,7 @@ import (
 var (
 	ErrNotFound         = errors.New("not found")                // 404 not_found
 	ErrForbidden        = errors.New("token is for another job") // 403 forbidden
+	ErrOtherAttempt     = errors.New("token is for another attempt") // 403 forbidden
 	ErrUnauthorized     = errors.New("unknown token")            // 401 unauthorized
 	ErrLeaseLost        = errors.New("lease lost")               // 409 lease_lost (and a lease.stale_report event)
 	ErrAdmitted         = errors.New("job was admitted")         // 409 admitted
@@ -78,6 +79,13 @@ type AttemptAuth struct {
 	JobID     string
 	AttemptID string
 	HostID    string
+}
+
+// Worker is who makes an attempt-scoped call: the hash of its worker
+// token and the job its request names.
+type Worker struct {
+	JobID     string
+	TokenHash []byte
 }
 
 // ClaimParams are the inputs of Claim.
@@ -198,6 +206,9 @@ type Store interface {
 	// User API.
 	CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error)
 	GetConversation(ctx context.Context, id string) (wire.Conversation, error)
+	// ConversationStates reads the states of the conversations ids names
+	// in one query; an id the store does not hold has no entry.
+	ConversationStates(ctx context.Context, ids []string) (map[string]string, error)
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
 	// EnqueueTurn appends a turn; ErrConversationLost for a LOST conversation (R32).
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
@@ -242,6 +253,12 @@ type Store interface {
 
 	// Attempt scope: each is one guarded statement (P1).
 	Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
+	// RenewAs is Renew for the worker w, its authorization in the same
+	// guarded statement: one round trip to PostgreSQL when the lease is
+	// renewed. The zero now is the store's own clock, read inside the
+	// statement (K3). A refusal is AuthorizeAttempt's, ErrOtherAttempt
+	// when the token is another attempt's, or Renew's.
+	RenewAs(ctx context.Context, w Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
 	AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
 	// RecordContainer records the retained sandbox on the attempt and the
 	// conversation, and the attempt's host as the sandbox's host.

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -34,6 +35,30 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 // there to renew.
 const leaseLive = `(lease_expires_at > ? OR lease_expires_at > (SELECT cp.last_seen FROM control_plane cp
 	WHERE cp.id = 1 AND cp.max_gap > 0 AND cp.last_seen < ? - cp.max_gap))`
+
+// leaseLiveAt is leaseLive judged at the SQL expression now (a
+// parameter, or the database's clock: nowSQL) in place of its arguments.
+func leaseLiveAt(now string) string { return strings.ReplaceAll(leaseLive, "?", now) }
+
+// dbNow is PostgreSQL's clock in the store's unit (Unix nanoseconds): the
+// time the statement reading it began, one instant for all its uses.
+const dbNow = `CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000000 AS BIGINT)`
+
+// nowSQL is the now of a statement: with a time given or a test clock
+// (WithClock) or on SQLite (whose clock is the process's), a parameter
+// holding it; otherwise, on PostgreSQL, the database's clock read inside
+// the statement (K3), which saves the round trip of Now.
+func (s *Store) nowSQL(ctx context.Context, now time.Time) (expr string, arg []any, err error) {
+	if now.IsZero() && s.d == postgres && s.cfg.clock == nil {
+		return dbNow, nil, nil
+	}
+	if now.IsZero() {
+		if now, err = s.Now(ctx); err != nil {
+			return "", nil, err
+		}
+	}
+	return "CAST(? AS BIGINT)", []any{ns(now)}, nil
+}
 
 // errRaced says a guarded write changed nothing although its attempt is
 // live when read again: on PostgreSQL a concurrent transaction (a sweep

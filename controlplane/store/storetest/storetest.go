@@ -40,6 +40,8 @@ var tests = []test{
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
 	{"AuthorizeAttempt", testAuthorizeAttempt},
+	{"RenewAs_AuthorizesAndFencesInOneStatement", testRenewAs},
+	{"ConversationStates_OneRead", testConversationStates},
 	{"ListJobs", testListJobs},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},

@@ -1,0 +1,124 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// A worker's call in one statement: the worker token's hash, the job, the
+// attempt, its generation and its lease, all in the WHERE of one guarded
+// statement that returns what the answer needs, with the clock read inside
+// it (nowSQL). On PostgreSQL it runs outside any transaction: one round
+// trip, no BEGIN/COMMIT around it. When it changes nothing, the call falls
+// back to the ordinary path (AuthorizeAttempt, then the guarded write in a
+// transaction), which words the refusal and records the stale report.
+
+// one runs a single statement that is its own transaction: on the
+// PostgreSQL pool directly (autocommit), through SQLite's single writer.
+func (s *Store) one(ctx context.Context, fn func(tx txn) error) (err error) {
+	if s.d == sqlite {
+		return s.write(ctx, fn)
+	}
+	if obs := s.cfg.txObserver; obs != nil {
+		defer func(start time.Time) { obs(time.Since(start), err) }(time.Now())
+	}
+	return fn(s.w)
+}
+
+// workerGuard is guard with the worker's token and job, judged at the SQL
+// expression now. Its arguments, from workerArgs: attempt id, generation,
+// token hash, job id, then now's arguments twice.
+func workerGuard(now string) string {
+	return `id = ? AND generation = ? AND state = 'running' AND token_hash = ? AND job_id = ? AND ` + leaseLiveAt(now)
+}
+
+func workerArgs(w store.Worker, ref wire.AttemptRef, now []any) []any {
+	a := []any{ref.AttemptID, ref.LeaseGeneration, hex.EncodeToString(w.TokenHash), w.JobID}
+	return append(append(a, now...), now...)
+}
+
+// refusedAs explains a worker's call that changed nothing by the ordinary
+// path's answers: the token's (AuthorizeAttempt), ErrOtherAttempt, or
+// nil with the time to run the guarded write at, in a transaction, for
+// its own verdict.
+func (s *Store) refusedAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, now time.Time) (time.Time, error) {
+	auth, err := s.AuthorizeAttempt(ctx, w.JobID, w.TokenHash)
+	if err != nil {
+		return now, err
+	}
+	if auth.AttemptID != ref.AttemptID {
+		return now, store.ErrOtherAttempt
+	}
+	if now.IsZero() {
+		return s.Now(ctx)
+	}
+	return now, nil
+}
+
+// RenewAs is Renew with the worker's authorization in its statement.
+func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
+	if ttl <= 0 {
+		ttl = s.cfg.leaseTTL
+	}
+	at, arg, err := s.nowSQL(ctx, now)
+	if err != nil {
+		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+	}
+	q := s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ` + at + ` + ? WHERE ` + workerGuard(at) + `
+		RETURNING lease_expires_at, (SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)`)
+	qa := append(append([]any{int64(ttl)}, arg...), int64(ttl))
+	qa = append(qa, workerArgs(w, ref, arg)...)
+	var exp, cancel int64
+	err = s.one(ctx, func(tx txn) error { return tx.QueryRowContext(ctx, q, qa...).Scan(&exp, &cancel) })
+	if errors.Is(err, sql.ErrNoRows) {
+		if now, err = s.refusedAs(ctx, w, ref, now); err != nil {
+			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+		}
+		return s.Renew(ctx, ref, ttl, now)
+	}
+	if err != nil {
+		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+	}
+	return wire.RenewResponse{LeaseExpiresAt: fromNS(exp), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}, nil
+}
+
+// ConversationStates reads many conversations' states in one query: on
+// PostgreSQL the ids as one array parameter, on SQLite as one JSON array.
+func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[string]string, error) {
+	out := make(map[string]string, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	q, arg := `SELECT id, state FROM conversations WHERE id = ANY($1)`, any(ids)
+	if s.d == sqlite {
+		b, err := json.Marshal(ids)
+		if err != nil {
+			return nil, fmt.Errorf("conversation states: %w", err)
+		}
+		q, arg = `SELECT id, state FROM conversations WHERE id IN (SELECT value FROM json_each(?))`, string(b)
+	}
+	rows, err := s.r.QueryContext(ctx, q, arg)
+	if err != nil {
+		return nil, fmt.Errorf("conversation states: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, state string
+		if err := rows.Scan(&id, &state); err != nil {
+			return nil, fmt.Errorf("conversation states: %w", err)
+		}
+		out[id] = state
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conversation states: %w", err)
+	}
+	return out, nil
+}
