@@ -126,18 +126,24 @@ func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// host authenticates a host token.
+// host authenticates a host token, from the replica's cache when the
+// store accepted it within HostTokenCache.
 func (s *Server) host(w http.ResponseWriter, r *http.Request, op string) (store.Host, bool) {
 	tok := bearer(r)
 	if tok == "" {
 		writeError(w, errNoToken)
 		return store.Host{}, false
 	}
-	h, err := s.cfg.Store.HostByTokenHash(r.Context(), HashToken(tok))
+	hash, now := HashToken(tok), s.cfg.Now()
+	if h, ok := s.hosts.get(hash, now); ok {
+		return h, true
+	}
+	h, err := s.cfg.Store.HostByTokenHash(r.Context(), hash)
 	if err != nil {
 		s.fail(w, r, op, err)
 		return store.Host{}, false
 	}
+	s.hosts.put(hash, h, now)
 	return h, true
 }
 

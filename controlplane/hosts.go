@@ -53,6 +53,7 @@ func (s *Server) handleHostAction(action string) http.HandlerFunc {
 		case "remove":
 			err = s.cfg.Store.RemoveHost(r.Context(), name, now)
 		}
+		s.hosts.forget() // whatever the answer: the change may have committed
 		if errors.Is(err, store.ErrNotFound) {
 			writeError(w, refuse(http.StatusNotFound, wire.CodeNotFound, "No host of that name is registered."))
 			return

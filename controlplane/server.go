@@ -81,6 +81,8 @@ type Server struct {
 	// cop refuses a browser's cross-origin change to the user API and
 	// the admin forms (CSRF); its zero configuration trusts no other origin.
 	cop *http.CrossOriginProtection
+	// hosts remembers host tokens the store accepted (HostTokenCache).
+	hosts hostCache
 }
 
 // New returns a server for cfg with its defaults filled in.

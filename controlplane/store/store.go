@@ -16,18 +16,18 @@ import (
 
 // Sentinel errors. The HTTP layer maps each to one status and wire code.
 var (
-	ErrNotFound         = errors.New("not found")                // 404 not_found
-	ErrForbidden        = errors.New("token is for another job") // 403 forbidden
+	ErrNotFound         = errors.New("not found")                    // 404 not_found
+	ErrForbidden        = errors.New("token is for another job")     // 403 forbidden
 	ErrOtherAttempt     = errors.New("token is for another attempt") // 403 forbidden
-	ErrUnauthorized     = errors.New("unknown token")            // 401 unauthorized
-	ErrLeaseLost        = errors.New("lease lost")               // 409 lease_lost (and a lease.stale_report event)
-	ErrAdmitted         = errors.New("job was admitted")         // 409 admitted
-	ErrNotAdmitted      = errors.New("job was not admitted")     // 409 not_admitted
-	ErrConversationLost = errors.New("conversation is lost")     // 409 conversation_lost
-	ErrGone             = errors.New("ended for good")           // 410 gone
-	ErrInvalid          = errors.New("invalid")                  // 400 invalid (wrap with detail)
-	ErrExists           = errors.New("already exists")           // 409 (host names)
-	ErrSchemaBehind     = errors.New("schema behind")            // Ready: a migration of this build is not applied
+	ErrUnauthorized     = errors.New("unknown token")                // 401 unauthorized
+	ErrLeaseLost        = errors.New("lease lost")                   // 409 lease_lost (and a lease.stale_report event)
+	ErrAdmitted         = errors.New("job was admitted")             // 409 admitted
+	ErrNotAdmitted      = errors.New("job was not admitted")         // 409 not_admitted
+	ErrConversationLost = errors.New("conversation is lost")         // 409 conversation_lost
+	ErrGone             = errors.New("ended for good")               // 410 gone
+	ErrInvalid          = errors.New("invalid")                      // 400 invalid (wrap with detail)
+	ErrExists           = errors.New("already exists")               // 409 (host names)
+	ErrSchemaBehind     = errors.New("schema behind")                // Ready: a migration of this build is not applied
 )
 
 // Release cap and backoff (K7), the defaults of every implementation.
