@@ -66,6 +66,13 @@ type Config struct {
 	ParentDeathSignal   syscall.Signal
 	NoParentDeathSignal bool
 
+	// Started, if set, is called with the child's pid once the child
+	// exists and before it is sent the payload: until then the child waits
+	// and has started nothing, so whatever Started does to it (the runner
+	// moves it into a systemd scope of its own) holds for everything the
+	// turn starts. Launch waits for it.
+	Started func(pid int)
+
 	// OnProgress receives each PROGRESS body in order, on the turn's
 	// supervising goroutine: it must not block for long.
 	OnProgress func(body []byte)
@@ -368,6 +375,9 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		kill()
 		<-t.exited
 		return nil, spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
+	}
+	if cfg.Started != nil {
+		cfg.Started(t.pid)
 	}
 	go t.supervise(ctx, body, kill)
 	<-t.answered
