@@ -63,6 +63,9 @@ type attempt struct {
 	fence  context.CancelFunc
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
 	stopChild context.CancelFunc
+	// scope is the child's systemd scope, empty when it has none; set
+	// inside Launch (placeTurn), on runAttempt's goroutine, which alone reads it.
+	scope string
 
 	// hostCancel is closed once the host's cancel poll brought the user's
 	// cancel (cancels.go); the renewal answer is the other way (P7).
@@ -201,7 +204,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	d.gate.success()
 	d.m.ClaimToAccept.Observe(time.Since(a.claimedAt).Seconds()) // from the answer, not the long poll's start
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
-		slog.Int64("since_claim_ms", time.Since(a.claimedAt).Milliseconds()))
+		slog.Int64("since_claim_ms", time.Since(a.claimedAt).Milliseconds()), slog.String(keyScope, a.scope))
 
 	// 5. Accepted: the turn runs until its RESULT or its end.
 	ended := t.Wait()
@@ -315,6 +318,7 @@ func (d *Daemon) handoverConfig(a *attempt) handover.Config {
 		ExecutionTimeout: d.cfg.ExecTimeout + d.cfg.ExecTimeoutMargin,
 		StopGrace:        d.cfg.StopGrace,
 		KillGrace:        d.cfg.KillGrace,
+		Started:          d.placeTurn(a),
 		OnProgress:       a.onProgress,
 		Leases:           a.leases,
 	}

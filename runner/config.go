@@ -138,6 +138,13 @@ type Config struct {
 	// ChildStderr receives the children's stderr (their records); nil
 	// discards it.
 	ChildStderr io.Writer
+	// Scopes places each turn child, once it exists and before it has its
+	// payload, where a stop of the daemon's service does not reach it: a
+	// systemd scope of its own (cmd/runnerd under systemd). Nil leaves the
+	// children in the daemon's own cgroup; ScopesOff then says why, for the
+	// start record (runnerd_turn_scopes).
+	Scopes    Scopes
+	ScopesOff string
 	// LogFormat ("json" or "text") is handed to the child for its records.
 	LogFormat string
 	// Version is reported in host heartbeats.

@@ -117,6 +117,7 @@ func (d *Daemon) draining() bool { return d.drainCtx.Err() != nil }
 // children are gone.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.logStarted()
+	d.logScopes()
 	loops, stopLoops := context.WithCancel(context.Background())
 	defer stopLoops()
 	var wg sync.WaitGroup

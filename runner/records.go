@@ -44,6 +44,8 @@ const (
 	MsgHangupIgnored     = "runnerd_sighup_ignored"     // SIGHUP: nothing is reloaded, every turn goes on (K11)
 	MsgCancelReceived    = "runnerd_cancel_received"    // the user's cancel reached a turn: via renewal or host_poll (K10)
 	MsgCancelPollFailed  = "runnerd_cancel_poll_failed" // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
+	MsgTurnScopes        = "runnerd_turn_scopes"        // at start: where turn children live (mechanism), and why not in scopes
+	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"  // a child could not be moved into its scope (class); its turn runs on
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).
@@ -63,6 +65,8 @@ const (
 	keyPinnedCluster = "pinned_cluster_id"
 	keySeenCluster   = "cluster_id"
 	keyRunning       = "running"
+	keyMechanism     = "mechanism"
+	keyScope         = "scope"
 )
 
 // Hangup records a SIGHUP (K11). Every setting comes from flags and the

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/runnerd/runnerd/diagnostics"
 )
 
 // Notifier is the daemon's view of the service manager (systemd's
@@ -12,6 +14,50 @@ import (
 // means none.
 type Notifier interface {
 	Notify(state string) error
+}
+
+// Scopes is the daemon's view of where its turn children live (systemd's
+// transient scopes, internal/sdscope, given by cmd).
+type Scopes interface {
+	// Place moves the process pid, which has started nothing yet, into a
+	// new unit of its own named unit; an error leaves it where it is.
+	Place(ctx context.Context, pid int, unit string) error
+	// Unit names the unit of one attempt.
+	Unit(jobID, attemptID string) string
+	// Class is an error of Place's as a record class.
+	Class(err error) string
+}
+
+// Mechanisms the start record names.
+const (
+	scopesSystemd = "systemd_scope" // each turn child in a transient scope of its own
+	scopesNone    = "none"          // children stay in the daemon's cgroup: a stop of the service ends them
+)
+
+// logScopes is the start record of where turn children live.
+func (d *Daemon) logScopes() {
+	if d.cfg.Scopes != nil {
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesSystemd))
+		return
+	}
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesNone), slog.String(keyReason, d.cfg.ScopesOff))
+}
+
+// placeTurn is handover's Started hook: it moves a's new child into the
+// attempt's scope. A failure is recorded and the turn goes on where it is:
+// it runs as it did before scopes, and a stop of the service ends it.
+func (d *Daemon) placeTurn(a *attempt) func(pid int) {
+	if d.cfg.Scopes == nil {
+		return nil
+	}
+	return func(pid int) {
+		unit := d.cfg.Scopes.Unit(a.id.JobID, a.id.AttemptID)
+		if err := d.cfg.Scopes.Place(context.Background(), pid, unit); err != nil {
+			d.logAttempt(slog.LevelWarn, MsgTurnScopeFailed, a.id, slog.String(diagnostics.KeyClass, d.cfg.Scopes.Class(err)))
+			return
+		}
+		a.scope = unit
+	}
 }
 
 // sd_notify states the daemon sends.

@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/internal/sdscope"
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
@@ -146,6 +147,16 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		if wd, err := daemon.SdWatchdogEnabled(false); err == nil && wd > 0 {
 			cfg.WatchdogInterval = wd / 2
 		}
+	}
+
+	// Under systemd each turn child goes into a transient scope of its own,
+	// so that `systemctl restart runnerd` does not kill it; elsewhere the
+	// children stay in the daemon's cgroup (runnerd_turn_scopes says which).
+	if scopes, why := sdscope.Detect(context.Background(), getenv); scopes != nil {
+		defer scopes.Close()
+		cfg.Scopes = scopes
+	} else {
+		cfg.ScopesOff = why
 	}
 
 	reg := prometheus.NewRegistry()
