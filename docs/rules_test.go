@@ -27,6 +27,7 @@ var packageDirs = map[string]string{
 	"controlplane": "controlplane",
 	"model":        "integration/model",
 	"boottime":     "internal/boottime",
+	"sdscope":      "internal/sdscope",
 }
 
 func ruleIDs() []string {
