@@ -48,6 +48,7 @@ var moduleImports = map[string][]string{
 	"internal/fleet":    {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":   {},
 	"internal/retry":    {"wire"},
+	"internal/sdscope":  {}, // systemd scopes: cmd/runnerd alone imports it
 	"internal/syncbuf":  {}, // tests only
 	"internal/tools":    {}, // pins go.mod's requirements (build tag tools)
 }
