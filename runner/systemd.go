@@ -40,7 +40,11 @@ func (d *Daemon) logScopes() {
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesSystemd))
 		return
 	}
-	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesNone), slog.String(keyReason, d.cfg.ScopesOff))
+	why := d.cfg.ScopesOff
+	if why == "" {
+		why = "not_configured"
+	}
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesNone), slog.String(keyReason, why))
 }
 
 // placeTurn is handover's Started hook: it moves a's new child into the
