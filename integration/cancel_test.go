@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -178,4 +179,46 @@ func TestCancelReachesRunningTurnWithinSeconds(t *testing.T) {
 		t.Errorf("after the cancel the conversation is %s at native turn %d, want usable at 1", cv.State, cv.NativeTurn)
 	}
 	e.assertPromptsOnce(c.ID, hang)
+}
+
+// TestCancelWhoseInterruptCannotSettleFailsClosed: when the interrupted
+// boundary cannot be settled with the control plane (every settlement try
+// answered 503, R24), the cancelled turn fails closed as any admitted turn
+// without a settlement: the job ends cancelled on its one attempt, the
+// conversation becomes LOST with a plain reason (R30, R32), and the prompt
+// was delivered once and never again (K10).
+func TestCancelWhoseInterruptCannotSettleFailsClosed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{faults: true})
+	e.startDaemon(func(c *fleet.DaemonConfig) { c.StopGrace = 10 * time.Second })
+	c := e.conversation("cancel unsettled")
+	const hang = "never ends\n!hang"
+	j := e.send(c.ID, hang)
+	e.waitPrompts(c.ID, 1)
+	agents := e.agents(c.ID)
+	if len(agents) != 1 {
+		t.Fatalf("want one agent running, got %v", agents)
+	}
+	e.faults.refuse(wire.OpSettlement, http.StatusServiceUnavailable)
+	if _, err := e.user.Cancel(e.ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitGone(agents[0].Pid, waitFor); err != nil {
+		t.Fatalf("the agent still runs after the cancel: %v", err)
+	}
+	got := e.waitEnded(j.ID)
+	if got.State != wire.JobCancelled || len(got.Attempts) != 1 || got.Attempts[0].State != wire.AttemptFinished {
+		t.Fatalf("want cancelled on its one attempt, reported by the runner; got %s", describeJob(got))
+	}
+	if _, ok := findEvent(got, "", "settled"); ok {
+		t.Fatalf("a settlement was recorded through a proxy that refused every one: %s", describeJob(got))
+	}
+	if n := len(e.faults.calls(j.ID, wire.OpSettlement)); n != 3 {
+		t.Errorf("%d settlement tries, want 3 (R24)", n)
+	}
+	cv := e.conv(c.ID)
+	if cv.State != wire.ConversationLost || cv.LostReason == "" || strings.Contains(strings.ToLower(cv.LostReason), "settle") {
+		t.Fatalf("conversation %s, reason %q: want LOST with a plain reason", cv.State, cv.LostReason)
+	}
+	e.assertLostPromptOnce(c.ID, hang, got)
 }
