@@ -399,7 +399,10 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return wire.OutcomeCancelled, ClassCancelled
 	}
 	if err != nil {
-		if errors.Is(context.Cause(ctx), handover.ErrExecutionDeadline) {
+		// Asked of the source as well: the driving connection also ends
+		// on the deadline directly (runCtx), maybe before ctx has.
+		if errors.Is(context.Cause(ctx), handover.ErrExecutionDeadline) ||
+			errors.Is(context.Cause(t.ch.Deadlines()), handover.ErrExecutionDeadline) {
 			return fail(ClassExecTimeout)
 		}
 		t.log.Warn(diagnostics.MsgTurnInterrupted, "error_class", sandbox.CodeOf(err))
