@@ -1,10 +1,13 @@
 package integration
 
 import (
+	"archive/tar"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -52,13 +55,44 @@ func nativeTurnOf(j wire.Job, typ string) int64 {
 	return 0
 }
 
+// containerTranscript reads the demo agent's transcript out of the
+// conversation's container: the prompts it received, in order.
+func containerTranscript(t *testing.T, eng *client.Client, containerID string) []string {
+	t.Helper()
+	rc, _, err := eng.CopyFromContainer(context.Background(), containerID, docker.DefaultWorkspace+"/.demoagent/transcript.jsonl")
+	if err != nil {
+		t.Fatalf("read the transcript from container %s: %v", containerID, err)
+	}
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	if _, err := tr.Next(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(io.LimitReader(tr, 1<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prompts []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e struct {
+			Prompt string `json:"prompt"`
+		}
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("transcript line %q: %v", line, err)
+		}
+		prompts = append(prompts, e.Prompt)
+	}
+	return prompts
+}
+
 // TestCancelKeepsConversationDocker is K10 on the Docker backend against
 // the real engine: the user's cancel of a running, admitted turn interrupts
 // the agent in its retained container; the job ends cancelled on its one
 // attempt with an interrupted settlement, and the owner reads that the
 // reply was interrupted at their request; the conversation stays usable,
 // and its next message runs in the same container on the same native
-// session: the agent reports native turn 2, on one attempt.
+// session: the agent reports native turn 2, on one attempt, and its
+// transcript in the container holds each prompt once.
 func TestCancelKeepsConversationDocker(t *testing.T) {
 	t.Parallel()
 	eng := dockerEngine(t)
@@ -127,6 +161,9 @@ func TestCancelKeepsConversationDocker(t *testing.T) {
 	}
 	if cv := e.conv(c.ID); cv.State != wire.ConversationUsable || cv.NativeTurn != 2 {
 		t.Errorf("after the next message: conversation %s at native turn %d, want usable at 2", cv.State, cv.NativeTurn)
+	}
+	if got := containerTranscript(t, eng, cv.ContainerID); !slices.Equal(got, []string{"never ends\n!hang", "after the cancel"}) {
+		t.Errorf("the agent in the container received %q, want each prompt once", got)
 	}
 }
 
