@@ -115,6 +115,13 @@ type CreateConversationRequest struct {
 	Title        string   `json:"title,omitempty"`
 	Image        string   `json:"image"`         // sandbox image (docker backend); informational for process
 	AgentCommand []string `json:"agent_command"` // argv of the agent, run in the workspace
+	// Sandbox is the backend the conversation needs, SandboxDocker or
+	// SandboxProcess; it becomes the requirement sandbox=<it>, so that no
+	// host of the other backend is given its turns. Empty: any backend.
+	Sandbox string `json:"sandbox,omitempty"`
+	// Requires are labels a host must have to be given the conversation's
+	// turns (at most MaxLabels, with the sandbox's).
+	Requires Labels `json:"requires,omitempty"`
 }
 
 // Conversation is one retained agent session.
@@ -133,6 +140,9 @@ type Conversation struct {
 	// whose attempt last recorded ContainerID. Only that host is given the
 	// conversation's turns; empty means any host.
 	SandboxHost string `json:"sandbox_host,omitempty"`
+	// Requires are the labels a host must have to take its turns: the
+	// request's, with sandbox=<Sandbox> when it named one.
+	Requires Labels `json:"requires,omitempty"`
 }
 
 // ConversationList is GET /v1/conversations.
@@ -176,6 +186,18 @@ type Job struct {
 	// job's detail (P8): the prompt, the runner's report and the data of
 	// runner events are gone; states, counts and the timeline stay.
 	DetailReclaimedAt *time.Time `json:"detail_reclaimed_at,omitempty"`
+	// Unroutable is set on a queued job that no live host can take, as the
+	// control plane's last sweep found; the job stays queued and is given
+	// to the first host that meets its conversation's requirements.
+	Unroutable *Unroutable `json:"unroutable,omitempty"`
+}
+
+// Unroutable says why no live host can take a queued job.
+type Unroutable struct {
+	// Missing are the required labels ("key=value") that the live host
+	// closest to the requirements lacks; empty when no host is live.
+	Missing []string  `json:"missing"`
+	Since   time.Time `json:"since"`
 }
 
 // Attempt is one lease of a job (R19).
@@ -231,6 +253,8 @@ type Server struct {
 	// ClaimsWithheld is the class of the reason the host gave for not
 	// claiming, such as "sandbox_unavailable"; "" when it claims.
 	ClaimsWithheld string `json:"claims_withheld,omitempty"`
+	// Labels are the host's routing labels, as its last heartbeat said.
+	Labels Labels `json:"labels,omitempty"`
 }
 
 // Host states. A host is offline once OfflineAfterIntervals of its
@@ -358,6 +382,9 @@ type HostHeartbeat struct {
 	// ClaimsWithheld is the class of the reason the host does not claim
 	// now, such as "sandbox_unavailable"; "" when it claims.
 	ClaimsWithheld string `json:"claims_withheld,omitempty"`
+	// Labels are the host's routing labels, its automatic ones (sandbox,
+	// os, arch) included; each heartbeat replaces the last one's.
+	Labels Labels `json:"labels,omitempty"`
 }
 
 // HostHeartbeatResponse answers a host heartbeat.

@@ -238,6 +238,9 @@ type Store interface {
 	// order), and whose retained
 	// sandbox is on this host or not recorded yet (host affinity: the
 	// sandbox lives on the host whose attempt last called RecordContainer).
+	// Of the conversations with no sandbox yet it takes only those whose
+	// required labels (wire.Conversation.Requires) the host has, as its
+	// last heartbeat said (routing, issue 13 §1).
 	// It returns false when there is none. The new attempt's generation is
 	// one more than the job's last (P1).
 	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
@@ -245,6 +248,12 @@ type Store interface {
 	// attempts of hostID whose job's cancel was requested (K10: the host's
 	// fast path to a cancel; the renewal answer is the other).
 	CancelsRequested(ctx context.Context, hostID string, attemptIDs []string) ([]string, error)
+	// SweepRoutes judges every requirement set against the labels of the
+	// hosts online at now: a queued job that none of them can take shows
+	// wire.Job.Unroutable (the labels the closest host lacks) until a
+	// later sweep finds a host that meets it. It returns how many
+	// requirement sets are unroutable.
+	SweepRoutes(ctx context.Context, now time.Time) (int, error)
 
 	// AuthorizeAttempt maps a worker token hash to its attempt, checking
 	// that it belongs to jobID: ErrUnauthorized if no attempt has it,

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/runnerd/runnerd/wire"
 )
 
 // Test helpers: stores of both dialects (exported to the external tests
@@ -192,5 +194,42 @@ func ended(tb testing.TB, s *Store, prefix string, count int) {
 	})
 	if err != nil {
 		tb.Fatalf("ended: %v", err)
+	}
+}
+
+// route makes the conversations and jobs filled under prefix require
+// labels, as CreateConversation and EnqueueTurn would.
+func route(tb testing.TB, s *Store, prefix string, labels wire.Labels) {
+	tb.Helper()
+	ctx := context.Background()
+	r := labels.String()
+	err := s.write(ctx, func(tx txn) error {
+		if err := s.ensureRoute(ctx, tx, r, labels); err != nil {
+			return err
+		}
+		if _, err := s.exec(ctx, tx, `UPDATE conversations SET requires = ? WHERE id LIKE ? || 'c%'`, r, prefix); err != nil {
+			return err
+		}
+		_, err := s.exec(ctx, tx, `UPDATE jobs SET route = ? WHERE id LIKE ? || 'j%'`, r, prefix)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("route: %v", err)
+	}
+}
+
+// labelHost registers hostID (if new) with labels, as its heartbeat would.
+func labelHost(tb testing.TB, s *Store, hostID string, labels wire.Labels) {
+	tb.Helper()
+	ctx := context.Background()
+	err := s.write(ctx, func(tx txn) error {
+		if _, err := s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)
+			ON CONFLICT DO NOTHING`, hostID, hostID, hostID, ns(t0)); err != nil {
+			return err
+		}
+		return s.setHostLabels(ctx, tx, hostID, labels)
+	})
+	if err != nil {
+		tb.Fatalf("labelHost: %v", err)
 	}
 }

@@ -35,8 +35,12 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 			h.ID = id
 			_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
 				last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
-				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '' WHERE id = ?`,
+				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '' WHERE id = ?`,
 				hex.EncodeToString(tokenHash), id)
+			if err != nil {
+				return err
+			}
+			_, err = s.exec(ctx, tx, `DELETE FROM host_labels WHERE host_id = ?`, id)
 			return err
 		}
 		_, err = s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)`,
@@ -68,6 +72,9 @@ func (s *Store) HostByTokenHash(ctx context.Context, tokenHash []byte) (store.Ho
 
 // RecordHostHeartbeat stores what the host last said about itself (R37).
 func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error {
+	if err := hb.Labels.Check(); err != nil {
+		return fmt.Errorf("record heartbeat: %w: labels: %w", store.ErrInvalid, err)
+	}
 	var class string
 	var consecutive, since int64
 	if hb.LaunchError != nil {
@@ -84,7 +91,7 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 		if n == 0 {
 			return store.ErrNotFound
 		}
-		return nil
+		return s.setHostLabels(ctx, tx, hostID, hb.Labels)
 	})
 }
 
@@ -94,7 +101,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
 		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
-		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld
+		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels
 		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
@@ -105,10 +112,14 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		var sv wire.Server
 		var last, paused sql.NullInt64
 		var draining, consecutive, since, running int64
-		var class string
+		var class, labels string
 		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
-			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld); err != nil {
+			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
+		}
+		var err error
+		if sv.Labels, err = wire.ParseLabels(labels); err != nil {
+			return nil, fmt.Errorf("list servers: labels of %s: %w", sv.Name, err)
 		}
 		sv.LastHeartbeat = nsPtr(last)
 		sv.PausedAt = nsPtr(paused)

@@ -36,17 +36,23 @@ const (
 // conversationCols reads a conversation with the name of its sandbox's
 // host (FROM conversationFrom).
 const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
-	c.created_at, COALESCE(h.name, '')`
+	c.created_at, COALESCE(h.name, ''), c.requires`
 
 const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
 func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, error) {
 	var c wire.Conversation
-	var cmd string
+	var cmd, requires string
 	var created int64
 	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
-		&created, &c.SandboxHost); err != nil {
+		&created, &c.SandboxHost, &requires); err != nil {
 		return c, err
+	}
+	if requires != "" {
+		var err error
+		if c.Requires, err = wire.ParseLabels(requires); err != nil {
+			return c, fmt.Errorf("decode requires: %w", err)
+		}
 	}
 	if err := json.Unmarshal([]byte(cmd), &c.AgentCommand); err != nil {
 		return c, fmt.Errorf("decode agent command: %w", err)
@@ -60,17 +66,25 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 	if len(req.AgentCommand) == 0 || req.AgentCommand[0] == "" {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w: agent_command is required", store.ErrInvalid)
 	}
+	requires, err := requirements(req)
+	if err != nil {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w: %w", store.ErrInvalid, err)
+	}
 	cmd, err := json.Marshal(req.AgentCommand)
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
 	}
 	c := wire.Conversation{
 		ID: newID("conv"), Title: req.Title, Image: req.Image, AgentCommand: req.AgentCommand,
-		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)),
+		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)), Requires: requires,
 	}
+	route := requires.String()
 	err = s.write(ctx, func(tx txn) error {
-		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now))
+		if err := s.ensureRoute(ctx, tx, route, requires); err != nil {
+			return err
+		}
+		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at, requires)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now), route)
 		return err
 	})
 	if err != nil {
@@ -135,11 +149,11 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 		if err != nil {
 			return err
 		}
-		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, sandbox_host_id, created_at)
-			VALUES (?, ?, ?, ?, 'queued',
+		if _, err := s.exec(ctx, tx, `INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, sandbox_host_id, created_at, route)
+			SELECT ?, ?, ?, ?, 'queued',
 				CASE WHEN EXISTS (SELECT 1 FROM jobs WHERE conversation_id = ? AND state IN ('queued', 'running')) THEN 0 ELSE 1 END,
-				(SELECT sandbox_host_id FROM conversations WHERE id = ?), ?)`,
-			id, conversationID, seq, prompt, conversationID, conversationID, ns(now)); err != nil {
+				sandbox_host_id, ?, requires FROM conversations WHERE id = ?`,
+			id, conversationID, seq, prompt, conversationID, ns(now), conversationID); err != nil {
 			return err
 		}
 		return s.event(ctx, tx, id, "", now, "queued", map[string]any{"seq": seq})
@@ -190,6 +204,11 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	j.DetailReclaimedAt = nsPtr(reclaimed)
 	if j.State == wire.JobQueued && notBefore > 0 {
 		j.NotBefore = nsPtr(sql.NullInt64{Int64: notBefore, Valid: true})
+	}
+	if j.State == wire.JobQueued {
+		if j.Unroutable, err = s.jobUnroutable(ctx, db, id); err != nil {
+			return j, fmt.Errorf("get job: %w", err)
+		}
 	}
 
 	rows, err := db.QueryContext(ctx, s.q(`SELECT id, generation, state, lease_owner, lease_expires_at, claimed_at,

@@ -71,7 +71,7 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 			attemptID = newID("att")
 		}
 		c = wire.Claim{AttemptID: attemptID, LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds()}
-		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now)).Scan(
+		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now), p.HostID).Scan(
 			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -149,26 +149,47 @@ func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
 
 // claimStatement takes the next job for a host: the oldest queued head of
 // its conversation, past its release backoff (K7), among those whose
-// sandbox lives on this host or that have none yet. Each branch is an
-// ordered walk of its own partial index (jobs_claim_host for the host's
-// range, jobs_claim_any), so other hosts' queued turns are never read; the
-// walk passes a job in its release backoff, so it never stands in front
-// of other conversations' turns (a filter on the rows the walk meets:
-// released jobs are few, and capped).
-// MIN picks the older of at most two rows. On PostgreSQL each branch locks
-// its row with SKIP LOCKED; the one not taken stays locked until commit,
-// so a concurrent claimer passes it for a moment. The query-plan test
+// sandbox lives on this host or that have none yet and whose route (the
+// conversation's required labels) the host meets. Each branch is an
+// ordered walk of a partial index, so turns the host may not take are
+// never read: jobs_claim_host for the host's range; jobs_claim_any, keyed
+// (route, pos), once per route the host meets, as a correlated subquery
+// that reads the first row of that route's range. Routes are the distinct
+// requirement sets, few and bounded however long the queue is; a host
+// that meets none of the queued turns' routes reads the routes, its own
+// labels and no job (TestQueryPlansUseIndexes). A route is met when none
+// of its route_labels is missing from the host's host_labels, which the
+// host's heartbeats keep; the route ” has no labels, so every host meets
+// it. A turn pinned to this host's sandbox is not checked again: it can
+// run nowhere else. The walk passes a job in its release backoff, so it
+// never stands in front of other conversations' turns (a filter on the
+// rows the walk meets: released jobs are few, and capped).
+// MIN picks the oldest of the rows found. On PostgreSQL each walk locks
+// its row with SKIP LOCKED; those not taken stay locked until commit, so a
+// concurrent claimer passes them for a moment. The query-plan test
 // explains this very text. Arguments: the new attempt id, the host id,
-// now, now.
+// now, now, the host id.
 func (s *Store) claimStatement() string {
-	branch := func(cond string) string {
-		return `SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND ` + cond +
-			` AND not_before <= ? ORDER BY pos LIMIT 1` + s.lockSkip() + `) AS b`
+	walk := func(cond, order string) string {
+		return `SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND ` + cond +
+			` AND not_before <= ? ORDER BY ` + order + ` LIMIT 1` + s.lockSkip()
 	}
+	// The route walk's one value is written as a range and its order as
+	// the index's key (route, pos). With "route = r.labels" PostgreSQL
+	// takes route for a constant, and then walking the primary key with a
+	// filter costs about the same as walking jobs_claim_any whenever one
+	// route holds most of the queue; it chose the primary key, which reads
+	// every queued turn of other routes ahead of this one's. A range is no
+	// constant, so only jobs_claim_any gives the order without a sort.
 	return `UPDATE jobs SET state = 'running', generation = generation + 1,
 		attempt_count = attempt_count + 1, live_attempt_id = ?
-		WHERE pos = (SELECT MIN(pos) FROM (` + branch(`sandbox_host_id = ?`) +
-		` UNION ALL ` + branch(`sandbox_host_id IS NULL`) + `) AS c)
+		WHERE pos = (SELECT MIN(pos) FROM (
+			SELECT pos FROM (` + walk(`sandbox_host_id = ?`, `pos`) + `) AS pinned
+			UNION ALL
+			SELECT (` + walk(`sandbox_host_id IS NULL AND route >= r.labels AND route <= r.labels`, `route, pos`) + `) FROM routes r
+			WHERE NOT EXISTS (SELECT 1 FROM route_labels rl WHERE rl.route = r.labels AND NOT EXISTS (
+				SELECT 1 FROM host_labels hl WHERE hl.host_id = ? AND hl.key = rl.key AND hl.value = rl.value))
+		) AS c)
 		AND state = 'queued'
 		RETURNING id, conversation_id, seq, prompt, generation`
 }

@@ -75,6 +75,8 @@ var tests = []test{
 	{"K7_ReleaseCapFailsJob", testK7ReleaseCapFailsJob},
 	{"K7_BackoffJobNotInFrontOfOthers", testK7BackoffJobNotInFrontOfOthers},
 	{"K8_ClusterIdentity", testK8ClusterIdentity},
+	{"Routing_ClaimsMeetRequirements", testRoutingClaimsMeetRequirements},
+	{"Routing_InvalidLabels", testRoutingInvalidLabels},
 	{"Claim_IdempotencyKeyReplays", testClaimIdempotencyKey},
 	{"Race_SameClaimKey", testRaceSameClaimKey},
 	{"Race_ManyClaimersEachJobOnce", testRaceManyClaimers},
