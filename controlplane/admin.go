@@ -133,7 +133,7 @@ th { background: #f4f4f4; }
 td.num { text-align: right; }
 td:first-child, time { white-space: nowrap; }
 code, .mono { font-family: ui-monospace, monospace; font-size: 13px; }
-.launch-error, .stale, .lost { color: #a40000; font-weight: 600; }
+.launch-error, .stale, .lost, .unroutable { color: #a40000; font-weight: 600; }
 .draining, .paused { color: #8a5a00; font-weight: 600; }
 .offline { color: #a40000; font-weight: 600; }
 .online, .usable { color: #17632a; font-weight: 600; }
@@ -206,11 +206,12 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <p>{{len .Servers}} host(s).</p>
 {{if .Servers}}
 <table id="servers">
-<thead><tr><th>Host</th><th>State</th><th>Last heartbeat</th><th>Running / capacity</th><th>Launch error</th><th>Version</th><th>Jobs</th><th></th></tr></thead>
+<thead><tr><th>Host</th><th>State</th><th>Labels</th><th>Last heartbeat</th><th>Running / capacity</th><th>Launch error</th><th>Version</th><th>Jobs</th><th></th></tr></thead>
 <tbody>
 {{range .Servers}}{{$state := .State}}<tr data-host="{{.Name}}">
 <td>{{.Name}}</td>
 <td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
+<td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>
 <td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; claims paused</span>{{else}}none{{end}}</td>
@@ -296,7 +297,7 @@ var jobsPage = adminPage(`{{define "title"}}Jobs{{end}}{{define "content"}}
 <td><a class="mono" href="/admin/jobs/{{.ID}}">{{.ID}}</a></td>
 <td><a class="mono" href="/admin/jobs?conversation={{.ConversationID}}">{{.ConversationID}}</a></td>
 <td class="num">{{.Seq}}</td>
-<td class="state">{{.State}}{{if .CancelRequested}} (cancel requested){{end}}</td>
+<td class="state">{{.State}}{{if .CancelRequested}} (cancel requested){{end}}{{with .Unroutable}} <span class="unroutable">unroutable{{with .Missing}}: needs {{range $i, $m := .}}{{if $i}}, {{end}}{{$m}}{{end}}{{end}}</span>{{end}}</td>
 <td class="num">{{len .Attempts}}</td>
 <td>{{with lastOwner .}}<a href="/admin/jobs?host={{.}}">{{.}}</a>{{end}}</td>
 <td>{{stamp .CreatedAt}}</td>
@@ -396,6 +397,7 @@ var jobPage = adminPage(`{{define "title"}}Job {{.Job.ID}}{{end}}{{define "conte
 <tr><th>Admitted</th><td>{{if .Admitted}}yes: the prompt was handed to the agent{{else}}no{{end}}</td></tr>
 <tr><th>Counts</th><td>{{.AttemptCount}} counted attempt(s), {{.WorkerLostCount}} host loss(es), {{.ReleaseCount}} release(s){{with .ReleaseClass}} (last: {{.}}){{end}}</td></tr>
 {{with .NotBefore}}<tr><th>Not before</th><td>{{stamp .}} (release backoff)</td></tr>{{end}}
+{{with .Unroutable}}<tr><th>Unroutable</th><td class="unroutable">no live host can take this turn{{if .Missing}}: missing {{range $i, $m := .Missing}}{{if $i}}, {{end}}<code>{{$m}}</code>{{end}}{{else}}: no host is online{{end}}, since {{stamp .Since}}. It stays queued until a host that has these labels heartbeats.</td></tr>{{end}}
 <tr><th>Created</th><td>{{stamp .CreatedAt}}</td></tr>
 {{with .EndedAt}}<tr><th>Ended</th><td>{{stamp .}}</td></tr>{{end}}
 {{with .DetailReclaimedAt}}<tr><th>Detail reclaimed</th><td>{{stamp .}}: the prompt, the runner's report and event data are gone; the timeline stays</td></tr>{{end}}

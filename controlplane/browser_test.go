@@ -213,7 +213,8 @@ func TestBrowserAdminPages(t *testing.T) {
 		LaunchError: &wire.LaunchError{Class: "spawn_failed", Consecutive: 4, Since: since}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.wc.HostHeartbeat(ctx, hostB, wire.HostHeartbeat{Capacity: 4, Running: 1, Version: "v1.2"}); err != nil {
+	if _, err := f.wc.HostHeartbeat(ctx, hostB, wire.HostHeartbeat{Capacity: 4, Running: 1, Version: "v1.2",
+		Labels: wire.Labels{"sandbox": "docker", "gpu": "a100"}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -223,6 +224,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	contains(t, "host-a's row", rowA, "host-a", "online", "spawn_failed: 4 consecutive launch failure(s) since", "claims paused", "0 / 2")
 	rowB := textOf(t, tab, `tr[data-host="host-b"]`)
 	contains(t, "host-b's row", rowB, "host-b", "online", "none", "1 / 4", "v1.2")
+	contains(t, "host-b's labels", textOf(t, tab, `tr[data-host="host-b"] td.labels`), "gpu=a100", "sandbox=docker")
 	if strings.Contains(rowB, "spawn_failed") {
 		t.Fatalf("host-b's row shows host-a's launch error: %s", rowB)
 	}
@@ -276,6 +278,17 @@ func TestBrowserAdminPages(t *testing.T) {
 	}
 	contains(t, "the usable conversation's row", textOf(t, tab, `tr[data-conversation="`+conv.ID+`"]`), "Usable", "Mark lost")
 	screenshot(t, tab, "conversations")
+
+	// A turn no online host can take says so on its job, with the label
+	// the closest host (host-b) lacks (routing, issue 13 §1).
+	var zoned wire.Conversation
+	f.user(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{Image: "demo:latest", AgentCommand: []string{"demo-agent"},
+		Sandbox: wire.SandboxDocker, Requires: wire.Labels{"gpu": "a100", "zone": "eu-1"}}, &zoned)
+	stuck := f.send(zoned.ID, "anyone?")
+	f.srv.Sweep(ctx)
+	contains(t, "the unroutable job", visit(t, tab, f.url+"/admin/jobs/"+stuck.ID, `#job`), "queued", "no live host can take this turn: missing zone=eu-1")
+	contains(t, "the unroutable job's row", visit(t, tab, f.url+"/admin/jobs?state=queued", `tr[data-job="`+stuck.ID+`"]`), "unroutable: needs zone=eu-1")
+	screenshot(t, tab, "job-unroutable")
 }
 
 // In a real browser holding the admin credentials, another site's form

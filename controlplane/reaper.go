@@ -55,6 +55,12 @@ func (s *Server) Sweep(ctx context.Context) {
 	if s.reap(ctx, now) {
 		s.reclaim(ctx, now)
 	}
+	// Routing (issue 13 §1): judged against the hosts online now, so a
+	// turn no live host can take says so on its job, and stops saying so
+	// at the first sweep after a host that can take it heartbeats.
+	if _, err := s.cfg.Store.SweepRoutes(ctx, now); err != nil {
+		s.sweepFailed(ctx, "sweep_routes", err)
+	}
 }
 
 // Resume ends the control plane's own absence, if the database's record
