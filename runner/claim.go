@@ -207,6 +207,7 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 		IntervalMS:  d.cfg.HostHeartbeatInterval.Milliseconds(),
 
 		ClaimsWithheld: d.claimsWithheld(),
+		Labels:         d.cfg.Labels,
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"runtime"
 	"time"
 
 	"github.com/runnerd/runnerd/handover"
@@ -15,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // Defaults of Config's zero fields.
@@ -56,6 +58,10 @@ type Config struct {
 	// (default) or "docker"; Docker carries the docker backend's limits.
 	Sandbox string
 	Docker  turn.DockerOptions
+	// Labels are the operator's routing labels (--label), sent with every
+	// host heartbeat; the daemon adds the automatic ones, sandbox (the
+	// backend), os and arch, which Labels may not set (issue 13 §1).
+	Labels wire.Labels
 	// Backend removes the sandbox of a conversation the control plane
 	// reports LOST. Nil: nothing is removed (a record says so).
 	Backend sandbox.Backend
@@ -191,9 +197,14 @@ func (c Config) withDefaults() (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("sandbox %q: want %q or %q", c.Sandbox, sandbox.BackendProcess, sandbox.BackendDocker))
 	}
+	labels, err := hostLabels(c.Labels, c.Sandbox)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return c, fmt.Errorf("runner config: %w", err)
 	}
+	c.Labels = labels
 	setInt(&c.Capacity, DefaultCapacity)
 	setInt(&c.LaunchFailures, DefaultLaunchFailures)
 	setDur(&c.ExecTimeout, DefaultExecTimeout)
@@ -267,4 +278,21 @@ func setInt(n *int, def int) {
 	if *n <= 0 {
 		*n = def
 	}
+}
+
+// hostLabels are the labels a host heartbeat carries: the operator's, and
+// the automatic sandbox, os and arch, which the operator may not set (a
+// process host that said sandbox=docker would be given Docker turns).
+func hostLabels(given wire.Labels, backend string) (wire.Labels, error) {
+	l := wire.Labels{wire.LabelSandbox: backend, wire.LabelOS: runtime.GOOS, wire.LabelArch: runtime.GOARCH}
+	for k, v := range given {
+		if _, auto := l[k]; auto {
+			return nil, fmt.Errorf("label %s is set by the daemon itself", k)
+		}
+		l[k] = v
+	}
+	if err := l.Check(); err != nil {
+		return nil, fmt.Errorf("labels: %w", err)
+	}
+	return l, nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // envPrefix makes a flag's environment name (ff's rule): --renew-interval
@@ -65,6 +66,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
 	fs.IntVar(&c.Capacity, "capacity", runner.DefaultCapacity, "turns run at once")
 	fs.StringVar(&c.Sandbox, "sandbox", sandbox.BackendProcess, "sandbox backend: process or docker")
+	c.Labels = wire.Labels{}
+	fs.Var(labelsFlag(c.Labels), "label", "routing label key=value, repeatable or comma-separated (RUNNERD_LABEL=a=1,b=2); sandbox, os and arch are set automatically")
 	fs.DurationVar(&leaseTTL, "lease-ttl", heartbeat.DefaultLeaseTTL, "attempt lease; at least renew-interval + renew-timeout (R12)")
 	fs.DurationVar(&interval, "renew-interval", heartbeat.DefaultInterval, "lease renewal interval")
 	fs.DurationVar(&timeout, "renew-timeout", heartbeat.DefaultRequestTimeout, "lease renewal request timeout")
@@ -191,6 +194,11 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
 	}
+	for _, auto := range []string{wire.LabelSandbox, wire.LabelOS, wire.LabelArch} {
+		if v, ok := c.Labels[auto]; ok {
+			return o, fmt.Errorf("--label %s=%s: %s is set by the daemon itself", auto, v, auto)
+		}
+	}
 	c.LaunchBackoff, c.LaunchBackoffMax = launchBackoff, launchBackoffMx
 	c.SandboxSweep = sandboxSweep
 	if sandboxSweep == 0 {
@@ -211,6 +219,27 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		c.Docker.NanoCPUs = -1
 	}
 	return o, nil
+}
+
+// labelsFlag is --label: each value is one or more key=value pairs,
+// comma-separated, so that the one RUNNERD_LABEL variable can hold
+// several; a repeated key must keep its value.
+type labelsFlag wire.Labels
+
+func (l labelsFlag) String() string { return wire.Labels(l).String() }
+
+func (l labelsFlag) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		k, val, ok := strings.Cut(strings.TrimSpace(p), "=")
+		if !ok {
+			return fmt.Errorf("%q is not key=value", p)
+		}
+		if old, dup := l[k]; dup && old != val {
+			return fmt.Errorf("label %s given twice (%s and %s)", k, old, val)
+		}
+		l[k] = val
+	}
+	return wire.Labels(l).Check()
 }
 
 // ffEnvError is ff's error for a variable that is not a valid value of

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/runner"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // env sets the variables for the test (ff reads RUNNERD_ variables from
@@ -144,6 +146,10 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, nil, "--sandbox-sweep -1s: must not be negative"},
 		{"bad sandbox", nil, []string{"RUNNERD_SANDBOX", "vm"}, `--sandbox "vm": want process or docker`},
 		{"bad log format", []string{"--log-format=xml"}, nil, `--log-format "xml": want json or text`},
+		{"automatic label by hand", []string{"--label=sandbox=docker"}, nil, "--label sandbox=docker: sandbox is set by the daemon itself"},
+		{"label not key=value", []string{"--label=gpu"}, nil, `invalid value "gpu" for flag -label: "gpu" is not key=value`},
+		{"label value with a space", nil, []string{"RUNNERD_LABEL", "zone=eu 1"}, `RUNNERD_LABEL="zone=eu 1" is not a valid --label`},
+		{"label given twice", []string{"--label=zone=a", "--label=zone=b"}, nil, "label zone given twice (a and b)"},
 		{"bad URL", []string{"--control-plane=cp:8080"}, nil, `--control-plane "cp:8080": want an http:// or https:// URL`},
 		{"missing token file", []string{"--host-token-file=/nonexistent/token"}, nil, "--host-token-file /nonexistent/token: no such file or directory"},
 	}
@@ -321,5 +327,28 @@ func TestConfigFile(t *testing.T) {
 	}
 	if _, err := parseRun([]string{"--config", file}, os.Getenv); err == nil || !strings.Contains(err.Error(), `"capacty" not defined`) {
 		t.Fatalf("unknown setting in the config file: %v", err)
+	}
+}
+
+// --label from all three sources: repeated and comma-separated on the
+// command line, in RUNNERD_LABEL, and one per line in --config. The
+// daemon adds sandbox, os and arch to what its heartbeat sends.
+func TestLabels(t *testing.T) {
+	o, err := parseRun([]string{"--label", "gpu=a100", "--label=zone=eu-1,rack=r7"}, env(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (wire.Labels{"gpu": "a100", "zone": "eu-1", "rack": "r7"}); !reflect.DeepEqual(o.cfg.Labels, want) {
+		t.Fatalf("labels from flags = %v, want %v", o.cfg.Labels, want)
+	}
+	file := filepath.Join(t.TempDir(), "runnerd.conf")
+	if err := os.WriteFile(file, []byte("label gpu=a10\nlabel zone=ap-3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if o, err := parseRun([]string{"--config", file}, env(t)); err != nil || o.cfg.Labels.String() != "gpu=a10,zone=ap-3" {
+		t.Fatalf("labels from --config = %v, %v", o.cfg.Labels, err)
+	}
+	if o, err := parseRun(nil, env(t, "RUNNERD_LABEL", "gpu=h100,zone=us-2")); err != nil || o.cfg.Labels.String() != "gpu=h100,zone=us-2" {
+		t.Fatalf("labels from RUNNERD_LABEL = %v, %v", o.cfg.Labels, err)
 	}
 }
