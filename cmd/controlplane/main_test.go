@@ -69,6 +69,8 @@ func TestBadFlagsOneLine(t *testing.T) {
 		{"submit without target", nil, []string{"submit", "--prompt", "x"}, "give either --conversation ID or --new"},
 		{"submit new without agent", nil, []string{"submit", "--new", "--prompt", "x"}, "--new needs --agent"},
 		{"submit without prompt", nil, []string{"submit", "--conversation", "c"}, "--prompt is required"},
+		{"submit require not key=value", nil, []string{"submit", "--new", "--agent", "a", "--prompt", "x", "--require", "gpu"}, `--require "gpu": label "gpu" is not key=value`},
+		{"submit require for an old conversation", nil, []string{"submit", "--conversation", "c", "--prompt", "x", "--sandbox", "docker"}, "--sandbox and --require are for --new conversations only"},
 		{"submit bad server", nil, []string{"submit", "--conversation", "c", "--prompt", "x", "--server", "ftp://x"}, "--server must be an http://"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

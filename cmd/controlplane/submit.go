@@ -36,6 +36,8 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	newConv := f.fs.Bool("new", false, "start a new conversation (with --image and --agent)")
 	title := f.fs.String("title", "", "title of a new conversation")
 	image := f.fs.String("image", "", "sandbox image of a new conversation")
+	sandbox := f.fs.String("sandbox", "", "sandbox backend a new conversation needs: docker or process (default: any host)")
+	require := f.fs.String("require", "", "labels a host must have to take a new conversation's turns: key=value,key=value")
 	agent := f.fs.String("agent", "", `agent command of a new conversation, split at spaces (or give its argv after "--")`)
 	prompt := f.fs.String("prompt", "", `the message; "-" reads it from standard input`)
 	follow := f.fs.Bool("follow", true, "follow the turn's events until it ends")
@@ -50,14 +52,18 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		return usagef("give either --conversation ID or --new")
 	case *newConv && len(argv) == 0:
 		return usagef("--new needs --agent CMD (or the agent's argv after --)")
-	case !*newConv && (len(argv) > 0 || *image != "" || *title != ""):
-		return usagef("--agent, --image and --title are for --new conversations only")
+	case !*newConv && (len(argv) > 0 || *image != "" || *title != "" || *sandbox != "" || *require != ""):
+		return usagef("--agent, --image, --title, --sandbox and --require are for --new conversations only")
 	case *prompt == "":
 		return usagef("--prompt is required")
 	}
 	u, err := url.Parse(*server)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usagef("--server must be an http:// or https:// URL")
+	}
+	requires, err := wire.ParseLabels(*require)
+	if err != nil {
+		return usagef("--require %q: %v", *require, err)
 	}
 	if *prompt == "-" {
 		b, err := io.ReadAll(io.LimitReader(os.Stdin, wire.MaxBodyBytes))
@@ -79,7 +85,7 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	if *newConv {
 		var conv wire.Conversation
 		if err := call(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{
-			Title: *title, Image: *image, AgentCommand: argv,
+			Title: *title, Image: *image, AgentCommand: argv, Sandbox: *sandbox, Requires: requires,
 		}, &conv); err != nil {
 			return fmt.Errorf("create the conversation: %w", err)
 		}

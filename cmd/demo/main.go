@@ -343,8 +343,9 @@ type turnRow struct {
 
 // sandboxSetup is what a conversation needs on one backend.
 type sandboxSetup struct {
-	image string
-	agent []string
+	backend string // the conversations' sandbox requirement (routing)
+	image   string
+	agent   []string
 	// transcripts: the agent's workspace is a host directory the demo can read.
 	transcripts bool
 	// cleanup removes what the backend keeps after the daemon is gone;
@@ -358,7 +359,7 @@ type sandboxSetup struct {
 // cleanup of the retained containers and volumes.
 func prepareSandbox(ctx context.Context, backend string, bins fleet.Binaries, f *running, stdout io.Writer) (sandboxSetup, error) {
 	if backend != "docker" {
-		return sandboxSetup{image: "demo", agent: []string{bins.DemoAgent}, transcripts: true}, nil
+		return sandboxSetup{backend: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent}, transcripts: true}, nil
 	}
 	engine, err := docker.EngineFromEnv()
 	if err != nil {
@@ -378,7 +379,7 @@ func prepareSandbox(ctx context.Context, backend string, bins fleet.Binaries, f 
 	if err != nil {
 		return sandboxSetup{}, err
 	}
-	return sandboxSetup{image: tag, agent: []string{"/demoagent"}, cleanup: func(ctx context.Context, ids []string) error {
+	return sandboxSetup{backend: wire.SandboxDocker, image: tag, agent: []string{"/demoagent"}, cleanup: func(ctx context.Context, ids []string) error {
 		var errs []error
 		for _, id := range ids {
 			errs = append(errs, be.Remove(ctx, id))
@@ -413,7 +414,7 @@ func runConversations(ctx context.Context, f *running, sb sandboxSetup) ([]turnR
 	var ids []string
 	convs := make([]wire.Conversation, len(conversations))
 	for i, c := range conversations {
-		conv, err := u.Create(ctx, wire.CreateConversationRequest{Title: c.title, Image: sb.image, AgentCommand: sb.agent})
+		conv, err := u.Create(ctx, wire.CreateConversationRequest{Title: c.title, Image: sb.image, AgentCommand: sb.agent, Sandbox: sb.backend})
 		if err != nil {
 			return nil, ids, fmt.Errorf("create conversation %s: %w", c.title, err)
 		}
