@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -45,7 +46,6 @@ var ErrOutOfOrder = errors.New("handover: frame out of order")
 // Child is the child's end of the handover: the payload it was given and
 // the frames it may send. Its methods are safe for concurrent use.
 type Child struct {
-	conn    *net.UnixConn
 	payload Payload
 
 	ctx    context.Context
@@ -57,13 +57,22 @@ type Child struct {
 	leaseMoved  chan struct{} // one pending wake-up of the watcher
 	leaseNews   chan struct{} // one pending notice for LeaseChanged
 
-	mu                           sync.Mutex // guards the flags, lease and writes
-	accepted, declined, resulted bool
-	lease                        Lease // the one with the latest Sent
+	// lis is the re-attach socket, nil without one: after ACCEPT a child
+	// whose daemon is gone waits on it for the next daemon (P5).
+	lis *net.UnixListener
 
+	mu                           sync.Mutex // guards conn, the flags, the lease, the kept frames and writes
+	conn                         *net.UnixConn
+	accepted, declined, resulted bool
+	lease                        Lease            // the one with the latest Sent
+	orphanedAt                   boottime.Instant // when the daemon went away; zero while attached
+	lastProgress                 []byte           // sent again to a daemon that re-attaches
+	pendingResult                []byte           // a RESULT the daemon has not said it kept
+
+	kept        chan struct{} // closed when the daemon kept the RESULT (KEPT)
 	closeOnce   sync.Once
 	closing     chan struct{} // closed by Close: the watcher ends
-	readerDone  chan struct{}
+	readers     sync.WaitGroup
 	watcherDone chan struct{}
 }
 
@@ -72,6 +81,8 @@ type Child struct {
 func OpenFromEnv() (*Child, error) {
 	v, ok := os.LookupEnv(EnvFD)
 	os.Unsetenv(EnvFD)
+	rv, reattachable := os.LookupEnv(EnvReattachFD)
+	os.Unsetenv(EnvReattachFD)
 	if !ok {
 		return nil, fmt.Errorf("handover: %s is not set: not started by the handover parent", EnvFD)
 	}
@@ -79,7 +90,13 @@ func OpenFromEnv() (*Child, error) {
 	if err != nil || fd < 3 {
 		return nil, fmt.Errorf("handover: %s=%q is not a descriptor number above 2", EnvFD, v)
 	}
-	return OpenFD(fd)
+	lfd := -1
+	if reattachable {
+		if lfd, err = strconv.Atoi(rv); err != nil || lfd < 3 || lfd == fd {
+			return nil, fmt.Errorf("handover: %s=%q is not another descriptor number above 2", EnvReattachFD, rv)
+		}
+	}
+	return open(fd, lfd)
 }
 
 // OpenFD takes over descriptor fd, which must be the child's end of a
@@ -87,7 +104,34 @@ func OpenFromEnv() (*Child, error) {
 // the Child holds a close-on-exec duplicate, so no process the child starts
 // inherits the descriptor and EOF stays a faithful sign for the parent.
 // When the parent is already gone the error is ErrParentGone.
-func OpenFD(fd int) (*Child, error) {
+func OpenFD(fd int) (*Child, error) { return open(fd, -1) }
+
+// open is OpenFD with the re-attach socket lfd (-1: none), a bound
+// SOCK_SEQPACKET socket the child listens on: the listener's credentials,
+// which a connecting daemon checks, are then the child's own.
+func open(fd, lfd int) (*Child, error) {
+	var lis *net.UnixListener
+	if lfd >= 0 {
+		var err error
+		if lis, err = listenOn(lfd); err != nil {
+			unix.Close(fd)
+			return nil, err
+		}
+	}
+	ch, err := openConn(fd)
+	if err != nil {
+		if lis != nil {
+			lis.Close()
+		}
+		return nil, err
+	}
+	ch.lis = lis
+	ch.readers.Add(1)
+	go ch.readLoop(ch.conn, newReadBuffer())
+	return ch, nil
+}
+
+func openConn(fd int) (*Child, error) {
 	typ, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TYPE)
 	if err != nil {
 		return nil, fmt.Errorf("handover: descriptor %d: %w", fd, err)
@@ -133,9 +177,8 @@ func OpenFD(fd int) (*Child, error) {
 		conn: conn, payload: p, ctx: ctx, cancel: cancel,
 		deadlines: dctx, endDeadline: dcancel, lease: p.Lease,
 		leaseMoved: make(chan struct{}, 1), leaseNews: make(chan struct{}, 1),
-		closing: make(chan struct{}), readerDone: make(chan struct{}), watcherDone: make(chan struct{}),
+		kept: make(chan struct{}), closing: make(chan struct{}), watcherDone: make(chan struct{}),
 	}
-	go ch.readLoop(buf)
 	go ch.watch(alarm)
 	return ch, nil
 }
@@ -217,22 +260,25 @@ func (c *Child) LeaseChanged() <-chan struct{} { return c.leaseNews }
 // deadline.
 func (c *Child) Deadlines() context.Context { return c.deadlines }
 
-// readLoop waits for STOP or EOF, the only things the parent may send after
-// the payload.
-func (c *Child) readLoop(buf []byte) {
-	defer close(c.readerDone)
+// readLoop reads what the parent may send after the payload: STOP,
+// DEADLINE, KEPT, or EOF. EOF after ACCEPT with a re-attach socket is no
+// stop: the turn goes on, fenced by its own lease deadline, and waits for
+// the next daemon (P5).
+func (c *Child) readLoop(conn *net.UnixConn, buf []byte) {
+	defer c.readers.Done()
 	for {
-		f, err := readFrame(c.conn, buf)
+		f, err := readFrame(conn, buf)
 		switch {
+		case err != nil && errors.Is(err, net.ErrClosed) && c.isClosing(): // our own Close
+			c.cancel(context.Canceled)
+			return
+		case err != nil && c.orphan(conn):
+			return
 		case err == io.EOF:
 			c.cancel(ErrParentGone)
 			return
 		case err != nil:
-			if errors.Is(err, net.ErrClosed) { // our own Close
-				c.cancel(context.Canceled)
-			} else {
-				c.cancel(fmt.Errorf("%w: descriptor unreadable: %w", ErrParentGone, err))
-			}
+			c.cancel(fmt.Errorf("%w: descriptor unreadable: %w", ErrParentGone, err))
 			return
 		case f.Type == FrameStop:
 			class, err := parseClass(FrameStop, f.Body)
@@ -252,11 +298,135 @@ func (c *Child) readLoop(buf []byte) {
 				continue
 			}
 			c.setLease(l)
+		case f.Type == FrameKept && c.markKept():
 		default:
 			c.cancel(fmt.Errorf("%w: unexpected %s frame from parent", ErrParentGone, f.Type))
 			return
 		}
 	}
+}
+
+func (c *Child) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// markKept takes a KEPT after RESULT; false for one out of order.
+func (c *Child) markKept() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.resulted || c.pendingResult == nil {
+		return false
+	}
+	c.pendingResult = nil
+	close(c.kept)
+	return true
+}
+
+// orphan takes the daemon's end of conn going away after ACCEPT: with a
+// re-attach socket the child waits on it for the next daemon and reports
+// true; without one, or before ACCEPT (nobody but this child knows the turn
+// began: it must not begin), false.
+func (c *Child) orphan(conn *net.UnixConn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lis == nil || !c.accepted || c.conn != conn || c.isClosing() {
+		return false
+	}
+	c.orphanedAt = boottime.Now()
+	conn.Close()
+	c.readers.Add(1)
+	go c.awaitReattach()
+	return true
+}
+
+// reattachTimeout bounds the REATTACH a connecting daemon owes.
+const reattachTimeout = 10 * time.Second
+
+// awaitReattach accepts connections on the re-attach socket until one
+// brings a valid REATTACH for this attempt, or the Child is closed.
+func (c *Child) awaitReattach() {
+	defer c.readers.Done()
+	for {
+		conn, err := c.lis.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select { // EMFILE and its kind: try again shortly
+			case <-c.closing:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
+		if buf, ok := c.attach(conn); ok {
+			c.readers.Add(1)
+			go c.readLoop(conn, buf)
+			return
+		}
+		conn.Close()
+	}
+}
+
+// attach runs the child's side of the re-attach handshake on conn: a
+// REATTACH for this attempt from a process of our own user, ATTACHED in
+// answer, then the newest PROGRESS and the RESULT not yet kept. On success
+// conn is the descriptor from now on.
+func (c *Child) attach(conn *net.UnixConn) ([]byte, bool) {
+	if uid, _, err := peerCred(conn); err != nil || uid != os.Getuid() {
+		return nil, false
+	}
+	conn.SetReadDeadline(time.Now().Add(reattachTimeout))
+	buf := newReadBuffer()
+	f, err := readFrame(conn, buf)
+	if err != nil || f.Type != FrameReattach {
+		return nil, false
+	}
+	r, err := parseReattach(f.Body)
+	if err != nil || r.Echo != c.payload.Echo {
+		return nil, false
+	}
+	conn.SetReadDeadline(time.Time{})
+	if !c.attachLocked(conn, r) {
+		return nil, false
+	}
+	if r.Lease != (Lease{}) {
+		c.setLease(r.Lease)
+	}
+	return buf, true
+}
+
+func (c *Child) attachLocked(conn *net.UnixConn, r reattach) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	body, err := encodeAttached(attached{Echo: c.payload.Echo, Version: Version, Orphaned: boottime.Now().Sub(c.orphanedAt)})
+	if err != nil || writeFrame(conn, FrameAttached, body) != nil {
+		return false
+	}
+	if r.Version != Version {
+		// The daemon checks too and stops us; we wait for the next one.
+		return false
+	}
+	if c.lastProgress != nil && !c.resulted && writeFrame(conn, FrameProgress, c.lastProgress) != nil {
+		return false
+	}
+	if c.pendingResult != nil && writeFrame(conn, FrameResult, c.pendingResult) != nil {
+		return false
+	}
+	c.conn, c.orphanedAt = conn, 0
+	return true
+}
+
+// Orphaned reports whether the child is waiting for a daemon to re-attach.
+func (c *Child) Orphaned() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.orphanedAt != 0
 }
 
 // Payload is what the parent handed over. Its Data carries the worker
@@ -278,6 +448,9 @@ func (c *Child) Accept() error {
 	body, err := appendEcho(nil, c.payload.Echo)
 	if err != nil {
 		return err
+	}
+	if c.orphanedAt != 0 {
+		return ErrParentGone
 	}
 	if err := writeFrame(c.conn, FrameAccept, body); err != nil {
 		return err
@@ -306,29 +479,75 @@ func (c *Child) Decline(class string) error {
 }
 
 // Progress sends one progress record (at most MaxProgressBytes) after
-// ACCEPT. It blocks while the parent is behind.
+// ACCEPT. It blocks while the parent is behind. While the child waits to be
+// re-attached it only keeps the record, for the next daemon.
 func (c *Child) Progress(body []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.accepted || c.resulted {
 		return fmt.Errorf("%w: PROGRESS before ACCEPT or after RESULT", ErrOutOfOrder)
 	}
+	c.lastProgress = append([]byte(nil), body...)
+	if c.orphanedAt != 0 {
+		return nil
+	}
 	return writeFrame(c.conn, FrameProgress, body)
 }
 
 // Result sends the turn's result (at most MaxResultBytes), once, after
-// ACCEPT. Close and exit after it.
+// ACCEPT. With a re-attach socket it returns once the daemon has kept it
+// (KEPT): a daemon that dies first gets it again from the next one, until
+// the lease deadline passes (ErrParentGone then). Close and exit after it.
 func (c *Child) Result(body []byte) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if !c.accepted || c.resulted {
+		c.mu.Unlock()
 		return fmt.Errorf("%w: RESULT before ACCEPT or twice", ErrOutOfOrder)
 	}
-	if err := writeFrame(c.conn, FrameResult, body); err != nil {
+	var err error
+	if c.orphanedAt == 0 {
+		err = writeFrame(c.conn, FrameResult, body)
+	}
+	if err != nil && c.lis == nil {
+		c.mu.Unlock()
 		return err
 	}
 	c.resulted = true
-	return nil
+	if c.lis == nil {
+		c.mu.Unlock()
+		return nil
+	}
+	c.pendingResult = append([]byte(nil), body...)
+	c.mu.Unlock()
+	return c.awaitKept()
+}
+
+// awaitKept waits for KEPT, no longer than the lease: past its deadline no
+// daemon can take the result any more.
+func (c *Child) awaitKept() error {
+	for {
+		dl := c.Lease().Deadline
+		if dl == 0 {
+			dl = boottime.Now().Add(reattachTimeout)
+		}
+		left := dl.Sub(boottime.Now())
+		if left <= 0 {
+			return fmt.Errorf("%w: RESULT not kept by the lease deadline", ErrParentGone)
+		}
+		timer := time.NewTimer(left)
+		select {
+		case <-c.kept:
+			timer.Stop()
+			return nil
+		case <-c.closing:
+			timer.Stop()
+			return fmt.Errorf("%w: closed before the RESULT was kept", ErrParentGone)
+		case <-timer.C: // the lease may have moved meanwhile: look again
+			if c.Lease().Deadline == dl {
+				return fmt.Errorf("%w: RESULT not kept by the lease deadline", ErrParentGone)
+			}
+		}
+	}
 }
 
 // Close closes the descriptor and waits for the reading goroutine. Closing
@@ -337,8 +556,13 @@ func (c *Child) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		close(c.closing)
+		c.mu.Lock()
 		err = c.conn.Close()
-		<-c.readerDone
+		c.mu.Unlock()
+		if c.lis != nil {
+			c.lis.Close()
+		}
+		c.readers.Wait()
 		<-c.watcherDone
 		c.endDeadline(context.Canceled)
 	})

@@ -13,10 +13,19 @@
 // ends with a result, an exit without result, or a kill; what follows is the
 // lease protocol's business.
 //
-// The child is hardened: its own process group, a parent-death signal (and
-// EOF on the descriptor as the same news), no inherited descriptor beyond
-// 0–3, a filtered environment, the payload — which carries the worker token —
-// only on the descriptor, never in argv or the environment.
+// The child is hardened: its own process group, no inherited descriptor
+// beyond 0–3 (and 4, its re-attach socket), a filtered environment, the
+// payload — which carries the worker token — only on the descriptor, never
+// in argv or the environment.
+//
+// The child is not tied to the daemon's life (P5): no parent-death signal.
+// Before ACCEPT, EOF on the descriptor ends it (nobody knows the turn began).
+// After ACCEPT, a child with a re-attach socket (Config.Reattach, in the
+// daemon's state directory) keeps its turn going, fenced by its own lease
+// deadline, and waits there for the next daemon's Reattach, which checks the
+// protocol version, renews the deadline and supervises it to its end; it
+// keeps its RESULT until the daemon says it has it (KEPT). No thread is held
+// per child: exits are awaited on pidfds through the runtime's poller.
 //
 // The lease travels down with the turn (K5): PAYLOAD carries the lease as
 // the daemon counts it and the execution deadline, both CLOCK_BOOTTIME

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/runnerd/runnerd/internal/boottime"
 )
@@ -12,8 +13,11 @@ import (
 // Version is the frame format version. A frame of any other version is
 // rejected: parent and child are the same executable, so a mismatch means
 // something other than our child is on the descriptor. Version 2 added the
-// lease and execution deadlines to PAYLOAD and the DEADLINE frame.
-const Version = 2
+// lease and execution deadlines to PAYLOAD and the DEADLINE frame; version
+// 3 the re-attachment of a child to a new daemon (REATTACH, ATTACHED) and
+// KEPT. A daemon re-attaches only to a child whose ATTACHED names a version
+// it speaks (reattachVersions).
+const Version = 3
 
 // FrameType names one message of the handover protocol.
 //
@@ -25,6 +29,18 @@ const Version = 2
 //	RESULT    child   at most once, after ACCEPT                 opaque
 //	STOP      parent  at most once, at any time after PAYLOAD    reason class
 //	DEADLINE  parent  any number, at any time after PAYLOAD      echo + lease
+//	KEPT      parent  once, after RESULT, once the daemon has it  empty
+//	REATTACH  parent  first frame of a re-attach connection      echo + version + lease
+//	ATTACHED  child   answer to REATTACH                         echo + version + orphaned ns
+//
+// The child keeps its RESULT until KEPT says the daemon has it on disk: a
+// daemon that dies in between gets it again from the child when the next
+// one re-attaches (P5). Re-attachment: a child that has accepted and sees
+// EOF on its descriptor keeps its turn going, fenced by its own lease
+// deadline (K5), and waits on its re-attach socket (Config.Reattach) for
+// the next daemon, which sends REATTACH; the child answers ATTACHED and
+// sends its newest PROGRESS and, if it has one, its RESULT again. From then
+// on the new connection is the descriptor.
 //
 // A lease is two CLOCK_BOOTTIME instants (package boottime): the send time
 // of the renewal the daemon last saw acknowledged (the claim's, in PAYLOAD)
@@ -49,6 +65,9 @@ const (
 	FrameResult   FrameType = 5
 	FrameStop     FrameType = 6
 	FrameDeadline FrameType = 7
+	FrameKept     FrameType = 8
+	FrameReattach FrameType = 9
+	FrameAttached FrameType = 10
 )
 
 func (t FrameType) String() string {
@@ -67,6 +86,12 @@ func (t FrameType) String() string {
 		return "STOP"
 	case FrameDeadline:
 		return "DEADLINE"
+	case FrameKept:
+		return "KEPT"
+	case FrameReattach:
+		return "REATTACH"
+	case FrameAttached:
+		return "ATTACHED"
 	}
 	return fmt.Sprintf("FRAME(0x%02x)", uint8(t))
 }
@@ -114,7 +139,7 @@ func bodyLimit(t FrameType) (limit int, ok bool) {
 		return MaxProgressBytes, true
 	case FrameResult:
 		return MaxResultBytes, true
-	case FrameAccept, FrameDecline, FrameStop, FrameDeadline:
+	case FrameAccept, FrameDecline, FrameStop, FrameDeadline, FrameKept, FrameReattach, FrameAttached:
 		return maxControlBytes, true
 	}
 	return 0, false
@@ -433,6 +458,81 @@ func parseBody(f Frame) error {
 		_, err = parseClass(f.Type, f.Body)
 	case FrameDeadline:
 		_, _, err = parseDeadline(f.Body)
+	case FrameKept:
+		if len(f.Body) != 0 {
+			err = malformed("KEPT with a body")
+		}
+	case FrameReattach:
+		_, err = parseReattach(f.Body)
+	case FrameAttached:
+		_, err = parseAttached(f.Body)
 	}
 	return err
+}
+
+// reattach is a REATTACH body: the attempt the new daemon means, the
+// protocol version it speaks and the lease it has just renewed.
+type reattach struct {
+	Echo
+	Version uint8
+	Lease   Lease
+}
+
+// Layout after the echo: version (1 byte), lease (16 bytes).
+func encodeReattach(r reattach) ([]byte, error) {
+	if _, err := parseLease(FrameReattach, appendLease(nil, r.Lease)); err != nil {
+		return nil, err
+	}
+	b, err := appendEcho(nil, r.Echo)
+	if err != nil {
+		return nil, err
+	}
+	return appendLease(append(b, r.Version), r.Lease), nil
+}
+
+func parseReattach(b []byte) (reattach, error) {
+	e, rest, err := parseEcho(FrameReattach, b)
+	if err != nil {
+		return reattach{}, err
+	}
+	if len(rest) != 1+leaseLen {
+		return reattach{}, malformed("REATTACH has %d bytes after its echo, want %d", len(rest), 1+leaseLen)
+	}
+	l, err := parseLease(FrameReattach, rest[1:])
+	if err != nil {
+		return reattach{}, err
+	}
+	return reattach{Echo: e, Version: rest[0], Lease: l}, nil
+}
+
+// attached is an ATTACHED body: the attempt, the child's protocol version
+// and how long it had been without a daemon.
+type attached struct {
+	Echo
+	Version  uint8
+	Orphaned time.Duration
+}
+
+// Layout after the echo: version (1 byte), orphaned nanoseconds (8 bytes).
+func encodeAttached(a attached) ([]byte, error) {
+	b, err := appendEcho(nil, a.Echo)
+	if err != nil {
+		return nil, err
+	}
+	return binary.BigEndian.AppendUint64(append(b, a.Version), uint64(max(a.Orphaned, 0))), nil
+}
+
+func parseAttached(b []byte) (attached, error) {
+	e, rest, err := parseEcho(FrameAttached, b)
+	if err != nil {
+		return attached{}, err
+	}
+	if len(rest) != 9 {
+		return attached{}, malformed("ATTACHED has %d bytes after its echo, want 9", len(rest))
+	}
+	d := int64(binary.BigEndian.Uint64(rest[1:]))
+	if d < 0 {
+		return attached{}, malformed("ATTACHED orphaned for %d ns", d)
+	}
+	return attached{Echo: e, Version: rest[0], Orphaned: time.Duration(d)}, nil
 }

@@ -86,7 +86,7 @@ func TestFrameRoundTrip(t *testing.T) {
 
 func TestWriteFrameRefuses(t *testing.T) {
 	var c msgConn
-	if err := writeFrame(&c, FrameType(9), nil); err == nil {
+	if err := writeFrame(&c, FrameType(11), nil); err == nil {
 		t.Error("unknown type written")
 	}
 	if err := writeFrame(&c, FrameProgress, make([]byte, MaxProgressBytes+1)); err == nil {
@@ -107,11 +107,12 @@ func TestReadFrameMalformed(t *testing.T) {
 		want string
 	}{
 		{"short header", [][]byte{{Version, byte(FrameResult), 0}}, "shorter than the 8-byte header"},
-		{"version 0", [][]byte{append([]byte{0}, ok[1:]...)}, "version 0, want 2"},
-		{"version 1, before the deadlines", [][]byte{append([]byte{1}, ok[1:]...)}, "version 1, want 2"},
-		{"version 3", [][]byte{append([]byte{3}, ok[1:]...)}, "version 3, want 2"},
+		{"version 0", [][]byte{append([]byte{0}, ok[1:]...)}, "version 0, want 3"},
+		{"version 1, before the deadlines", [][]byte{append([]byte{1}, ok[1:]...)}, "version 1, want 3"},
+		{"version 2, before re-attachment", [][]byte{append([]byte{2}, ok[1:]...)}, "version 2, want 3"},
+		{"version 4", [][]byte{append([]byte{4}, ok[1:]...)}, "version 4, want 3"},
 		{"type 0", [][]byte{header(0, 0)}, "unknown frame type 0x00"},
-		{"type 8", [][]byte{header(8, 0)}, "unknown frame type 0x08"},
+		{"type 11", [][]byte{header(11, 0)}, "unknown frame type 0x0b"},
 		{"type 0xff", [][]byte{header(0xff, 0)}, "unknown frame type 0xff"},
 		{"reserved byte", [][]byte{{Version, byte(FrameResult), 1, 0, 0, 0, 0, 0}}, "non-zero reserved"},
 		{"payload over limit", [][]byte{header(FramePayload, MaxPayloadBytes+1)}, "PAYLOAD frame declares 4194305 body bytes, limit 4194304"},
@@ -225,7 +226,7 @@ func TestReadFrameBoundedAllocation(t *testing.T) {
 }
 
 func TestFrameTypeString(t *testing.T) {
-	want := []string{"FRAME(0x00)", "PAYLOAD", "ACCEPT", "DECLINE", "PROGRESS", "RESULT", "STOP", "DEADLINE", "FRAME(0x08)"}
+	want := []string{"FRAME(0x00)", "PAYLOAD", "ACCEPT", "DECLINE", "PROGRESS", "RESULT", "STOP", "DEADLINE", "KEPT", "REATTACH", "ATTACHED", "FRAME(0x0b)"}
 	for i, w := range want {
 		if got := FrameType(i).String(); got != w {
 			t.Errorf("FrameType(%d) = %q, want %q", i, got, w)

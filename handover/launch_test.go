@@ -532,16 +532,8 @@ func TestParentDeath(t *testing.T) {
 			t.Fatalf("child said %q, %v; want parent_gone", line, err)
 		}
 	})
-	// A child that ignores its descriptor and SIGTERM dies of the
-	// parent-death signal: its stdout reaches EOF.
-	t.Run("parent-death signal", func(t *testing.T) {
-		t.Parallel()
-		pid, br := run(t, "middle-pdeath")
-		if n, err := io.Copy(io.Discard, br); err != nil || n != 0 {
-			syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("child %d outlived its parent: %d bytes, %v", pid, n, err)
-		}
-	})
+	// Without a re-attach socket a child that has accepted ends its turn
+	// on EOF; nothing kills it on its parent's death but itself (P5).
 }
 
 // parseReady reads the stand-in daemon's "ready <pid>" line.
@@ -568,15 +560,17 @@ func TestReleasableZeroValue(t *testing.T) {
 }
 
 // TestConfigDefaults: zero fields mean the defaults, among them the
-// 3,600 s execution timeout (R5) and SIGKILL on the parent's death.
+// 3,600 s execution timeout (R5); a re-attach socket is named to the child.
 func TestConfigDefaults(t *testing.T) {
 	c := Config{Env: []string{}}.withDefaults()
-	if c.ExecutionTimeout != 3600*time.Second || c.StopGrace != DefaultStopGrace || c.KillGrace != DefaultKillGrace ||
-		c.ParentDeathSignal != syscall.SIGKILL {
+	if c.ExecutionTimeout != 3600*time.Second || c.StopGrace != DefaultStopGrace || c.KillGrace != DefaultKillGrace {
 		t.Fatalf("defaults %+v", c)
 	}
-	if got := childEnv(c.Env); !slices.Equal(got, []string{EnvFD + "=3"}) {
+	if got := childEnv(c.Env, false); !slices.Equal(got, []string{EnvFD + "=3"}) {
 		t.Fatalf("environment %q", got)
+	}
+	if got := childEnv([]string{EnvReattachFD + "=9"}, true); !slices.Equal(got, []string{EnvReattachFD + "=4", EnvFD + "=3"}) {
+		t.Fatalf("environment with a re-attach socket %q", got)
 	}
 }
 

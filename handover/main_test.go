@@ -15,6 +15,8 @@ import (
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/internal/boottime"
 )
 
 // childArg re-enters the test binary as a handover child (style item 8):
@@ -92,8 +94,10 @@ func childMain(mode string) int {
 	case "grandchild":
 		signal.Ignore(syscall.SIGTERM)
 		hang()
-	case "middle", "middle-pdeath":
+	case "middle", "middle-reattach":
 		return middleMain(exe, mode)
+	case "listener-v2":
+		return listenerV2()
 	case "fds":
 		// Before OpenFD, which replaces fd 3 by a close-on-exec duplicate.
 		if fds, err = listFDs(); err != nil {
@@ -216,6 +220,14 @@ func childMain(mode string) int {
 				return 0
 			}
 		}
+	case "reattach":
+		// Accepts, reports progress, and when a new daemon's REATTACH moved
+		// its lease, sends its RESULT: only a re-attached daemon gets it.
+		must(ch.Accept())
+		must(ch.Progress([]byte("before")))
+		<-ch.LeaseChanged()
+		must(ch.Result([]byte("after " + strconv.FormatBool(ch.Orphaned()))))
+		return 0
 	case "orphan":
 		// Reports on stdout why its context ended; the test kills its parent.
 		must(ch.Accept())
@@ -232,15 +244,17 @@ func childMain(mode string) int {
 
 // middleMain is a daemon stand-in between the test and a turn child: it
 // launches the child, prints "ready <pid>" on stdout (which the child shares)
-// and waits for the test to kill it.
+// and waits for the test to kill it. In middle-reattach the child gets the
+// re-attach socket named by envTestSocket and the lease of testLease.
 func middleMain(exe, mode string) int {
 	cfg := Config{Path: exe, Args: []string{childArg, "orphan"}, Stdout: os.Stdout, Stderr: os.Stderr}
-	if mode == "middle" {
-		cfg.NoParentDeathSignal = true // only EOF can tell the child
-	} else {
-		cfg.Args[1] = "hang-accepted" // only the parent-death signal can end it
+	p := testPayload()
+	if mode == "middle-reattach" {
+		cfg.Args[1] = "reattach"
+		cfg.Reattach = os.Getenv(envTestSocket)
+		p.Lease = testLease(time.Hour)
 	}
-	t, err := Launch(context.Background(), cfg, testPayload())
+	t, err := Launch(context.Background(), cfg, p)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "middle:", err)
 		return 2
@@ -258,4 +272,46 @@ func testPayload() Payload {
 		Echo: Echo{AttemptID: "att-42", LeaseGeneration: 7},
 		Data: []byte(`{"job_id":"job-1","worker_token":"` + secret + `"}`),
 	}
+}
+
+// envTestSocket names the re-attach socket for middle-reattach and
+// listener-v2.
+const envTestSocket = "HANDOVER_TEST_SOCKET"
+
+// testLease is a lease sent now that ends ttl from now.
+func testLease(ttl time.Duration) Lease {
+	now := boottime.Now()
+	return Lease{Sent: now, Deadline: now.Add(ttl)}
+}
+
+// listenerV2 stands for a child of a release whose protocol this one does
+// not speak: it listens on envTestSocket and answers any REATTACH with an
+// ATTACHED of version 2, then waits to be killed.
+func listenerV2() int {
+	signal.Ignore(syscall.SIGTERM) // only the SIGKILL KillGrace later ends it
+	path := os.Getenv(envTestSocket)
+	f, err := bindReattach(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	lis, err := listenOn(int(f.Fd()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println("ready", os.Getpid())
+	conn, err := lis.AcceptUnix()
+	if err != nil {
+		return 2
+	}
+	f2, err := readFrame(conn, newReadBuffer())
+	if err != nil || f2.Type != FrameReattach {
+		return 2
+	}
+	r, _ := parseReattach(f2.Body)
+	body, _ := encodeAttached(attached{Echo: r.Echo, Version: 2})
+	_ = writeFrame(conn, FrameAttached, body)
+	hang()
+	return 0
 }

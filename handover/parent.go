@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -34,7 +33,7 @@ const (
 
 // droppedEnv are variables that belong to the daemon alone: a child that saw
 // them could notify systemd or take over its sockets.
-var droppedEnv = [...]string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", EnvFD}
+var droppedEnv = [...]string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", EnvFD, EnvReattachFD}
 
 // Config describes how to start one child. Zero fields mean the default.
 // It is a value: the runner copies a shared one and sets OnProgress per turn.
@@ -61,10 +60,19 @@ type Config struct {
 	// process group; KillGrace the time between SIGTERM and SIGKILL.
 	StopGrace time.Duration
 	KillGrace time.Duration
-	// ParentDeathSignal is sent to the child when the daemon dies; default
-	// SIGKILL. NoParentDeathSignal turns it off (the child still sees EOF).
-	ParentDeathSignal   syscall.Signal
-	NoParentDeathSignal bool
+	// Reattach, if set, is the path of the turn's re-attach socket (in the
+	// daemon's state directory; 0600, owned by the daemon). The child is
+	// not tied to the daemon's life: one that has accepted goes on when the
+	// daemon dies, fenced by its own lease deadline (K5), and waits there
+	// for the next daemon's Reattach (P5). Without it the child ends its
+	// turn when its descriptor reaches EOF. The file is removed once the
+	// child is gone.
+	Reattach string
+	// OnResult, if set, receives the RESULT body on the supervising
+	// goroutine when it arrives; once it returns the daemon tells the child
+	// it has the result (KEPT), so a child with a re-attach socket keeps it
+	// until then. The daemon persists it there.
+	OnResult func(body []byte)
 
 	// Started, if set, is called with the child's pid once the child
 	// exists and before it is sent the payload: until then the child waits
@@ -93,17 +101,14 @@ func (c Config) withDefaults() Config {
 	if c.KillGrace <= 0 {
 		c.KillGrace = DefaultKillGrace
 	}
-	if c.ParentDeathSignal == 0 {
-		c.ParentDeathSignal = syscall.SIGKILL
-	}
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
 	return c
 }
 
-func childEnv(env []string) []string {
-	out := make([]string, 0, len(env)+1)
+func childEnv(env []string, reattach bool) []string {
+	out := make([]string, 0, len(env)+2)
 next:
 	for _, kv := range env {
 		for _, d := range droppedEnv {
@@ -112,6 +117,9 @@ next:
 			}
 		}
 		out = append(out, kv)
+	}
+	if reattach {
+		out = append(out, EnvReattachFD+"="+strconv.Itoa(reattachFD))
 	}
 	return append(out, EnvFD+"="+strconv.Itoa(childFD))
 }
@@ -261,6 +269,9 @@ type Turn struct {
 	answered    chan struct{} // closed on ACCEPT, or with notAccepted set
 	notAccepted *NotAccepted
 
+	keep     bool          // the child waits for KEPT after RESULT (it has a re-attach socket)
+	orphaned time.Duration // how long it was without a daemon (Reattach)
+
 	done  chan struct{} // closed when the child is gone and ended is set
 	ended Ended
 }
@@ -337,16 +348,28 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		return nil, spawnFailed("fd_hygiene", err)
 	}
 
+	var lis *os.File
+	if cfg.Reattach != "" {
+		if lis, err = bindReattach(cfg.Reattach); err != nil {
+			conn.Close()
+			childEnd.Close()
+			return nil, spawnFailed("reattach_socket", err)
+		}
+	}
+
 	kctx, kill := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(kctx, cfg.Path, cfg.Args...)
-	cmd.Env = childEnv(cfg.Env)
+	cmd.Env = childEnv(cfg.Env, lis != nil)
 	cmd.Dir = cfg.Dir
 	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
 	cmd.ExtraFiles = []*os.File{childEnd}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if !cfg.NoParentDeathSignal {
-		cmd.SysProcAttr.Pdeathsig = cfg.ParentDeathSignal
+	if lis != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, lis)
 	}
+	// No parent-death signal: a child outlives its daemon and, with a
+	// re-attach socket, waits for the next one (P5). Its own group, so
+	// that a signal to the daemon's group does not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// kill() starts the end: SIGTERM to the group now, SIGKILL to the child
 	// KillGrace later (WaitDelay), SIGKILL to the group once it is reaped.
 	cmd.Cancel = func() error {
@@ -357,23 +380,22 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	}
 	cmd.WaitDelay = cfg.KillGrace
 
-	t := &Turn{
-		cfg:      cfg,
-		echo:     p.Echo,
-		conn:     conn,
-		stopReq:  make(chan struct{}),
-		exited:   make(chan struct{}),
-		answered: make(chan struct{}),
-		done:     make(chan struct{}),
-	}
+	t := newTurn(cfg, p.Echo, conn)
+	t.keep = lis != nil
 	started := make(chan error, 1)
 	go t.run(cmd, started)
 	err = <-started
 	childEnd.Close() // from now on EOF means the child's end is closed
+	if lis != nil {
+		lis.Close() // the child's now
+	}
 	if err != nil {
 		conn.Close()
 		kill()
 		<-t.exited
+		if cfg.Reattach != "" {
+			_ = os.Remove(cfg.Reattach)
+		}
 		return nil, spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
 	}
 	if cfg.Started != nil {
@@ -387,12 +409,22 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	return t, nil
 }
 
-// run starts and reaps the child on a goroutine locked to its OS thread for
-// the child's whole life: the parent-death signal fires when the thread that
-// forked the child exits, not the process (Go issue 27505). The goroutine
-// returns still locked, so the runtime retires that thread.
+func newTurn(cfg Config, echo Echo, conn *net.UnixConn) *Turn {
+	return &Turn{
+		cfg:      cfg,
+		echo:     echo,
+		conn:     conn,
+		stopReq:  make(chan struct{}),
+		exited:   make(chan struct{}),
+		answered: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+}
+
+// run starts and reaps the child. It waits for the exit on a pidfd through
+// the runtime's poller before it reaps, so that no OS thread is blocked in
+// wait per held turn (issue 12 §6).
 func (t *Turn) run(cmd *exec.Cmd, started chan<- error) {
-	runtime.LockOSThread()
 	defer close(t.exited)
 	if err := cmd.Start(); err != nil {
 		started <- err
@@ -400,6 +432,7 @@ func (t *Turn) run(cmd *exec.Cmd, started chan<- error) {
 	}
 	t.pid = cmd.Process.Pid
 	started <- nil
+	_ = awaitExit(t.pid)
 	_ = cmd.Wait() // the outcome comes from ProcessState and the frames
 	t.state = cmd.ProcessState
 	// Whatever the child left in its group is an orphan now. The group id
@@ -470,7 +503,12 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 	)
 	defer timeout.Stop()
 	go t.readLoop(frames)
-	writers.Go(func() { delivered <- t.write(FramePayload, payload, time.Time{}) })
+	if payload == nil {
+		// Re-attached (Reattach): the child accepted under an earlier daemon.
+		accepted, isDelivered, delivered = true, true, nil
+	} else {
+		writers.Go(func() { delivered <- t.write(FramePayload, payload, time.Time{}) })
+	}
 
 	// beginStop starts the stop sequence once. A forced stop (requested,
 	// timeout, protocol error) comes before the outcome is known and makes
@@ -574,6 +612,12 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 				}
 			case accepted && !haveResult && r.f.Type == FrameResult:
 				result, haveResult = r.f.Body, true
+				if t.cfg.OnResult != nil {
+					t.cfg.OnResult(result)
+				}
+				if t.keep && !readerDone {
+					writers.Go(func() { _ = t.write(FrameKept, nil, time.Now().Add(t.cfg.StopGrace)) })
+				}
 			default:
 				protocol(ClassProtocol, fmt.Errorf("handover: unexpected %s frame from child (accepted=%t, declined=%t, result=%t)",
 					r.f.Type, accepted, declineClass != "", haveResult))
@@ -620,6 +664,9 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill context.Cance
 	t.conn.SetWriteDeadline(time.Now())
 	writers.Wait()
 	t.conn.Close()
+	if t.cfg.Reattach != "" {
+		_ = os.Remove(t.cfg.Reattach) // the child is gone: nobody listens there
+	}
 
 	if accepted {
 		e := Ended{Stopped: requested, TimedOut: timedOut, Err: protoErr, ExitCode: -1}

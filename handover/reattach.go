@@ -1,0 +1,262 @@
+package handover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// EnvReattachFD names the child's re-attach socket (always 4) when
+// Config.Reattach is set. The child unsets it.
+const EnvReattachFD = "RUNNERD_HANDOVER_REATTACH_FD"
+
+// reattachFD is where ExtraFiles[1] lands in the child.
+const reattachFD = 4
+
+// reattachVersions are the protocol versions of children this daemon
+// re-attaches to: the children of the previous release too, once a release
+// changes the frames (the first release with re-attachment is version 3).
+var reattachVersions = []uint8{Version}
+
+// ErrNoChild is Reattach's error when no child of the attempt waits on the
+// socket: it is gone (or never accepted), and the turn is resolved without
+// it (R31).
+var ErrNoChild = errors.New("handover: no child waits to be re-attached")
+
+// VersionError is Reattach's error for a child that speaks a protocol
+// version this daemon does not; the child's process group has been sent
+// SIGTERM and, KillGrace later, SIGKILL.
+type VersionError struct{ Version uint8 }
+
+func (e *VersionError) Error() string {
+	return "handover: the child speaks protocol version " + strconv.Itoa(int(e.Version)) + ", not one this daemon re-attaches to"
+}
+
+// sockAddr runs f with an address for the socket at path: the path itself,
+// or one through /proc/self/fd when it is longer than sun_path holds.
+func sockAddr(path string, f func(addr string) error) error {
+	if len(path) < len(unix.RawSockaddrUnix{}.Path) {
+		return f(path)
+	}
+	dir, err := unix.Open(filepath.Dir(path), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("handover: re-attach socket directory: %w", err)
+	}
+	defer unix.Close(dir)
+	return f("/proc/self/fd/" + strconv.Itoa(dir) + "/" + filepath.Base(path))
+}
+
+// bindReattach creates the re-attach socket at path, 0600, owned by the
+// daemon. It is bound but not listening: the child listens, so that the
+// credentials a connecting daemon sees are the child's.
+func bindReattach(path string) (*os.File, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("handover: re-attach socket: %w", err)
+	}
+	_ = os.Remove(path) // a stale socket of this attempt id: no child listens on it
+	err = sockAddr(path, func(addr string) error { return unix.Bind(fd, &unix.SockaddrUnix{Name: addr}) })
+	if err == nil {
+		err = os.Chmod(path, 0o600)
+	}
+	if err != nil {
+		unix.Close(fd)
+		_ = os.Remove(path)
+		return nil, fmt.Errorf("handover: re-attach socket: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "handover-reattach"), nil
+}
+
+// listenOn makes the child's inherited descriptor lfd its re-attach
+// listener (a close-on-exec duplicate; lfd itself is closed).
+func listenOn(lfd int) (*net.UnixListener, error) {
+	if err := unix.Listen(lfd, 4); err != nil {
+		unix.Close(lfd)
+		return nil, fmt.Errorf("handover: listen on the re-attach socket: %w", err)
+	}
+	f := os.NewFile(uintptr(lfd), "handover-reattach")
+	l, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("handover: re-attach socket: %w", err)
+	}
+	ul, ok := l.(*net.UnixListener)
+	if !ok {
+		l.Close()
+		return nil, errors.New("handover: the re-attach descriptor is not a unix socket")
+	}
+	ul.SetUnlinkOnClose(false) // the daemon owns the file
+	return ul, nil
+}
+
+// peerCred is the uid and pid of conn's peer: for a connection to the
+// re-attach socket, the child that listens on it.
+func peerCred(conn *net.UnixConn) (uid, pid int, err error) {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return 0, 0, err
+	}
+	var cred *unix.Ucred
+	cerr := rc.Control(func(fd uintptr) {
+		cred, err = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if cerr != nil {
+		return 0, 0, cerr
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(cred.Uid), int(cred.Pid), nil
+}
+
+// dialReattach connects to the re-attach socket at path.
+func dialReattach(path string) (*net.UnixConn, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	err = sockAddr(path, func(addr string) error { return unix.Connect(fd, &unix.SockaddrUnix{Name: addr}) })
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), "handover-reattach")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.UnixConn), nil
+}
+
+// Reattach takes over the turn of an earlier daemon's child that waits on
+// its re-attach socket cfg.Reattach (P5): it connects, checks that the
+// child is of this user and runs echo's attempt in a protocol version this
+// daemon speaks, hands it lease (just renewed: the child's deadline moves
+// with it) and supervises it from then on like an accepted Turn of Launch;
+// the child sends its newest PROGRESS and its RESULT again. cfg.Path and
+// cfg.Args are not used; cfg.ExecutionTimeout is what is left of the
+// turn's. ErrNoChild means nobody waits there; a *VersionError, a child
+// this daemon cannot speak to, which has been stopped.
+func Reattach(ctx context.Context, cfg Config, echo Echo, lease Lease) (*Turn, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Reattach == "" {
+		return nil, errors.New("handover: Reattach without Config.Reattach")
+	}
+	body, err := encodeReattach(reattach{Echo: echo, Version: Version, Lease: lease})
+	if err != nil {
+		return nil, err
+	}
+	conn, err := dialReattach(cfg.Reattach)
+	if err != nil {
+		// ENOENT or ECONNREFUSED: no listener, the child is gone.
+		return nil, fmt.Errorf("%w: %w", ErrNoChild, err)
+	}
+	uid, pid, err := peerCred(conn)
+	if err != nil || uid != os.Getuid() || pid <= 0 {
+		conn.Close()
+		return nil, fmt.Errorf("%w: the socket's listener is not a child of this user", ErrNoChild)
+	}
+	conn.SetDeadline(time.Now().Add(cfg.StopGrace))
+	var a attached
+	buf := newReadBuffer()
+	err = writeFrame(conn, FrameReattach, body)
+	if err == nil {
+		var f Frame
+		if f, err = readFrame(conn, buf); err == nil && f.Type != FrameAttached {
+			err = fmt.Errorf("%w: %s frame in answer to REATTACH", ErrMalformed, f.Type)
+		}
+		if err == nil {
+			a, err = parseAttached(f.Body)
+		}
+	}
+	if err == nil && a.Echo != echo {
+		err = fmt.Errorf("%w: ATTACHED for another attempt", ErrMalformed)
+	}
+	if err != nil {
+		// A child that closes without answering is on its way out (it never
+		// accepted, or its lease ended): nobody to re-attach to.
+		conn.Close()
+		return nil, fmt.Errorf("%w: %w", ErrNoChild, err)
+	}
+	conn.SetDeadline(time.Time{})
+	known := false
+	for _, v := range reattachVersions {
+		known = known || v == a.Version
+	}
+	t := newTurn(cfg, echo, conn)
+	t.pid = pid
+	t.orphaned = a.Orphaned
+	t.keep = true
+	kill := t.watchExit()
+	if !known {
+		kill()
+		<-t.exited
+		conn.Close()
+		return nil, &VersionError{Version: a.Version}
+	}
+	close(t.answered)
+	go t.supervise(ctx, nil, kill)
+	return t, nil
+}
+
+// Orphaned is how long the child had been without a daemon when Reattach
+// took it over; zero for a Turn of Launch.
+func (t *Turn) Orphaned() time.Duration { return t.orphaned }
+
+// watchExit closes t.exited when the process t.pid exits, through a pidfd
+// on the runtime's poller (no thread waits). The returned kill ends the
+// child as Launch's does: SIGTERM to its process group now, SIGKILL
+// KillGrace later, and SIGKILL to the group once it has exited.
+func (t *Turn) watchExit() (kill func()) {
+	pid := t.pid
+	go func() {
+		defer close(t.exited)
+		_ = awaitExit(pid)
+		_ = unix.Kill(-pid, unix.SIGKILL) // whatever it left in its group
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			_ = unix.Kill(-pid, unix.SIGTERM)
+			go func() {
+				timer := time.NewTimer(t.cfg.KillGrace)
+				defer timer.Stop()
+				select {
+				case <-timer.C:
+					_ = unix.Kill(-pid, unix.SIGKILL)
+				case <-t.exited:
+				}
+			}()
+		})
+	}
+}
+
+// awaitExit returns once process pid has exited (or is gone), waiting on a
+// non-blocking pidfd through the runtime's poller, so that no OS thread is
+// held per child.
+func awaitExit(pid int) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return err // ESRCH: already gone
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return rc.Read(func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
+}

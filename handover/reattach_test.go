@@ -1,0 +1,134 @@
+package handover
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// startMiddle runs a stand-in daemon (mode middle-reattach or
+// listener-v2) with envTestSocket set to sock, waits for its ready line and
+// returns the pid it names and the process.
+func startMiddle(t *testing.T, mode, sock string) (int, *exec.Cmd) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	cmd := exec.Command(exe, childArg, mode)
+	cmd.Env = append(os.Environ(), envTestSocket+"="+sock)
+	cmd.Stdout, cmd.Stderr = w, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	r.SetReadDeadline(time.Now().Add(time.Minute)) // bounds a failure only
+	line, err := bufio.NewReader(r).ReadString('\n')
+	pid, perr := parseReady(line)
+	if err != nil || perr != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("stand-in: %q, %v", line, err)
+	}
+	return pid, cmd
+}
+
+// TestReattachAfterParentKill (P5): a stand-in daemon launches a child with
+// a re-attach socket and is killed with SIGKILL after ACCEPT. The child
+// outlives it (no parent-death tie), keeps its turn and waits on the
+// socket, which is 0600; a new parent re-attaches with Reattach, the
+// child's lease moves to the one REATTACH brings, its newest PROGRESS and
+// then its RESULT arrive on the new connection, and the socket is removed
+// once the child is gone.
+func TestReattachAfterParentKill(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "att-42.sock")
+	pid, middle := startMiddle(t, "middle-reattach", sock)
+	middle.Process.Kill()
+	middle.Wait()
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	if err := syscall.Kill(pid, 0); err != nil {
+		t.Fatalf("the child died with its parent: %v", err)
+	}
+	st, err := os.Stat(sock)
+	if err != nil || st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("re-attach socket %v, %v; want a 0600 socket", st.Mode(), err)
+	}
+
+	progress := newProgressLog()
+	cfg := testConfig(t, "")
+	cfg.Reattach = sock
+	cfg.OnProgress = progress.add
+	turn, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if turn.PID() != pid || turn.Orphaned() <= 0 {
+		t.Errorf("re-attached to pid %d orphaned %v; want pid %d, orphaned for a while", turn.PID(), turn.Orphaned(), pid)
+	}
+	end := turn.Wait()
+	if end.Outcome != OutcomeResult || string(end.Result) != "after false" {
+		t.Fatalf("end %+v (%q), want the child's RESULT sent after re-attachment", end, end.Result)
+	}
+	if got := progress.all(); len(got) != 1 || got[0] != "before" {
+		t.Errorf("progress after re-attachment %q, want the newest one again", got)
+	}
+	if _, err := os.Stat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("re-attach socket still there after the child ended: %v", err)
+	}
+	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
+		t.Errorf("second Reattach: %v, want ErrNoChild", err)
+	}
+}
+
+// TestReattachRefusesOtherVersion: a child that answers REATTACH in a
+// protocol version this daemon does not speak is not re-attached; it is
+// stopped (SIGTERM, then SIGKILL after KillGrace).
+func TestReattachRefusesOtherVersion(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "att-42.sock")
+	_, child := startMiddle(t, "listener-v2", sock)
+	done := make(chan error, 1)
+	go func() { done <- child.Wait() }()
+	cfg := testConfig(t, "")
+	cfg.Reattach = sock
+	cfg.KillGrace = 100 * time.Millisecond
+	_, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour))
+	var ve *VersionError
+	if !errors.As(err, &ve) || ve.Version != 2 {
+		child.Process.Kill()
+		t.Fatalf("Reattach: %v, want a VersionError for version 2", err)
+	}
+	err = <-done
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("the child of another version ended with %v, want SIGKILL", err)
+	}
+}
+
+// TestReattachNobodyThere: no socket, or one nobody listens on, is
+// ErrNoChild.
+func TestReattachNobodyThere(t *testing.T) {
+	cfg := testConfig(t, "")
+	cfg.Reattach = filepath.Join(t.TempDir(), "none.sock")
+	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
+		t.Fatalf("no socket: %v", err)
+	}
+	f, err := bindReattach(cfg.Reattach) // bound, never listened on: a dead child's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
+		t.Fatalf("nobody listening: %v", err)
+	}
+}
