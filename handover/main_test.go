@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -94,7 +95,7 @@ func childMain(mode string) int {
 	case "grandchild":
 		signal.Ignore(syscall.SIGTERM)
 		hang()
-	case "middle", "middle-reattach":
+	case "middle", "middle-reattach", "middle-preaccept":
 		return middleMain(exe, mode)
 	case "listener-v2":
 		return listenerV2()
@@ -228,6 +229,17 @@ func childMain(mode string) int {
 		<-ch.LeaseChanged()
 		must(ch.Result([]byte("after " + strconv.FormatBool(ch.Orphaned()))))
 		return 0
+	case "preaccept":
+		// Says it is ready before it answers, waits for its parent to go,
+		// then tries to accept, and says how that went.
+		fmt.Printf("ready %d\n", os.Getpid())
+		<-ch.Context().Done()
+		if err := ch.Accept(); err != nil {
+			fmt.Println("accept_refused")
+			return 1
+		}
+		fmt.Println("accepted")
+		return 0
 	case "orphan":
 		// Reports on stdout why its context ended; the test kills its parent.
 		must(ch.Accept())
@@ -249,8 +261,8 @@ func childMain(mode string) int {
 func middleMain(exe, mode string) int {
 	cfg := Config{Path: exe, Args: []string{childArg, "orphan"}, Stdout: os.Stdout, Stderr: os.Stderr}
 	p := testPayload()
-	if mode == "middle-reattach" {
-		cfg.Args[1] = "reattach"
+	if mode != "middle" {
+		cfg.Args[1] = strings.TrimPrefix(mode, "middle-")
 		cfg.Reattach = os.Getenv(envTestSocket)
 		p.Lease = testLease(time.Hour)
 	}

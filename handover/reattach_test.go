@@ -11,10 +11,16 @@ import (
 	"time"
 )
 
-// startMiddle runs a stand-in daemon (mode middle-reattach or
-// listener-v2) with envTestSocket set to sock, waits for its ready line and
-// returns the pid it names and the process.
+// startMiddle runs a stand-in daemon (mode middle-reattach,
+// middle-preaccept or listener-v2) with envTestSocket set to sock, waits for
+// the first ready line on their stdout and returns the pid it names, the
+// process and the rest of the output.
 func startMiddle(t *testing.T, mode, sock string) (int, *exec.Cmd) {
+	pid, cmd, _ := startMiddleOutput(t, mode, sock)
+	return pid, cmd
+}
+
+func startMiddleOutput(t *testing.T, mode, sock string) (int, *exec.Cmd, *bufio.Reader) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -34,14 +40,39 @@ func startMiddle(t *testing.T, mode, sock string) (int, *exec.Cmd) {
 	}
 	w.Close()
 	r.SetReadDeadline(time.Now().Add(time.Minute)) // bounds a failure only
-	line, err := bufio.NewReader(r).ReadString('\n')
+	br := bufio.NewReader(r)
+	line, err := br.ReadString('\n')
 	pid, perr := parseReady(line)
 	if err != nil || perr != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		t.Fatalf("stand-in: %q, %v", line, err)
 	}
-	return pid, cmd
+	return pid, cmd, br
+}
+
+// TestReattachBeforeAccept (P5, R33): a stand-in daemon with a re-attach
+// socket is killed with SIGKILL before its child answered. The child must
+// not begin a turn nobody knows of: its ACCEPT fails, it ends, and a new
+// daemon finds nobody to re-attach to (the claim is resolved as never
+// accepted).
+func TestReattachBeforeAccept(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "att-42.sock")
+	pid, middle, out := startMiddleOutput(t, "middle-preaccept", sock)
+	middle.Process.Kill()
+	middle.Wait()
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	if line, err := out.ReadString('\n'); line != "accept_refused\n" {
+		t.Fatalf("the orphaned child said %q, %v; want accept_refused", line, err)
+	}
+	if err := awaitExit(pid); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, "")
+	cfg.Reattach = sock
+	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
+		t.Fatalf("Reattach after the child ended: %v, want ErrNoChild", err)
+	}
 }
 
 // TestReattachAfterParentKill (P5): a stand-in daemon launches a child with

@@ -78,6 +78,10 @@ type attempt struct {
 	facts  settlement.Facts
 }
 
+func (a *attempt) echo() handover.Echo {
+	return handover.Echo{AttemptID: a.claim.AttemptID, LeaseGeneration: a.claim.LeaseGeneration}
+}
+
 func (a *attempt) stop(r stopReason) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -198,14 +202,19 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		d.notAccepted(runCtx, a, err)
 		return
 	}
-	a.mu.Lock()
-	a.turn = t
-	a.mu.Unlock()
 	d.gate.success()
 	d.m.ClaimToAccept.Observe(time.Since(a.claimedAt).Seconds()) // from the answer, not the long poll's start
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
 		slog.Int64("since_claim_ms", time.Since(a.claimedAt).Milliseconds()), slog.String(keyScope, a.scope))
+	d.superviseTurn(runCtx, a, t)
+}
 
+// superviseTurn runs an accepted turn — launched by this daemon or
+// re-attached at start — until its RESULT or its end, and reports it.
+func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.Turn) {
+	a.mu.Lock()
+	a.turn = t
+	a.mu.Unlock()
 	// 5. Accepted: the turn runs until its RESULT or its end.
 	ended := t.Wait()
 	d.turnEnded(a, ended)
@@ -320,7 +329,17 @@ func (d *Daemon) handoverConfig(a *attempt) handover.Config {
 		KillGrace:        d.cfg.KillGrace,
 		Started:          d.placeTurn(a),
 		OnProgress:       a.onProgress,
+		OnResult:         a.keepResult,
 		Leases:           a.leases,
+		Reattach:         d.state.socket(a.claim.AttemptID),
+	}
+}
+
+// keepResult persists the child's RESULT before the child is told the
+// daemon has it (KEPT): from then on only this record holds it (P5).
+func (a *attempt) keepResult(body []byte) {
+	if err := a.d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, Result: body}); err != nil {
+		a.d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist_result", err)
 	}
 }
 

@@ -46,6 +46,8 @@ const (
 	MsgCancelPollFailed  = "runnerd_cancel_poll_failed" // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
 	MsgTurnScopes        = "runnerd_turn_scopes"        // at start: where turn children live (mechanism), and why not in scopes
 	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"  // a child could not be moved into its scope (class); its turn runs on
+	MsgTurnReattached    = "runnerd_turn_reattached"    // a turn child of an earlier run was taken over at start (P5): how long it was orphaned
+	MsgReattachRefused   = "runnerd_reattach_refused"   // a surviving turn child speaks a protocol version this daemon does not: it was stopped
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).
@@ -67,6 +69,8 @@ const (
 	keyRunning       = "running"
 	keyMechanism     = "mechanism"
 	keyScope         = "scope"
+	keyOrphanedMS    = "orphaned_ms"
+	keyVersion       = "protocol_version"
 )
 
 // Hangup records a SIGHUP (K11). Every setting comes from flags and the
@@ -75,6 +79,17 @@ const (
 // many turns it left running.
 func (d *Daemon) Hangup() {
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgHangupIgnored, slog.Int(keyRunning, d.running()))
+}
+
+// logReattached is MsgTurnReattached: the child's pid and how long it ran
+// without a daemon.
+func (d *Daemon) logReattached(a diagnostics.Attempt, pid int, orphaned time.Duration) {
+	d.logAttempt(slog.LevelInfo, MsgTurnReattached, a, slog.Int("pid", pid), slog.Int64(keyOrphanedMS, orphaned.Milliseconds()))
+}
+
+// logReattachRefused is MsgReattachRefused: the child's protocol version.
+func (d *Daemon) logReattachRefused(a diagnostics.Attempt, version uint8) {
+	d.logAttempt(slog.LevelWarn, MsgReattachRefused, a, slog.Int(keyVersion, int(version)))
 }
 
 func attrsOf(a diagnostics.Attempt) []slog.Attr {

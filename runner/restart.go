@@ -2,13 +2,16 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/retry"
+	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -22,27 +25,37 @@ const (
 	decisionUnreachable = "unreachable" // no answer for a whole lease: kept for the next start
 	decisionUnsent      = "unsent"      // the lease was ours but the report could not be sent
 	decisionStopped     = "stopped"     // the daemon was stopped meanwhile
+	decisionReattached  = "reattached"  // the turn child was there: it goes on under this daemon (P5)
+	decisionFromResult  = "from_result" // the child's persisted RESULT was reported
 )
 
 // recoverAll resolves every attempt an earlier run left in the state
-// directory, before the first claim (P5, P6, R31). Children die with the
-// daemon (parent-death signal, and EOF on their descriptor), so no turn of
-// an earlier run is still running: re-attachment to a surviving turn is not
-// built. For each attempt the control plane is asked first, with a renewal
-// under the attempt's own worker token:
+// directory, before the first claim (P5, P6, R31). Turn children outlive
+// the daemon: one that had accepted waits on its re-attach socket, fenced
+// by its own lease deadline (K5). For each attempt the control plane is
+// asked first, with a renewal under the attempt's own worker token:
 //
-//	answered 200        the lease is still ours: re-send the persisted report
-//	                    (idempotent, P2), or, with none, finish as worker_lost
-//	                    (never admitted: requeued, not counted, P6; admitted:
-//	                    the conversation becomes LOST and is never replayed)
-//	409/410/401/403/404 the lease is gone: write nothing, forget the attempt
+//	answered 200        the lease is still ours: with no report persisted,
+//	                    re-attach to the child if it is there — it goes on
+//	                    as if nothing had happened (runnerd_turn_reattached)
+//	                    and is reported by this daemon; otherwise build the
+//	                    report from the persisted RESULT, re-send the
+//	                    persisted report (idempotent, P2), or, with neither,
+//	                    finish as worker_lost (never admitted: requeued, not
+//	                    counted, P6; admitted: the conversation becomes LOST
+//	                    and is never replayed, R31)
+//	409/410/401/403/404 the lease is gone: a surviving child is stopped
+//	                    (lease_lost: it writes nothing more), never
+//	                    re-attached; write nothing, forget the attempt
 //	400 (our bug)       runnerd_report_refused; kept for a person
 //	no verdict          transport failures, 408, 429, 5xx: retried under the
 //	                    report policy (K1) until a whole lease has passed,
 //	                    then kept for the next start (the reaper decides
-//	                    meanwhile)
+//	                    meanwhile; the child fences itself)
 //
-// The attempts are resolved concurrently; each holds a slot while it is.
+// The attempts are resolved concurrently; each holds a slot while it is,
+// and a re-attached turn holds its slot until it ends. recoverAll returns
+// once every attempt is resolved or re-attached.
 func (d *Daemon) recoverAll(ctx context.Context) {
 	d.state.sweepTemp()
 	recs, bad := d.state.load()
@@ -69,9 +82,9 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		claimedAt: r.ClaimedAt,
 		id:        diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
 		ref:       wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
+		leases:    make(chan handover.Lease, 1),
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
-	defer a.fence()
 	a.reporter = d.newReporter(c)
 	decide := func(decision string) string {
 		d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
@@ -82,25 +95,36 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	sent, ttl, answer := d.askLease(ctx, a)
 	switch {
 	case ctx.Err() != nil:
+		a.fence()
 		return decide(decisionStopped)
 	case answer == leaseRejected:
+		a.fence()
+		d.stopOrphan(a, r)
 		d.m.turnEnded("lease_lost", a.claimedAt)
 		if err := d.state.remove(c.AttemptID); err != nil {
 			d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "forget", err)
 		}
 		return decide(decisionRejected)
 	case answer == leaseRefused:
+		a.fence()
 		return decide(decisionRefused)
 	case answer != leaseOurs:
+		a.fence()
 		return decide(decisionUnreachable)
 	}
 
-	// The lease is ours: keep it renewed while the report goes out.
+	// The lease is ours: keep it renewed while the turn or its report goes on.
 	hbAttempt := heartbeat.Attempt{
 		JobID: c.JobID, AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration,
 		WorkerToken: c.WorkerToken, LeaseTTL: ttl, ClaimSent: sent,
 	}
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock}, hbAttempt)
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease}, hbAttempt)
+	if r.Report == nil {
+		if d.reattach(ctx, a) {
+			return decide(decisionReattached)
+		}
+	}
+	defer a.fence()
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	over := make(chan struct{})
 	watched := make(chan struct{})
@@ -117,9 +141,19 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	defer func() { a.renewer.Stop(); <-a.renewer.Done(); close(over); <-watched }()
 
 	decision, rep, outcome := decisionResent, settlement.Report{}, "resent"
-	if r.Report != nil {
+	switch {
+	case r.Report != nil:
 		rep = *r.Report
-	} else {
+	case r.Result != nil:
+		// The child's RESULT was kept but the report not yet built: the
+		// turn ended as the child said, and its report goes out now.
+		decision = decisionFromResult
+		rep, outcome = d.reportOf(a, handover.Ended{Outcome: handover.OutcomeResult, Result: r.Result, ExitCode: -1})
+		if childSawLeaseRejected(handover.Ended{Outcome: handover.OutcomeResult, Result: r.Result}) {
+			d.forget(a, "lease_lost")
+			return decide(decisionRejected)
+		}
+	default:
 		decision, outcome = decisionWorkerLost, wire.OutcomeWorkerLost
 		rep = settlement.Report{Finish: &wire.FinishRequest{
 			AttemptRef: a.ref, Outcome: wire.OutcomeWorkerLost, Class: ClassWorkerLost,
@@ -137,6 +171,71 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		return decide(decisionRejected)
 	}
 	return decide(decision)
+}
+
+// reattachConfig is the handover configuration of a re-attached turn: the
+// launch's, with the execution timeout left since the claim.
+func (d *Daemon) reattachConfig(a *attempt) handover.Config {
+	cfg := d.handoverConfig(a)
+	cfg.ExecutionTimeout = max(cfg.ExecutionTimeout-time.Since(a.claimedAt), time.Second)
+	return cfg
+}
+
+// reattach takes over the attempt's turn child if it is still there (P5):
+// its newly renewed lease goes to the child, and the turn runs on as one
+// this daemon launched, holding a slot until it ends. false: no child to
+// re-attach to (gone, never accepted, or of a protocol version this daemon
+// does not speak: then it has been stopped).
+func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
+	t, err := handover.Reattach(runCtx, d.reattachConfig(a), a.echo(), d.bootLease(a.renewer.Lease()))
+	var ve *handover.VersionError
+	if errors.As(err, &ve) {
+		d.logReattachRefused(a.id, ve.Version)
+	}
+	if err != nil {
+		return false
+	}
+	d.logReattached(a.id, t.PID(), t.Orphaned())
+	conv := a.claim.Turn.ConversationID
+	d.holdSlot()
+	d.holdConversation(conv)
+	d.attempts.Add(1)
+	go func() {
+		defer d.attempts.Done()
+		defer d.freeSlot()
+		defer d.releaseConversation(conv)
+		defer a.fence()
+		defer d.m.holdLease(d.leaseLeft(a.renewer))()
+		defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
+		a.stopChild = t.Stop
+		over := make(chan struct{})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			a.watch(runCtx, over)
+		}()
+		defer func() { close(over); <-watched }()
+		d.superviseTurn(runCtx, a, t)
+	}()
+	return true
+}
+
+// stopOrphan stops a surviving child of an attempt whose lease is no
+// longer ours: STOP lease_lost, so that it writes nothing more; it is
+// never re-attached, and its RESULT is not kept.
+func (d *Daemon) stopOrphan(a *attempt, r record) {
+	if r.Report != nil {
+		return // its RESULT was delivered: the child is gone
+	}
+	cfg := d.reattachConfig(a)
+	cfg.OnProgress, cfg.OnResult, cfg.Leases = nil, nil, nil
+	t, err := handover.Reattach(context.Background(), cfg, a.echo(), handover.Lease{})
+	if err != nil {
+		return
+	}
+	t.StopWith(turn.StopLeaseLost)
+	t.Wait()
+	d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopLease.String()), slog.String(keyDecision, "not_reattached"))
 }
 
 // What the restart's lease question learned.

@@ -23,6 +23,10 @@ type record struct {
 	// daemon restarted before the answer re-sends the same idempotent
 	// report (P2). Exactly one of Finish, Release, Abandon is set.
 	Report *settlement.Report `json:"report,omitempty"`
+	// Result is the turn child's RESULT, persisted before the child is told
+	// the daemon has it (KEPT): a daemon restarted before the report was
+	// built builds it from this (P5).
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // stateDir is the daemon's state directory: one file per live attempt under
@@ -87,7 +91,14 @@ func (s stateDir) write(r record) error {
 	return syncDir(dir)
 }
 
+// socket is the path of the attempt's re-attach socket (P5): beside its
+// record, in the 0700 directory, so only the daemon's user reaches it.
+func (s stateDir) socket(attemptID string) string {
+	return filepath.Join(s.root, "attempts", attemptID+".sock")
+}
+
 func (s stateDir) remove(attemptID string) error {
+	_ = os.Remove(s.socket(attemptID)) // a dead child's, if any
 	if err := os.Remove(s.path(attemptID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("forget attempt %s: %w", attemptID, err)
 	}
