@@ -52,6 +52,7 @@ func main() {
 	switch os.Args[1] {
 	case "turn":
 		absorbHangup()
+		outliveLogReader()
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		code := turn.Main(ctx, os.Stderr)
 		stop()
@@ -242,6 +243,15 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		return 1
 	}
 	return 0
+}
+
+// outliveLogReader keeps a turn child alive when the reader of its stderr
+// (the daemon's, shared) is gone: a turn outlives its daemon (P5), and Go
+// would end it with SIGPIPE at its next record into a pipe the dead daemon's
+// reader held. With SIGPIPE handled, the write fails with EPIPE instead and
+// the turn goes on. Handled, not ignored, for the same reason as SIGHUP.
+func outliveLogReader() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 // absorbHangup keeps a SIGHUP from ending a turn child or a supervisor
