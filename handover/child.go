@@ -479,8 +479,9 @@ func (c *Child) Decline(class string) error {
 }
 
 // Progress sends one progress record (at most MaxProgressBytes) after
-// ACCEPT. It blocks while the parent is behind. While the child waits to be
-// re-attached it only keeps the record, for the next daemon.
+// ACCEPT. It blocks while the parent is behind. With a re-attach socket it
+// keeps the newest record for the next daemon and, while the daemon is
+// gone, does nothing else (no error).
 func (c *Child) Progress(body []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -491,7 +492,11 @@ func (c *Child) Progress(body []byte) error {
 	if c.orphanedAt != 0 {
 		return nil
 	}
-	return writeFrame(c.conn, FrameProgress, body)
+	err := writeFrame(c.conn, FrameProgress, body)
+	if err != nil && c.lis != nil {
+		return nil // the daemon is gone: the record waits for the next one
+	}
+	return err
 }
 
 // Result sends the turn's result (at most MaxResultBytes), once, after
