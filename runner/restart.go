@@ -77,12 +77,13 @@ func (d *Daemon) recoverAll(ctx context.Context) {
 func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	c := r.Claim
 	a := &attempt{
-		d:         d,
-		claim:     c,
-		claimedAt: r.ClaimedAt,
-		id:        diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
-		ref:       wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
-		leases:    make(chan handover.Lease, 1),
+		d:          d,
+		claim:      c,
+		claimedAt:  r.ClaimedAt,
+		id:         diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
+		ref:        wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
+		leases:     make(chan handover.Lease, 1),
+		hostCancel: make(chan struct{}),
 	}
 	a.fenced, a.fence = context.WithCancel(context.Background())
 	a.reporter = d.newReporter(c)
@@ -207,6 +208,7 @@ func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
 		defer a.fence()
 		defer d.m.holdLease(d.leaseLeft(a.renewer))()
 		defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
+		defer d.watchCancel(a)() // a cancel reaches a re-attached turn the fast way too (K10)
 		a.stopChild = t.Stop
 		over := make(chan struct{})
 		watched := make(chan struct{})
