@@ -121,8 +121,9 @@ type env struct {
 }
 
 type envOpts struct {
-	proxy  bool // a TCP proxy that can black-hole
-	faults bool // an HTTP proxy that can refuse an operation
+	leaseTTL time.Duration // the control plane's lease; default leaseTTL
+	proxy    bool          // a TCP proxy that can black-hole
+	faults   bool          // an HTTP proxy that can refuse an operation
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -140,10 +141,13 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if err := linkOrCopy(bins.Runnerd, e.runnerd); err != nil {
 		t.Fatalf("link runnerd: %v", err)
 	}
+	if o.leaseTTL == 0 {
+		o.leaseTTL = leaseTTL
+	}
 	cp, err := fleet.StartControlPlane(ctx, fleet.ControlPlaneConfig{
 		Bin:            bins.ControlPlane,
 		DataDir:        filepath.Join(dir, "cp"),
-		LeaseTTL:       leaseTTL,
+		LeaseTTL:       o.leaseTTL,
 		MinLeaseTTL:    renewEvery + renewTimeout,
 		ReaperInterval: reaperInterval,
 		ReaperGrace:    reaperGrace,

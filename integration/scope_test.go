@@ -51,7 +51,7 @@ func TestSystemdRestartKeepsScopes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	e, c, first := systemdHost(t, ctx, true)
+	e, c, first := systemdHost(t, ctx, true, hostOpts{})
 	if got := c.journal(); !strings.Contains(got, `"msg":"runnerd_turn_scopes","mechanism":"systemd_scope"`) {
 		t.Fatalf("the daemon did not record systemd scopes as its mechanism:\n%s", got)
 	}
@@ -124,15 +124,21 @@ func TestSystemdRestartKeepsScopes(t *testing.T) {
 	}
 }
 
+// hostOpts changes systemdHost's defaults.
+type hostOpts struct {
+	leaseTTL time.Duration // the control plane's and the daemon's lease (renewed every fifth); default leaseTTL
+	unit     string        // more lines of the test's drop-in, in [Service]
+}
+
 // systemdHost starts a systemd container with deploy/runnerd.service
 // installed and started against this test's control plane: as shipped
 // (the runnerd user, deploy/runnerd.sysusers.conf) or, asRoot, with
 // deploy/runnerd-docker.conf's root; the process backend either way, and
 // the test's scaled timings (every flag has a RUNNERD_ variable). It
 // returns the daemon's main pid.
-func systemdHost(t *testing.T, ctx context.Context, asRoot bool) (*env, *sdContainer, int) {
+func systemdHost(t *testing.T, ctx context.Context, asRoot bool, o hostOpts) (*env, *sdContainer, int) {
 	t.Helper()
-	e := newEnv(t, envOpts{})
+	e := newEnv(t, envOpts{leaseTTL: o.leaseTTL})
 	stateDir := filepath.Join(e.dir, "container-state")
 	if err := os.Mkdir(stateDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -152,14 +158,18 @@ func systemdHost(t *testing.T, ctx context.Context, asRoot bool) (*env, *sdConta
 	if asRoot {
 		c.copyIn(filepath.Join(root, "deploy/runnerd-docker.conf"), "/etc/systemd/system/runnerd.service.d/docker.conf", "0644")
 	}
-	c.write("/etc/systemd/system/runnerd.service.d/test.conf", "[Service]\nEnvironment=RUNNERD_SANDBOX=process\n")
+	c.write("/etc/systemd/system/runnerd.service.d/test.conf", "[Service]\nEnvironment=RUNNERD_SANDBOX=process\n"+o.unit)
 	c.copyIn(e.token, "/etc/runnerd/host-token", "0600")
 	cfg := e.daemonConfig()
+	lease, every, timeout := leaseTTL, renewEvery, renewTimeout
+	if o.leaseTTL != 0 {
+		lease, every, timeout = o.leaseTTL, o.leaseTTL/5, o.leaseTTL/20
+	}
 	var env strings.Builder
 	for _, kv := range [][2]string{
 		{"CONTROL_PLANE", cfg.ControlPlaneURL}, {"HOST_NAME", cfg.HostName}, {"CAPACITY", "2"},
-		{"LEASE_TTL", leaseTTL.String()}, {"RENEW_INTERVAL", renewEvery.String()},
-		{"RENEW_TIMEOUT", renewTimeout.String()}, {"RENEW_RETRY", renewRetry.String()},
+		{"LEASE_TTL", lease.String()}, {"RENEW_INTERVAL", every.String()},
+		{"RENEW_TIMEOUT", timeout.String()}, {"RENEW_RETRY", renewRetry.String()},
 		{"RECEIPT_TIMEOUT", cfg.ReceiptTimeout.String()}, {"RECEIPT_RETRY", cfg.ReceiptRetry.String()},
 		{"STOP_GRACE", stopGrace.String()}, {"KILL_GRACE", killGrace.String()},
 		{"DRAIN_TIMEOUT", cfg.DrainTimeout.String()}, {"CLAIM_WAIT", cfg.ClaimWait.String()},
@@ -187,7 +197,7 @@ func TestSystemdUnprivilegedUnitHasNoScopes(t *testing.T) {
 	buildSystemdImage(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	e, c, first := systemdHost(t, ctx, false)
+	e, c, first := systemdHost(t, ctx, false, hostOpts{})
 	if got := c.journal(); !strings.Contains(got, `"msg":"runnerd_turn_scopes","mechanism":"none","reason":"access_denied"`) {
 		t.Fatalf("the daemon did not record that it has no scopes, and why:\n%s", got)
 	}
@@ -223,6 +233,70 @@ func TestSystemdUnprivilegedUnitHasNoScopes(t *testing.T) {
 		t.Fatalf("the turn after the restart: %s", describeJob(j))
 	}
 	e.assertPromptsOnce(conv.ID, "first\n!silent 1s", "second")
+}
+
+// TestSystemdCrashKeepsTurn kills the daemon's main process under a real
+// systemd (SIGKILL, what a crash or the OOM killer does; also the upgrade's
+// stop without a drain): systemd kills what is left in the service's cgroup
+// and starts the daemon again (Restart=on-failure). The turn child is in its
+// own scope, so it is still there, same pid, same scope, and the new daemon
+// re-attaches to it: the turn completes, one attempt, the prompt once, and
+// the conversation's next message runs on the same supervisor.
+func TestSystemdCrashKeepsTurn(t *testing.T) {
+	t.Parallel()
+	requireDocker(t)
+	buildSystemdImage(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	// A lease that outlasts systemd's restart with room for a loaded
+	// machine; RestartSec shortened from the unit's 5 s.
+	e, c, first := systemdHost(t, ctx, true, hostOpts{leaseTTL: 10 * time.Second, unit: "RestartSec=100ms\n"})
+
+	conv, err := e.user.CreateConversation(e.ctx, "crash", "/usr/local/bin/demoagent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt1 := "through a crash\n!silent 4s"
+	j1 := e.send(conv.ID, prompt1)
+	e.waitPrompts(conv.ID, 1)
+	ps := c.procs()
+	child := ps.one(t, "turn child", func(p ctrProc) bool { return p.runnerd("turn") })
+	sup := ps.one(t, "supervisor", func(p ctrProc) bool { return p.runnerd("supervise") })
+	if !strings.Contains(child.cgroup, "/runnerd-turn-"+j1.ID+"-") {
+		t.Errorf("the turn child %d is in %s, not in its scope", child.pid, child.cgroup)
+	}
+
+	c.sh("systemctl kill -s KILL --kill-whom=main runnerd")
+	err = fleet.Poll(ctx, 50*time.Millisecond, "systemd to start runnerd again", func(context.Context) (bool, error) {
+		out, _ := exec.CommandContext(ctx, "docker", "exec", c.id, "systemctl", "show", "-p", "MainPID", "--value", "runnerd").Output()
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		return pid != 0 && pid != first, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := c.procs()
+	for _, p := range []ctrProc{child, sup} {
+		if q, ok := after.pid(p.pid); !ok || q.cmdline != p.cmdline || q.cgroup != p.cgroup {
+			t.Errorf("pid %d (%s in %s) did not survive the crash in its scope: %+v", p.pid, p.cmdline, p.cgroup, q)
+		}
+	}
+	j := e.waitEnded(j1.ID)
+	if j.State != wire.JobSucceeded || len(j.Attempts) != 1 {
+		t.Fatalf("the turn through the crash: %s", describeJob(j))
+	}
+	if got := c.journal(); !strings.Contains(got, `"msg":"runnerd_turn_reattached","job_id":"`+j1.ID) {
+		t.Errorf("no runnerd_turn_reattached for %s:\n%s", j1.ID, got)
+	}
+	prompt2 := "and after it"
+	j2 := e.send(conv.ID, prompt2)
+	if j := e.waitEnded(j2.ID); j.State != wire.JobSucceeded {
+		t.Fatalf("the turn after the crash: %s", describeJob(j))
+	}
+	e.assertPromptsOnce(conv.ID, prompt1, prompt2)
+	if raw, err := os.ReadFile(filepath.Join(fleet.SandboxDir(e.stateDir, conv.ID), "supervisor.pid")); err != nil || strings.TrimSpace(string(raw)) != strconv.Itoa(sup.pid) {
+		t.Errorf("the second turn's supervisor is %q (%v), want the first's, %d", raw, err, sup.pid)
+	}
 }
 
 // requireDocker skips t when no Docker engine answers, unless
