@@ -36,11 +36,8 @@ const systemdImage = "runnerd-test-systemd:bookworm-1"
 // manager refuses transient units to the unprivileged runnerd user without
 // a polkit grant: docs/operations.md, "Turns in their own scopes"), with
 // the process backend. The stop drains, so the turn in flight finishes
-// before the daemon exits: the turn child itself still dies with its
-// daemon (parent-death signal) and is not re-attached. Once re-attachment
-// is in (issue 12 §2), the next step is a restart that does not wait for
-// the turn: the same turn child pid, still in its scope, finishes its turn
-// under the new daemon, one attempt, the prompt once.
+// before the daemon exits; a turn that goes on through a restart of the
+// daemon, re-attached, is TestSystemdCrashKeepsTurn.
 //
 // It skips when no Docker engine answers or the image cannot be built
 // (no debootstrap), unless RUNNERD_REQUIRE_DOCKER=1.
