@@ -134,6 +134,7 @@ td.num { text-align: right; }
 td:first-child, time { white-space: nowrap; }
 code, .mono { font-family: ui-monospace, monospace; font-size: 13px; }
 .launch-error, .stale, .lost, .unroutable { color: #a40000; font-weight: 600; }
+.quarantined { color: #8a5a00; font-weight: 600; }
 .draining, .paused { color: #8a5a00; font-weight: 600; }
 .offline { color: #a40000; font-weight: 600; }
 .online, .usable { color: #17632a; font-weight: 600; }
@@ -469,7 +470,7 @@ var conversationsPage = adminPage(`{{define "title"}}Conversations{{end}}{{defin
 {{range .Conversations}}<tr data-conversation="{{.ID}}">
 <td><a class="mono" href="/admin/jobs?conversation={{.ID}}">{{.ID}}</a></td>
 <td>{{.Title}}</td>
-<td class="state">{{if eq .State "lost"}}<span class="lost">Lost</span>: {{.LostReason}}{{else}}<span class="usable">Usable</span>{{end}}</td>
+<td class="state">{{if eq .State "lost"}}<span class="lost">Lost</span>: {{.LostReason}}{{else if eq .State "quarantined"}}<span class="quarantined">Quarantined</span>: the reply of <a class="mono" href="/admin/jobs/{{.InterruptedJobID}}">{{.InterruptedJobID}}</a> was interrupted; the next turn verifies the sandbox, then resumes or reports it lost{{else}}<span class="usable">Usable</span>{{end}}</td>
 <td>{{.SandboxHost}}</td>
 <td class="mono">{{.ContainerID}}</td>
 <td class="num">{{.NativeTurn}}</td>

@@ -196,14 +196,25 @@ func TestBrowserAdminPages(t *testing.T) {
 		t.Fatal("host-a's renewal after the supersession was accepted")
 	}
 
-	// A conversation lost because its admitted turn failed unsettled (R30).
+	// A conversation lost because its admission's answer never came (R30),
+	// and one quarantined because its admitted turn failed unsettled (K13).
 	lost := f.newConversation()
 	f.send(lost.ID, "hi")
 	l := f.claim()
 	if _, err := f.wc.Admission(ctx, l.WorkerToken, l.JobID, wire.AdmissionRequest{AttemptRef: ref(l), ActivationID: "act-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.wc.Finish(ctx, l.WorkerToken, l.JobID, wire.FinishRequest{AttemptRef: ref(l), Outcome: wire.OutcomeFailed, Class: "agent_exit"}); err != nil {
+	if _, err := f.wc.Finish(ctx, l.WorkerToken, l.JobID, wire.FinishRequest{AttemptRef: ref(l), Outcome: wire.OutcomeFailed,
+		Class: "admission_timeout", Ambiguous: true}); err != nil {
+		t.Fatal(err)
+	}
+	quarantined := f.newConversation()
+	f.send(quarantined.ID, "hi")
+	q := f.claim()
+	if _, err := f.wc.Admission(ctx, q.WorkerToken, q.JobID, wire.AdmissionRequest{AttemptRef: ref(q), ActivationID: "act-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.wc.Finish(ctx, q.WorkerToken, q.JobID, wire.FinishRequest{AttemptRef: ref(q), Outcome: wire.OutcomeFailed, Class: "settlement_failed"}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -277,6 +288,8 @@ func TestBrowserAdminPages(t *testing.T) {
 		}
 	}
 	contains(t, "the usable conversation's row", textOf(t, tab, `tr[data-conversation="`+conv.ID+`"]`), "Usable", "Mark lost")
+	contains(t, "the quarantined conversation's row", textOf(t, tab, `tr[data-conversation="`+quarantined.ID+`"]`),
+		"Quarantined: the reply of "+q.JobID+" was interrupted", "Mark lost")
 	screenshot(t, tab, "conversations")
 
 	// A turn no online host can take says so on its job, with the label

@@ -91,7 +91,7 @@ func (m *Metrics) ObserveTx(d time.Duration, err error) {
 
 func (m *Metrics) reap(res store.ReapResult) {
 	for what, n := range map[string]int{"superseded": res.Superseded, "requeued": res.Requeued,
-		"conversations_lost": res.ConversationsLost, "failed_worker_lost_cap": res.FailedWorkerLostCap,
+		"conversations_quarantined": res.ConversationsQuarantined, "failed_worker_lost_cap": res.FailedWorkerLostCap,
 		"reports_missing": res.ReportsMissing} {
 		m.reaped.WithLabelValues(what).Add(float64(n))
 	}

@@ -105,7 +105,7 @@ func (s *Server) reap(ctx context.Context, now time.Time) bool {
 		s.cfg.Metrics.reap(res)
 		s.log.LogAttrs(ctx, slog.LevelInfo, MsgReaped,
 			slog.Int("superseded", res.Superseded), slog.Int("requeued", res.Requeued),
-			slog.Int("conversations_lost", res.ConversationsLost), slog.Int("reports_missing", res.ReportsMissing),
+			slog.Int("conversations_quarantined", res.ConversationsQuarantined), slog.Int("reports_missing", res.ReportsMissing),
 			slog.Int("failed_worker_lost_cap", res.FailedWorkerLostCap))
 		if res.Superseded < reapBatch {
 			return true

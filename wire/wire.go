@@ -90,16 +90,24 @@ const (
 const (
 	ConversationUsable = "usable"
 	ConversationLost   = "lost"
+	// ConversationQuarantined: an admitted turn of it ended without a
+	// recorded settlement (its settlement tries used up, its lease lost,
+	// its host gone). It is not LOST (K13): it takes new messages, and the
+	// next turn verifies the retained container and the supervisor's native
+	// turn boundary before anything is admitted, then either records that
+	// boundary and resumes the session (usable again) or reports the
+	// conversation unrecoverable (LOST). Nothing is replayed.
+	ConversationQuarantined = "quarantined"
 )
 
 // Outcomes a runner reports in FinishRequest.Outcome.
 const (
 	OutcomeSucceeded = "succeeded" // settled; needs a recorded settlement
-	OutcomeFailed    = "failed"    // the turn failed; if admitted and unsettled, the conversation becomes LOST
+	OutcomeFailed    = "failed"    // the turn failed; if admitted and unsettled, the conversation is quarantined (K13)
 	OutcomeCancelled = "cancelled" // stopped on the user's cancel
 	// OutcomeWorkerLost is reported by a restarted daemon for an attempt whose
 	// child died with it. Never admitted: the job is queued again and the
-	// attempt is not counted (P6). Admitted: the conversation becomes LOST.
+	// attempt is not counted (P6). Admitted: the conversation is quarantined (K13).
 	OutcomeWorkerLost = "worker_lost"
 	// OutcomeReportMissing is never reported by a runner: the control
 	// plane ends a job with it when the turn's settlement was recorded but
@@ -130,8 +138,11 @@ type Conversation struct {
 	Title        string    `json:"title,omitempty"`
 	Image        string    `json:"image"`
 	AgentCommand []string  `json:"agent_command"`
-	State        string    `json:"state"`                 // usable | lost
+	State        string    `json:"state"`                 // usable | quarantined | lost
 	LostReason   string    `json:"lost_reason,omitempty"` // plain language (R32)
+	// InterruptedJobID names, while the conversation is quarantined, the
+	// turn that was interrupted (K13); its reason says so in plain words.
+	InterruptedJobID string `json:"interrupted_job_id,omitempty"`
 	ContainerID  string    `json:"container_id,omitempty"`
 	Epoch        int64     `json:"workspace_epoch"`
 	NativeTurn   int64     `json:"native_turn"`
@@ -360,6 +371,14 @@ type Turn struct {
 	ContainerID    string   `json:"container_id,omitempty"` // last recorded retained sandbox
 	Epoch          int64    `json:"workspace_epoch"`        // last settled boundary
 	NativeTurn     int64    `json:"native_turn"`
+	// Quarantined: the conversation's last admitted turn was interrupted
+	// without a recorded settlement (K13). The turn resumes only the exact
+	// retained container ContainerID and a native turn boundary of
+	// NativeTurn (the interrupted turn never reached the agent) or
+	// NativeTurn+1 (it did), which it records with the container
+	// (ContainerRequest.Resumed) before admission; anything else is
+	// reported unrecoverable.
+	Quarantined bool `json:"quarantined,omitempty"`
 }
 
 // LaunchError is the host's run of consecutive launch failures (R37).
@@ -412,7 +431,7 @@ type ConversationStatesRequest struct {
 // ConversationState is one conversation's state as the host sees it.
 type ConversationState struct {
 	ID    string `json:"id"`
-	State string `json:"state"` // usable | lost | unknown
+	State string `json:"state"` // usable | quarantined | lost | unknown
 }
 
 // ConversationStatesResponse answers with one entry per distinct id asked
@@ -494,6 +513,17 @@ type ContainerRequest struct {
 	AttemptRef
 	Backend     string `json:"backend"` // process | docker
 	ContainerID string `json:"container_id"`
+	// Resumed is sent by the turn of a quarantined conversation (K13)
+	// once it verified the retained container and the supervisor's native
+	// turn boundary: the control plane records that boundary and the
+	// conversation is usable again. The same request again is a no-op.
+	Resumed *ResumedBoundary `json:"resumed,omitempty"`
+}
+
+// ResumedBoundary is the verified boundary a quarantined conversation
+// resumes from (K13).
+type ResumedBoundary struct {
+	NativeTurn int64 `json:"native_turn"` // the supervisor's recorded native turn
 }
 
 // AdmissionRequest is POST .../admission.

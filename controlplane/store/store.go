@@ -137,10 +137,12 @@ type ReapParams struct {
 
 // ReapResult counts what one sweep did.
 type ReapResult struct {
-	Superseded          int
-	Requeued            int
-	ConversationsLost   int
-	FailedWorkerLostCap int
+	Superseded int
+	Requeued   int
+	// ConversationsQuarantined counts admitted, unsettled turns whose
+	// conversation was quarantined (K13), never lost.
+	ConversationsQuarantined int
+	FailedWorkerLostCap      int
 	// ReportsMissing counts settled turns whose finish never arrived,
 	// ended as succeeded with outcome report_missing (K2).
 	ReportsMissing int
@@ -270,7 +272,11 @@ type Store interface {
 	RenewAs(ctx context.Context, w Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
 	AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
 	// RecordContainer records the retained sandbox on the attempt and the
-	// conversation, and the attempt's host as the sandbox's host.
+	// conversation, and the attempt's host as the sandbox's host. For a
+	// quarantined conversation it needs req.Resumed, the exact recorded
+	// container and a native turn of the recorded boundary or one more
+	// (K13): it records that boundary and the conversation is usable again;
+	// ErrInvalid otherwise, and the conversation stays quarantined.
 	RecordContainer(ctx context.Context, ref wire.AttemptRef, req wire.ContainerRequest, now time.Time) error
 	// Admit is idempotent for the same attempt and activation (same receipt).
 	Admit(ctx context.Context, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error)
@@ -291,14 +297,16 @@ type Store interface {
 	Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error
 	// Finish records the terminal report. The same report again gets the
 	// first answer (P2). Admitted and unsettled with any outcome but
-	// succeeded marks the conversation LOST (R30). worker_lost on a
+	// succeeded quarantines the conversation (K13); an ambiguous admission
+	// or an unrecoverable session marks it LOST (R30, R31). worker_lost on a
 	// never-admitted job requeues it without counting an attempt (P6).
 	Finish(ctx context.Context, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error)
 
 	// Reap supersedes attempts whose lease expired before Now-Grace with an
 	// attempt_superseded event: never admitted → requeued, counted as
-	// worker lost (P6); admitted and not settled → conversation LOST (R30,
-	// R35), counted as worker lost, not as an attempt (P6); settled → the
+	// worker lost (P6); admitted and not settled → conversation quarantined
+	// (K13; R30, R35: never replayed), counted as worker lost, not as an
+	// attempt (P6); settled → the
 	// job succeeded with outcome report_missing and the conversation stays
 	// usable at the recorded boundary (K2).
 	Reap(ctx context.Context, p ReapParams) (ReapResult, error)

@@ -114,14 +114,30 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 					return err
 				}
 			}
+			var convState string
+			if err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM conversations WHERE id = ?`), conv).Scan(&convState); err != nil {
+				return err
+			}
 			switch {
-			case (admitted.Valid && !settled.Valid) || req.Ambiguous:
-				// R30: the prompt may have reached the agent, or an
-				// admission may have committed unseen. Never replayed.
+			case req.Ambiguous:
+				// R30: an admission may have committed unseen; the
+				// prompt was never sent, and never will be.
 				err = s.loseConversation(ctx, tx, conv, reasonLostInterrupted, now)
+			case req.Unrecoverable && convState == wire.ConversationQuarantined:
+				// K13: the retained sandbox failed the verification.
+				err = s.loseConversation(ctx, tx, conv, reasonLostUnverified, now)
 			case req.Unrecoverable:
 				// R31: the retained session is gone; report it, never guess.
 				err = s.loseConversation(ctx, tx, conv, reasonLostSession, now)
+			case admitted.Valid && !settled.Valid:
+				// K13: the prompt may have reached the agent; it is
+				// never replayed, and the conversation is quarantined,
+				// not lost: this attempt is fenced from now on, and the
+				// next turn verifies the retained sandbox.
+				if state == wire.JobFailed {
+					reason = reasonInterrupted
+				}
+				err = s.quarantine(ctx, tx, conv, jobID, now)
 			}
 			if err != nil {
 				return err

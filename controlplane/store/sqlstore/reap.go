@@ -58,7 +58,7 @@ func (s *Store) Reap(ctx context.Context, p store.ReapParams) (store.ReapResult,
 		}
 		total.Superseded += res.Superseded
 		total.Requeued += res.Requeued
-		total.ConversationsLost += res.ConversationsLost
+		total.ConversationsQuarantined += res.ConversationsQuarantined
 		total.FailedWorkerLostCap += res.FailedWorkerLostCap
 		total.ReportsMissing += res.ReportsMissing
 		if picked < n {
@@ -125,12 +125,14 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 		WHERE id = ?`, jobID); err != nil {
 		return err
 	}
-	// R30, R35: the prompt may have reached the agent; never replayed.
-	if err := s.loseConversation(ctx, tx, conv, reasonLostHostSilent, now); err != nil {
+	// R30, R35: the prompt may have reached the agent; never replayed. K13:
+	// the conversation is quarantined, not lost; the attempt is fenced by
+	// this supersede and its supervisor token by the next activation.
+	if err := s.quarantine(ctx, tx, conv, jobID, now); err != nil {
 		return err
 	}
-	res.ConversationsLost++
-	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonLostHostSilent, now)
+	res.ConversationsQuarantined++
+	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonInterruptedHostSilent, now)
 }
 
 // ResumeAfterAbsence ends the control plane's own absence (P4, K3): when

@@ -17,15 +17,21 @@ import (
 // infrastructure detail stays in the job's events.
 const (
 	reasonLostInterrupted = "This conversation is no longer available: a reply was interrupted partway through and could not be safely continued."
-	reasonLostHostSilent  = "This conversation is no longer available: the computer working on a reply stopped responding partway through, and the reply could not be safely continued."
 	reasonLostSession     = "This conversation is no longer available: its saved working state could not be found, so it cannot be continued."
+	// K13: a quarantined conversation whose retained sandbox failed the
+	// next turn's verification.
+	reasonLostUnverified  = "This conversation is no longer available: a reply was interrupted, and its saved working state is no longer the one that reply left, so it cannot be safely continued."
 	reasonLostHostRetired = "This conversation is no longer available: the computer that kept its working state was taken out of service."
 	reasonQueuedLost      = "This message was not answered because the conversation is no longer available."
-	reasonCancelled       = "Cancelled."
 	// K10: the user's cancel interrupted a running reply, which was kept.
 	reasonInterruptedByUser = "The reply was interrupted at your request. The conversation continues from where it stopped."
-	reasonFailed            = "The reply failed."
-	reasonNotStarted        = "The reply could not be started."
+	// K13: an admitted turn that ended without a recorded settlement; its
+	// conversation is quarantined, not lost.
+	reasonInterrupted           = "This reply was interrupted before it finished, and what it did may be incomplete. Your next message continues the conversation."
+	reasonInterruptedHostSilent = "This reply was interrupted: the computer working on it stopped responding before it finished, and what it did may be incomplete. Your next message continues the conversation."
+	reasonCancelled             = "Cancelled."
+	reasonFailed                = "The reply failed."
+	reasonNotStarted            = "The reply could not be started."
 	// K2: the turn settled, its host never sent the final report.
 	reasonReportMissing = "The reply was completed and saved, but the computer that ran it stopped before confirming it. The conversation continues from this reply."
 	reasonWorkerLostCap = "This message could not be answered: the computers that tried to run it stopped responding %d times."
@@ -36,7 +42,7 @@ const (
 // conversationCols reads a conversation with the name of its sandbox's
 // host (FROM conversationFrom).
 const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
-	c.created_at, COALESCE(h.name, ''), c.requires`
+	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id`
 
 const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
@@ -45,7 +51,7 @@ func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, er
 	var cmd, requires string
 	var created int64
 	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
-		&created, &c.SandboxHost, &requires); err != nil {
+		&created, &c.SandboxHost, &requires, &c.InterruptedJobID); err != nil {
 		return c, err
 	}
 	if requires != "" {
@@ -123,7 +129,7 @@ func (s *Store) ListConversations(ctx context.Context) ([]wire.Conversation, err
 	return out, rows.Err()
 }
 
-// EnqueueTurn appends a turn to a usable conversation. The conversation
+// EnqueueTurn appends a turn to a usable or quarantined conversation (K13). The conversation
 // row is updated first, which serializes enqueues and job endings of one
 // conversation on PostgreSQL, so exactly one unfinished job is its head.
 func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error) {
@@ -134,7 +140,7 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 	err := s.write(ctx, func(tx txn) error {
 		var seq int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET next_seq = next_seq + 1, updated_at = ?
-			WHERE id = ? AND state = 'usable' RETURNING next_seq`), ns(now), conversationID).Scan(&seq)
+			WHERE id = ? AND state IN ('usable', 'quarantined') RETURNING next_seq`), ns(now), conversationID).Scan(&seq)
 		if errors.Is(err, sql.ErrNoRows) {
 			var state string
 			err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM conversations WHERE id = ?`), conversationID).Scan(&state)
@@ -392,11 +398,23 @@ func (s *Store) advance(ctx context.Context, tx txn, conversationID string, now 
 	return err
 }
 
+// quarantine marks a conversation quarantined (K13): its admitted turn
+// jobID ended without a recorded settlement. It keeps its queued turns and
+// takes new ones; the next turn verifies and resumes it or reports it
+// unrecoverable. A LOST conversation stays LOST (R31: never cleared).
+func (s *Store) quarantine(ctx context.Context, tx txn, conversationID, jobID string, now time.Time) error {
+	_, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'quarantined', interrupted_job_id = ?, updated_at = ?
+		WHERE id = ? AND state IN ('usable', 'quarantined')`, jobID, ns(now), conversationID)
+	return err
+}
+
 // loseConversation marks a conversation LOST (R30, R35) with a plain reason
 // (R32) and fails its queued turns: a LOST conversation never runs again.
+// A quarantined one that failed verification is lost the same way (K13);
+// a LOST one stays as it is.
 func (s *Store) loseConversation(ctx context.Context, tx txn, conversationID, reason string, now time.Time) error {
-	if _, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'lost', lost_reason = ?, updated_at = ?
-		WHERE id = ? AND state = 'usable'`, reason, ns(now), conversationID); err != nil {
+	if _, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'lost', lost_reason = ?, interrupted_job_id = '', updated_at = ?
+		WHERE id = ? AND state IN ('usable', 'quarantined')`, reason, ns(now), conversationID); err != nil {
 		return err
 	}
 	if err := s.events(ctx, tx, `SELECT id, '' FROM jobs WHERE conversation_id = ? AND state = 'queued'`,

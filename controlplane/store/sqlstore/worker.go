@@ -138,12 +138,13 @@ func (s *Store) replayClaim(ctx context.Context, tx txn, hostID, key string, now
 
 // claimTurn fills in the turn's conversation: its sandbox and boundary.
 func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
-	var cmd string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn
+	var cmd, state string
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state
 		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
-		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn); err != nil {
+		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state); err != nil {
 		return err
 	}
+	c.Turn.Quarantined = state == wire.ConversationQuarantined // K13: verify, then resume
 	return json.Unmarshal([]byte(cmd), &c.Turn.AgentCommand)
 }
 
@@ -391,10 +392,23 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 		if err != nil {
 			return err
 		}
+		// One statement unless the conversation is quarantined or a
+		// resume is being repeated (K13).
 		var conv string
-		if err := tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
-			WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?) RETURNING id`),
-			req.Backend, req.ContainerID, hostID, ns(now), jobID).Scan(&conv); err != nil {
+		err = sql.ErrNoRows
+		if req.Resumed == nil {
+			err = tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
+				WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?) AND state <> 'quarantined' RETURNING id`),
+				req.Backend, req.ContainerID, hostID, ns(now), jobID).Scan(&conv)
+		}
+		if errors.Is(err, sql.ErrNoRows) {
+			if conv, err = s.resume(ctx, tx, jobID, ref.AttemptID, req, now); err != nil {
+				return err
+			}
+			_, err = s.exec(ctx, tx, `UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
+				WHERE id = ?`, req.Backend, req.ContainerID, hostID, ns(now), conv)
+		}
+		if err != nil {
 			return err
 		}
 		// The sandbox lives on this host now: so do the conversation's
@@ -410,6 +424,46 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 		return fmt.Errorf("record container: %w", err)
 	}
 	return nil
+}
+
+// resume ends a conversation's quarantine (K13) on the turn's verified
+// boundary: the exact container the conversation recorded, and a native
+// turn of the recorded boundary (the interrupted turn never reached the
+// agent) or one more (it did). It records that boundary; the workspace
+// epoch and snapshot stay those of the last settlement. A usable
+// conversation needs nothing, and the same resume again (an answer lost)
+// is a no-op; anything else is ErrInvalid, and the conversation stays
+// quarantined for the runner's unrecoverable report.
+// It returns the conversation's id.
+func (s *Store) resume(ctx context.Context, tx txn, jobID, attemptID string, req wire.ContainerRequest, now time.Time) (string, error) {
+	var conv, state, backend, container, interrupted string
+	var native int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT id, state, container_backend, container_id, native_turn, interrupted_job_id
+		FROM conversations WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?)`+s.lockRow()), jobID).Scan(
+		&conv, &state, &backend, &container, &native, &interrupted); err != nil {
+		return "", err
+	}
+	r := req.Resumed
+	switch {
+	case state != wire.ConversationQuarantined:
+		if r != nil && (r.NativeTurn != native || req.ContainerID != container) {
+			return "", fmt.Errorf("%w: the conversation is not quarantined", store.ErrInvalid)
+		}
+		return conv, nil // nothing to resume, or the same resume again
+	case r == nil:
+		return "", fmt.Errorf("%w: a quarantined conversation needs a verified boundary", store.ErrInvalid)
+	case req.Backend != backend || req.ContainerID != container:
+		return "", fmt.Errorf("%w: not the retained container", store.ErrInvalid)
+	case r.NativeTurn != native && r.NativeTurn != native+1:
+		return "", fmt.Errorf("%w: the native turn boundary changed", store.ErrInvalid)
+	}
+	if _, err := s.exec(ctx, tx, `UPDATE conversations SET state = 'usable', native_turn = ?, interrupted_job_id = '', updated_at = ?
+		WHERE id = ?`, r.NativeTurn, ns(now), conv); err != nil {
+		return "", err
+	}
+	return conv, s.event(ctx, tx, jobID, attemptID, now, "conversation_resumed", map[string]any{
+		"interrupted_job_id": interrupted, "recorded_native_turn": native, "native_turn": r.NativeTurn,
+	})
 }
 
 // Admit records the admission of the job into its conversation. The same

@@ -123,7 +123,11 @@ func testInvariantsRandomOperations(t *testing.T, st store.Store) {
 			if c, ok := pick(); ok {
 				outcome := []string{wire.OutcomeSucceeded, wire.OutcomeSucceeded, wire.OutcomeSucceeded,
 					wire.OutcomeFailed, wire.OutcomeCancelled, wire.OutcomeWorkerLost, wire.OutcomeWorkerLost}[rng.IntN(7)]
-				_, err := st.Finish(f.ctx, ref(c), wire.FinishRequest{AttemptRef: ref(c), Outcome: outcome}, now)
+				req := wire.FinishRequest{AttemptRef: ref(c), Outcome: outcome}
+				// R31, K13: every other failure finds the retained session
+				// is not the settled one.
+				req.Unrecoverable = outcome == wire.OutcomeFailed && step%2 == 0
+				_, err := st.Finish(f.ctx, ref(c), req, now)
 				allowed(step, "finish "+outcome, err, store.ErrLeaseLost, store.ErrInvalid)
 			}
 		case op < 73:
@@ -172,21 +176,24 @@ func testInvariantsRandomOperations(t *testing.T, st store.Store) {
 			attempts[a.State]++
 		}
 	}
-	lostConvs := 0
+	lostConvs, quarantinedConvs := 0, 0
 	for _, id := range convs {
-		if f.conv(id).State == wire.ConversationLost {
+		switch f.conv(id).State {
+		case wire.ConversationLost:
 			lostConvs++
+		case wire.ConversationQuarantined:
+			quarantinedConvs++
 		}
 	}
-	t.Logf("%d conversations (%d lost), jobs by state %v, attempts by state %v", len(convs), lostConvs, states, attempts)
+	t.Logf("%d conversations (%d lost, %d quarantined), jobs by state %v, attempts by state %v", len(convs), lostConvs, quarantinedConvs, states, attempts)
 	// The sequence must have reached every kind of ending, or it proves little.
 	for _, st := range []string{wire.AttemptFinished, wire.AttemptReleased, wire.AttemptAbandoned, wire.AttemptSuperseded, wire.AttemptWorkerLost} {
 		if attempts[st] == 0 {
 			t.Errorf("no attempt ended %s", st)
 		}
 	}
-	if states[wire.JobSucceeded] == 0 || states[wire.JobCancelled] == 0 || lostConvs == 0 {
-		t.Errorf("the sequence missed an ending: jobs %v, %d lost conversations", states, lostConvs)
+	if states[wire.JobSucceeded] == 0 || states[wire.JobCancelled] == 0 || lostConvs == 0 || quarantinedConvs == 0 {
+		t.Errorf("the sequence missed an ending: jobs %v, %d lost and %d quarantined conversations", states, lostConvs, quarantinedConvs)
 	}
 }
 

@@ -83,7 +83,7 @@ func testK10InterruptedBoundaryKeepsConversation(t *testing.T, st store.Store) {
 		t.Fatal(err)
 	}
 	res, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + time.Minute), Grace: 10 * time.Second})
-	if err != nil || res.Superseded != 1 || res.ConversationsLost != 0 {
+	if err != nil || res.Superseded != 1 || res.ConversationsQuarantined != 0 {
 		t.Fatalf("Reap = %+v, %v", res, err)
 	}
 	if got := f.job(next.ID); got.State != wire.JobCancelled || !strings.Contains(got.Reason, "interrupted at your request") {

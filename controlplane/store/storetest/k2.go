@@ -67,7 +67,7 @@ func testK2SettledFinishLostKeepsConversation(t *testing.T, st store.Store) {
 // P6: a host lost after admission and before settlement — found by the
 // reaper, or reported by the restarted daemon as worker_lost — is counted
 // as a worker lost, not as an attempt of the job, while the conversation
-// becomes LOST (R30, R35).
+// is quarantined (K13; R30, R35: never replayed).
 func testP6AdmittedHostLossCounted(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	for _, byReaper := range []bool{true, false} {
@@ -77,7 +77,7 @@ func testP6AdmittedHostLossCounted(t *testing.T, st store.Store) {
 		f.admit(c, T0)
 		if byReaper {
 			if res, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + time.Minute), Grace: 10 * time.Second}); err != nil ||
-				res != (store.ReapResult{Superseded: 1, ConversationsLost: 1}) {
+				res != (store.ReapResult{Superseded: 1, ConversationsQuarantined: 1}) {
 				t.Fatalf("Reap = %+v, %v", res, err)
 			}
 		} else {
@@ -89,7 +89,7 @@ func testP6AdmittedHostLossCounted(t *testing.T, st store.Store) {
 			t.Fatalf("reaper %v: job %s, worker_lost_count %d, attempt_count %d, attempt counted %v; want failed, 1, 0, false",
 				byReaper, got.State, got.WorkerLostCount, got.AttemptCount, a.CountsAsAttempt)
 		}
-		if cv := f.conv(conv.ID); cv.State != wire.ConversationLost {
+		if cv := f.conv(conv.ID); cv.State != wire.ConversationQuarantined {
 			t.Fatalf("reaper %v: conversation = %+v", byReaper, cv)
 		}
 	}

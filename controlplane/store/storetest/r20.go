@@ -100,12 +100,12 @@ func testR20SupersededDoesNotAnnounceAnotherAttempt(t *testing.T, st store.Store
 	checkSuperseded(t, f, j.ID, c1, f.host.Name) // unchanged by the new attempt
 	checkAnnouncesOnlyExisting(t, got)
 
-	// Admitted: the conversation is lost and no attempt follows, ever.
+	// Admitted: the conversation is quarantined (K13) and no attempt follows, ever.
 	conv := f.conversation()
 	j2 := f.enqueue(conv.ID, "q")
 	c3 := f.claim(at(2 * time.Hour))
 	f.admit(c3, at(2*time.Hour))
-	if res, err := st.Reap(f.ctx, store.ReapParams{Now: at(3 * time.Hour), Grace: grace}); err != nil || res.ConversationsLost != 1 {
+	if res, err := st.Reap(f.ctx, store.ReapParams{Now: at(3 * time.Hour), Grace: grace}); err != nil || res.ConversationsQuarantined != 1 {
 		t.Fatalf("Reap = %+v, %v", res, err)
 	}
 	if c, ok := f.tryClaim(hostB, at(3*time.Hour)); ok && c.JobID == j2.ID {

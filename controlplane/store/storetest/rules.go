@@ -452,14 +452,15 @@ func testR29AbandonKeepsConversation(t *testing.T, st store.Store) {
 }
 
 // R30: abandon only releases never-admitted turns; an admitted turn that
-// ends unsettled, or with an admission whose answer never came, makes the
-// conversation LOST.
-func testR30AdmittedTurnLosesConversation(t *testing.T, st store.Store) {
+// ends unsettled is never queued again and quarantines its conversation
+// (K13), whose queued turns stay; an admission whose answer never came
+// makes it LOST and fails them.
+func testR30AdmittedTurnNeverRequeued(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	cases := []struct {
 		name string
 		req  func(c wire.Claim) wire.FinishRequest
-		// admit before finishing
+		// admit before finishing; admitted ones quarantine, the ambiguous one loses
 		admit bool
 	}{
 		{"failed after admission", func(c wire.Claim) wire.FinishRequest {
@@ -485,22 +486,42 @@ func testR30AdmittedTurnLosesConversation(t *testing.T, st store.Store) {
 			_, err := st.Abandon(f.ctx, ref(c), wire.AbandonRequest{AttemptRef: ref(c), Class: "x"}, at(time.Second))
 			wantErr(t, tc.name+": abandon after admission", err, store.ErrAdmitted)
 		}
+		want := wire.ConversationLost
+		if tc.admit {
+			want = wire.ConversationQuarantined
+		}
 		r, err := st.Finish(f.ctx, ref(c), tc.req(c), at(2*time.Second))
-		if err != nil || r.ConversationState != wire.ConversationLost || r.JobState == wire.JobQueued || r.JobState == wire.JobSucceeded {
-			t.Fatalf("%s: finish = %+v, %v", tc.name, r, err)
+		if err != nil || r.ConversationState != want || r.JobState == wire.JobQueued || r.JobState == wire.JobSucceeded {
+			t.Fatalf("%s: finish = %+v, %v; want conversation %s", tc.name, r, err, want)
 		}
 		if got := f.job(j.ID); got.State == wire.JobQueued || len(got.Attempts) != 1 {
 			t.Fatalf("%s: the turn was queued again: %+v", tc.name, got)
 		}
-		if got := f.job(queued.ID); got.State != wire.JobFailed || got.Reason == "" {
-			t.Fatalf("%s: the turn behind it = %+v, want failed with a reason", tc.name, got)
+		cv := f.conv(conv.ID)
+		if !tc.admit {
+			if got := f.job(queued.ID); got.State != wire.JobFailed || got.Reason == "" {
+				t.Fatalf("%s: the turn behind it = %+v, want failed with a reason", tc.name, got)
+			}
+			if cv.State != wire.ConversationLost || cv.LostReason == "" {
+				t.Fatalf("%s: conversation = %+v", tc.name, cv)
+			}
+			continue
 		}
-		if cv := f.conv(conv.ID); cv.State != wire.ConversationLost || cv.LostReason == "" {
+		if got := f.job(queued.ID); got.State != wire.JobQueued {
+			t.Fatalf("%s: the turn behind it = %+v, want queued", tc.name, got)
+		}
+		if cv.State != wire.ConversationQuarantined || cv.InterruptedJobID != j.ID || cv.LostReason != "" {
 			t.Fatalf("%s: conversation = %+v", tc.name, cv)
 		}
+		// The next turn is the one behind, never the interrupted one again.
+		next := f.claim(at(3 * time.Second))
+		if next.JobID != queued.ID || !next.Turn.Quarantined {
+			t.Fatalf("%s: next claim = %+v, want %s quarantined", tc.name, next, queued.ID)
+		}
+		f.finish(next, wire.OutcomeFailed, at(4*time.Second))
 	}
 	if _, ok := f.tryClaim(f.host, at(time.Minute)); ok {
-		t.Fatal("a turn of a LOST conversation was claimed")
+		t.Fatal("a turn was claimed again")
 	}
 }
 
@@ -512,7 +533,8 @@ func testR32LostConversationRefusesMessages(t *testing.T, st store.Store) {
 	f.enqueue(conv.ID, "p")
 	c := f.claim(T0)
 	f.admit(c, T0)
-	if _, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + time.Minute), Grace: 10 * time.Second}); err != nil {
+	if _, err := st.Finish(f.ctx, ref(c), wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed,
+		Class: "admission_timeout", Ambiguous: true}, at(time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	_, err := st.EnqueueTurn(f.ctx, conv.ID, "are you there?", at(2*TTL))
@@ -704,23 +726,26 @@ func testP6WorkerLostNotCounted(t *testing.T, st store.Store) {
 	}
 }
 
-// R35: an admitted turn whose lease the reaper supersedes makes the
-// conversation LOST; it is never queued again.
-func testR35ReaperLosesAdmittedConversation(t *testing.T, st store.Store) {
+// R35: an admitted turn whose lease the reaper supersedes is never queued
+// again; its conversation is quarantined (K13), not lost.
+func testR35ReaperQuarantinesAdmittedConversation(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	conv := f.conversation()
 	j := f.enqueue(conv.ID, "p")
 	c := f.claim(T0)
 	f.admit(c, T0)
 	res, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + time.Minute), Grace: 10 * time.Second})
-	if err != nil || res != (store.ReapResult{Superseded: 1, ConversationsLost: 1}) {
+	if err != nil || res != (store.ReapResult{Superseded: 1, ConversationsQuarantined: 1}) {
 		t.Fatalf("Reap = %+v, %v", res, err)
 	}
 	if got := f.job(j.ID); got.State != wire.JobFailed || got.Attempts[0].State != wire.AttemptSuperseded {
 		t.Fatalf("job = %+v", got)
 	}
-	if cv := f.conv(conv.ID); cv.State != wire.ConversationLost {
+	if cv := f.conv(conv.ID); cv.State != wire.ConversationQuarantined || cv.InterruptedJobID != j.ID {
 		t.Fatalf("conversation = %+v", cv)
+	}
+	if _, ok := f.tryClaim(f.host, at(TTL+time.Minute)); ok {
+		t.Fatal("the superseded admitted turn was claimed again")
 	}
 	// The old runner's late finish is refused and recorded.
 	_, err = st.Finish(f.ctx, ref(c), wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeSucceeded}, at(TTL+2*time.Minute))
