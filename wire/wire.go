@@ -134,19 +134,19 @@ type CreateConversationRequest struct {
 
 // Conversation is one retained agent session.
 type Conversation struct {
-	ID           string    `json:"id"`
-	Title        string    `json:"title,omitempty"`
-	Image        string    `json:"image"`
-	AgentCommand []string  `json:"agent_command"`
-	State        string    `json:"state"`                 // usable | quarantined | lost
-	LostReason   string    `json:"lost_reason,omitempty"` // plain language (R32)
+	ID           string   `json:"id"`
+	Title        string   `json:"title,omitempty"`
+	Image        string   `json:"image"`
+	AgentCommand []string `json:"agent_command"`
+	State        string   `json:"state"`                 // usable | quarantined | lost
+	LostReason   string   `json:"lost_reason,omitempty"` // plain language (R32)
 	// InterruptedJobID names, while the conversation is quarantined, the
 	// turn that was interrupted (K13); its reason says so in plain words.
-	InterruptedJobID string `json:"interrupted_job_id,omitempty"`
-	ContainerID  string    `json:"container_id,omitempty"`
-	Epoch        int64     `json:"workspace_epoch"`
-	NativeTurn   int64     `json:"native_turn"`
-	CreatedAt    time.Time `json:"created_at"`
+	InterruptedJobID string    `json:"interrupted_job_id,omitempty"`
+	ContainerID      string    `json:"container_id,omitempty"`
+	Epoch            int64     `json:"workspace_epoch"`
+	NativeTurn       int64     `json:"native_turn"`
+	CreatedAt        time.Time `json:"created_at"`
 	// SandboxHost names the host that holds the retained sandbox: the host
 	// whose attempt last recorded ContainerID. Only that host is given the
 	// conversation's turns; empty means any host.
