@@ -24,15 +24,17 @@ const (
 	MsgTurnFailed         = "agent_turn_failed"
 
 	// Written by the turn child (runner/turn) with the attempt's ids.
-	MsgTurnDeclined       = "agent_turn_declined"              // preflight declined the turn before ACCEPT: class
-	MsgAcceptFailed       = "agent_turn_accept_failed"         // ACCEPT could not be sent; nothing was done
-	MsgResultUndelivered  = "agent_turn_result_undelivered"    // the turn's result could not reach the daemon
-	MsgSandboxUnavailable = "agent_sandbox_unavailable"        // the sandbox could not be ensured
-	MsgActivationFailed   = "agent_activation_failed"          // the supervisor refused or failed activation
-	MsgBoundaryMismatch   = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)
-	MsgTurnInterrupted    = "agent_turn_interrupted"           // the agent's stream broke before its result
-	MsgTurnLeaseDeadline  = "agent_turn_lease_deadline"        // the child's own lease deadline passed: agent stopped, nothing more written (K5)
-	MsgSupervisorDeadline = "agent_supervisor_deadline_failed" // a renewed lease deadline did not reach the supervisor: class
+	MsgTurnDeclined        = "agent_turn_declined"              // preflight declined the turn before ACCEPT: class
+	MsgAcceptFailed        = "agent_turn_accept_failed"         // ACCEPT could not be sent; nothing was done
+	MsgResultUndelivered   = "agent_turn_result_undelivered"    // the turn's result could not reach the daemon
+	MsgSandboxUnavailable  = "agent_sandbox_unavailable"        // the sandbox could not be ensured
+	MsgActivationFailed    = "agent_activation_failed"          // the supervisor refused or failed activation
+	MsgBoundaryMismatch    = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)
+	MsgContainerReplaced   = "agent_container_replaced"         // a quarantined conversation's sandbox is not its recorded container (K13)
+	MsgConversationResumed = "agent_conversation_resumed"       // a quarantined conversation's verified boundary was recorded (K13)
+	MsgTurnInterrupted     = "agent_turn_interrupted"           // the agent's stream broke before its result
+	MsgTurnLeaseDeadline   = "agent_turn_lease_deadline"        // the child's own lease deadline passed: agent stopped, nothing more written (K5)
+	MsgSupervisorDeadline  = "agent_supervisor_deadline_failed" // a renewed lease deadline did not reach the supervisor: class
 	// K10: the user's cancel interrupted the agent at the supervisor, which
 	// settled an interrupted boundary (native_turn, took_ms) — or could not
 	// (class): the driving connection is then dropped and the turn fails closed.

@@ -108,12 +108,13 @@ func TestP6RestartDecisions(t *testing.T) {
 			},
 		},
 		{
-			name: "no report, lease alive, admitted: conversation LOST, sandbox removed", admit: true, decision: decisionWorkerLost,
+			name: "no report, lease alive, admitted: conversation quarantined, sandbox kept", admit: true, decision: decisionWorkerLost,
 			check: func(t *testing.T, c *cp, j wire.Job, conv wire.Conversation, removed []string) {
 				if j.State == wire.JobQueued || j.State == wire.JobRunning {
 					t.Fatalf("admitted job %s: must never run again", j.State)
 				}
-				if conv.State != wire.ConversationLost || !slices.Equal(removed, []string{conv.ID}) {
+				// K13: the next turn verifies and resumes the retained sandbox.
+				if conv.State != wire.ConversationQuarantined || len(removed) != 0 {
 					t.Fatalf("conversation %s, removed %v", conv.State, removed)
 				}
 			},

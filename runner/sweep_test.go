@@ -28,7 +28,9 @@ var (
 )
 
 // lostConversation runs a turn of a new conversation into LOST on the real
-// control plane: claimed, admitted, failed before settlement (R30).
+// control plane: claimed, admitted, and its admission's answer taken for
+// lost (R30). An admitted turn that merely failed unsettled would leave it
+// quarantined (K13), which a host never removes.
 func (c *cp) lostConversation() string {
 	c.t.Helper()
 	j := c.enqueue("lost")
@@ -41,7 +43,7 @@ func (c *cp) lostConversation() string {
 	if _, err := c.wc.Admission(ctx, cl.WorkerToken, cl.JobID, wire.AdmissionRequest{AttemptRef: ref, ActivationID: "act-1"}); err != nil {
 		c.t.Fatal(err)
 	}
-	resp, err := c.wc.Finish(ctx, cl.WorkerToken, cl.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted"})
+	resp, err := c.wc.Finish(ctx, cl.WorkerToken, cl.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted", Ambiguous: true})
 	if err != nil || resp.ConversationState != wire.ConversationLost {
 		c.t.Fatalf("finish: %+v, %v; want the conversation lost", resp, err)
 	}

@@ -644,8 +644,8 @@ func TestReleaseUnderThePolicy(t *testing.T) {
 // both unavailable, the finish keeps trying (K1) until the owner fences
 // the attempt — as the renewer does once the lease can no longer be valid
 // (R10) — and the control plane's reaper ends the attempt once its lease
-// is past: the admitted, unsettled turn leaves the conversation LOST and
-// is not queued again (R21, R30).
+// is past: the admitted, unsettled turn leaves the conversation
+// quarantined (K13), not LOST, and is not queued again (R21, R30).
 func TestReaperBackstopWhenEventsAndFinishDown(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -680,8 +680,8 @@ func TestReaperBackstopWhenEventsAndFinishDown(t *testing.T) {
 		if j.State == wire.JobQueued || j.State == wire.JobRunning || j.Attempts[0].State != wire.AttemptSuperseded {
 			t.Errorf("job %s, attempt %s; want ended and superseded", j.State, j.Attempts[0].State)
 		}
-		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationLost {
-			t.Errorf("conversation %s, want lost", conv.State)
+		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationQuarantined {
+			t.Errorf("conversation %s, want quarantined", conv.State)
 		}
 		w.claimNone()
 	})

@@ -170,10 +170,21 @@ func (s *Session) Facts() Facts {
 // plane. Only a recorded identity lets a failure before admission abandon
 // the activation and keep the conversation usable (R29).
 func (s *Session) RecordContainer(ctx context.Context, backend, containerID string) error {
+	return s.recordContainer(ctx, wire.ContainerRequest{AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID})
+}
+
+// ResumeContainer is RecordContainer for the turn of a quarantined
+// conversation (K13), once the turn verified the retained container and
+// the supervisor's native turn boundary: the control plane records that
+// boundary with the container and the conversation is usable again.
+func (s *Session) ResumeContainer(ctx context.Context, backend, containerID string, nativeTurn int64) error {
+	return s.recordContainer(ctx, wire.ContainerRequest{AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID,
+		Resumed: &wire.ResumedBoundary{NativeTurn: nativeTurn}})
+}
+
+func (s *Session) recordContainer(ctx context.Context, req wire.ContainerRequest) error {
 	err := s.rep.do(ctx, &write{op: wire.OpContainer, policy: s.cfg.Receipts, every: true}, func(ctx context.Context, wc *wire.Client) error {
-		return wc.Container(ctx, s.cfg.WorkerToken, s.cfg.JobID, wire.ContainerRequest{
-			AttemptRef: s.cfg.Attempt, Backend: backend, ContainerID: containerID,
-		})
+		return wc.Container(ctx, s.cfg.WorkerToken, s.cfg.JobID, req)
 	})
 	if err != nil {
 		return err

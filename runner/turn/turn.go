@@ -41,6 +41,7 @@ const (
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
+	ClassContainerReplaced  = "container_replaced" // K13: not the exact retained container
 	ClassWorkspaceLost      = "workspace_lost"
 	ClassContainerRecord    = "container_record_failed"
 	ClassAdmissionRefused   = "admission_refused"
@@ -288,7 +289,7 @@ func stoppedForLeaseLoss(ctx context.Context) bool {
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
 	rep := f.Report(ref, settlement.Result{Outcome: outcome, Class: class})
-	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost) {
+	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost || class == ClassContainerReplaced) {
 		// R31: the retained session is provably not the settled one; the
 		// conversation cannot continue, so say so rather than fail every
 		// later turn the same way.
@@ -331,14 +332,21 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassActivation)
 	}
 	defer t.forwardLeases(cl, act.ID)()
-	// R31: resume only the exact native session the control plane settled.
-	if act.NativeTurn != t.p.Claim.Turn.NativeTurn {
-		t.log.Error(diagnostics.MsgBoundaryMismatch,
-			"supervisor_native_turn", act.NativeTurn, "settled_native_turn", t.p.Claim.Turn.NativeTurn)
-		return fail(ClassBoundaryMismatch)
+	// The activation fenced every older token of the supervisor, the
+	// interrupted turn's included (K13), so nothing of it runs any more.
+	if class := t.verify(sb, act); class != "" {
+		return fail(class)
 	}
-	if err := t.sess.RecordContainer(ctx, sb.Backend, sb.ID); err != nil {
+	record := func() error { return t.sess.RecordContainer(ctx, sb.Backend, sb.ID) }
+	if t.p.Claim.Turn.Quarantined {
+		record = func() error { return t.sess.ResumeContainer(ctx, sb.Backend, sb.ID, act.NativeTurn) }
+	}
+	if err := record(); err != nil {
 		return fail(ClassContainerRecord)
+	}
+	if t.p.Claim.Turn.Quarantined {
+		t.log.Info(diagnostics.MsgConversationResumed, "native_turn", act.NativeTurn,
+			"settled_native_turn", t.p.Claim.Turn.NativeTurn)
 	}
 	t.progress("container_recorded")
 
@@ -485,6 +493,28 @@ func (in *interruption) wait() bool {
 func userCancelled(ctx context.Context) bool {
 	var se *handover.StopError
 	return errors.As(context.Cause(ctx), &se) && se.Class == ClassCancelled
+}
+
+// verify is R31 before anything is recorded or admitted: the supervisor's
+// native turn boundary must be the one the control plane settled. For a
+// quarantined conversation (K13) the sandbox must be the exact retained
+// container the control plane recorded, and the boundary the settled one
+// (the interrupted turn never reached the agent) or one more (it did); a
+// supervisor that lost its state reads 0 and fails unless nothing was ever
+// settled. It returns the failure class, "" when the session may go on.
+func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
+	tu := t.p.Claim.Turn
+	if tu.Quarantined && (tu.ContainerID == "" || sb.ID != tu.ContainerID) {
+		t.log.Error(diagnostics.MsgContainerReplaced, "container_id", sb.ID, "recorded_container_id", tu.ContainerID)
+		return ClassContainerReplaced
+	}
+	ok := act.NativeTurn == tu.NativeTurn || tu.Quarantined && act.NativeTurn == tu.NativeTurn+1
+	if !ok {
+		t.log.Error(diagnostics.MsgBoundaryMismatch,
+			"supervisor_native_turn", act.NativeTurn, "settled_native_turn", tu.NativeTurn, "quarantined", tu.Quarantined)
+		return ClassBoundaryMismatch
+	}
+	return ""
 }
 
 // exitClass is the failure class of how the agent ended: agent_exit_<code>

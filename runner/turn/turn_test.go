@@ -277,3 +277,50 @@ func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
 		})
 	}
 }
+
+// K13, R31: what a turn accepts of the retained sandbox before anything is
+// recorded or admitted. A usable conversation needs the settled native
+// turn; a quarantined one needs the exact recorded container and the
+// settled native turn or one more (the interrupted turn reached the
+// agent), and its failures are reported unrecoverable.
+func TestVerifyRetainedSandbox(t *testing.T) {
+	const ctr = "sb-1"
+	for _, tt := range []struct {
+		name        string
+		quarantined bool
+		recorded    string // the control plane's container id
+		sandbox     string // Ensure's sandbox id
+		native      int64  // the supervisor's native turn; the settled one is 4
+		want        string
+	}{
+		{"usable, same boundary", false, ctr, ctr, 4, ""},
+		{"usable, one ahead is not the settled session", false, ctr, ctr, 5, ClassBoundaryMismatch},
+		{"usable, container made anew over the workspace", false, ctr, "sb-2", 4, ""},
+		{"quarantined, interrupted before the agent", true, ctr, ctr, 4, ""},
+		{"quarantined, interrupted after the agent", true, ctr, ctr, 5, ""},
+		{"quarantined, boundary changed", true, ctr, ctr, 6, ClassBoundaryMismatch},
+		{"quarantined, boundary behind", true, ctr, ctr, 3, ClassBoundaryMismatch},
+		{"quarantined, supervisor lost its state", true, ctr, ctr, 0, ClassBoundaryMismatch},
+		{"quarantined, container replaced", true, ctr, "sb-2", 5, ClassContainerReplaced},
+		{"quarantined, no container recorded", true, "", "sb-2", 4, ClassContainerReplaced},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tu := &turn{log: slog.New(slog.DiscardHandler)}
+			tu.p.Claim.Turn = wire.Turn{ContainerID: tt.recorded, NativeTurn: 4, Quarantined: tt.quarantined}
+			got := tu.verify(sandbox.Sandbox{ID: tt.sandbox}, sandbox.Activation{ID: "act", NativeTurn: tt.native})
+			if got != tt.want {
+				t.Fatalf("verify = %q, want %q", got, tt.want)
+			}
+			if got == "" {
+				return
+			}
+			// A failed verification is reported unrecoverable before any
+			// admission: the conversation becomes LOST, nothing is replayed.
+			ref := wire.AttemptRef{AttemptID: "a", LeaseGeneration: 1}
+			res := result(settlement.Facts{}, ref, wire.OutcomeFailed, got)
+			if res.Report.Finish == nil || !res.Report.Finish.Unrecoverable {
+				t.Fatalf("report of %s = %+v, want an unrecoverable finish", got, res.Report)
+			}
+		})
+	}
+}
