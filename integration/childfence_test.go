@@ -55,7 +55,7 @@ func (e *env) freeze(pid int) {
 // itself when it passes, and says so (agent_turn_lease_deadline). The
 // deadline is never later than the store's lease expiry (R10). Once thawed,
 // the daemon writes no report about the attempt; the admitted conversation
-// is LOST as for any lost lease (R30) and the prompt reached the agent once.
+// is quarantined as for any lost lease (K13, R30) and the prompt reached the agent once.
 func TestFrozenDaemonChildStopsAgentAtDeadline(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})

@@ -1,9 +1,6 @@
 package integration
 
 import (
-	"errors"
-	"os"
-	"regexp"
 	"testing"
 	"time"
 
@@ -26,15 +23,15 @@ const (
 // timestamps. After the black hole is lifted the daemon is back (host
 // heartbeats, a new turn runs), yet it writes nothing more about the
 // fenced attempt: no event of it is stored after the supersession and no
-// stale report is even tried; the admitted conversation is LOST and the
-// prompt reached the agent once (R30, R35). No report of the daemon ever
-// hears that the conversation is LOST, so it is the sandbox sweep that
-// stops its supervisor and deletes its sandbox once the control plane
-// answers again (issues 6, 7), with a runnerd_sandbox_swept record.
+// stale report is even tried; the admitted conversation is quarantined,
+// not LOST (K13), and the prompt reached the agent once (R30, R35). The
+// sandbox sweep, running once the control plane answers again, keeps the
+// quarantined conversation's sandbox, and its next message resumes the
+// same supervisor.
 func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{proxy: true})
-	d := e.startDaemon(func(c *fleet.DaemonConfig) { c.Args = append(c.Args, "--sandbox-sweep", sandboxSweep.String()) })
+	e.startDaemon(func(c *fleet.DaemonConfig) { c.Args = append(c.Args, "--sandbox-sweep", sandboxSweep.String()) })
 
 	c := e.conversation("fenced")
 	const prompt = "a long, quiet turn\n!silent 10m"
@@ -90,9 +87,8 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	}
 
 	if !alive(supPid) {
-		t.Error("the supervisor was stopped before the control plane could say the conversation is LOST")
+		t.Error("the supervisor was stopped while the control plane could not be asked")
 	}
-	mark := d.Mark()
 	liftedAt := time.Now()
 	e.proxy.blackhole(false)
 	e.waitServer("heartbeating after the outage", func(s wire.Server) bool {
@@ -123,28 +119,14 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 	if job.State != wire.JobFailed || len(job.Attempts) != 1 {
 		t.Errorf("the admitted turn must fail without another attempt: %s", describeJob(job))
 	}
-	if conv := e.conv(c.ID); conv.State != wire.ConversationLost {
-		t.Errorf("conversation %s is %s, want lost (its prompt was admitted)", c.ID, conv.State)
-	}
-	e.assertLostPromptOnce(c.ID, prompt, job)
-
-	// Issues 6, 7: the sweep removes the LOST conversation's sandbox.
-	swept := regexp.MustCompile(`"msg":"runnerd_sandbox_swept","conversation_id":"` + regexp.QuoteMeta(c.ID) + `","conversation_state":"lost","backend":"process"`)
-	if _, err := d.AwaitOutput(mark, swept, waitFor); err != nil {
-		t.Fatalf("no sweep record for the LOST conversation: %v", err)
-	}
-	supGone, err := waitGone(supPid, waitFor)
-	if err != nil {
-		t.Fatalf("the LOST conversation's supervisor was not stopped: %v", err)
-	}
-	t.Logf("supervisor stopped %v after the black hole was lifted (sweep every %v)", supGone.Sub(liftedAt), sandboxSweep)
-	if _, err := os.Stat(fleet.SandboxDir(e.stateDir, c.ID)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("the LOST conversation's sandbox is still there: %v", err)
-	}
-	// The new conversation is usable: its supervisor stays.
-	if pid, err := fleet.SupervisorPid(e.stateDir, c2.ID); err != nil || !alive(pid) {
-		t.Errorf("the usable conversation's supervisor is gone: pid %d, %v", pid, err)
-	}
+	// K13: the admitted, unsettled turn quarantined its conversation; the
+	// sweep, which asks about it as soon as the control plane answers,
+	// keeps its sandbox, and the next message resumes the same supervisor
+	// past the interrupted turn (which the agent began: native turn 1).
+	e.quarantined(c.ID, j.ID)
+	const next = "the message after the outage"
+	e.resumes(c.ID, next, supPid, 2)
+	e.assertPromptsOnce(c.ID, prompt, next)
 }
 
 // sandboxSweep is the sweep period of the daemons that test it.

@@ -67,7 +67,7 @@ var secondRetry = regexp.MustCompile(`"msg":"agent_heartbeat_retry".*"consecutiv
 // --exec-timeout (R5). The lease stays renewed meanwhile; the turn is
 // reported failed with the execution_timeout class and a distinct
 // agent_execution_timeout record (R18); the prompt was admitted and the
-// turn unsettled, so the conversation becomes LOST rather than the prompt
+// turn unsettled, so the conversation is quarantined (K13) rather than the prompt
 // replayed (R30).
 func TestExecutionTimeout(t *testing.T) {
 	t.Parallel()
@@ -95,8 +95,10 @@ func TestExecutionTimeout(t *testing.T) {
 	if !strings.Contains(d.Output(), `"msg":"agent_execution_timeout"`) {
 		t.Errorf("no agent_execution_timeout record in the output")
 	}
-	if conv := e.conv(c.ID); conv.State != wire.ConversationLost {
-		t.Errorf("conversation is %s, want lost", conv.State)
+	// K13: admitted and unsettled, so quarantined, not lost; the prompt
+	// reached the agent once and is never sent again.
+	if conv := e.conv(c.ID); conv.State != wire.ConversationQuarantined || conv.InterruptedJobID != j.ID {
+		t.Errorf("conversation is %s, want quarantined", conv.State)
 	}
-	e.assertLostPromptOnce(c.ID, prompt, j)
+	e.assertPromptsOnce(c.ID, prompt)
 }

@@ -16,7 +16,8 @@ import (
 // the lease it still held could have run out — and never retries: no
 // renewal of that job follows the refused one, and nothing more is written
 // about the attempt (no events, no finish; the store records no stale
-// report). The reaper ends the attempt; the conversation is LOST (R30).
+// report). The reaper ends the attempt; the conversation is quarantined
+// (K13), never replayed (R30).
 func TestRenewalRefusedStopsTurn(t *testing.T) {
 	t.Parallel()
 	for _, status := range []int{http.StatusConflict, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound} {
@@ -79,10 +80,11 @@ func TestRenewalRefusedStopsTurn(t *testing.T) {
 			if job.State != wire.JobFailed {
 				t.Errorf("job: %s", describeJob(job))
 			}
-			if conv := e.conv(c.ID); conv.State != wire.ConversationLost {
-				t.Errorf("conversation is %s, want lost", conv.State)
+			// K13: admitted and unsettled, so quarantined, not lost.
+			if conv := e.conv(c.ID); conv.State != wire.ConversationQuarantined {
+				t.Errorf("conversation is %s, want quarantined", conv.State)
 			}
-			e.assertLostPromptOnce(c.ID, prompt, job)
+			e.assertPromptsOnce(c.ID, prompt)
 		})
 	}
 }
