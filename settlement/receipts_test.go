@@ -238,7 +238,8 @@ func TestSettlementRepeatedAfterLostAnswer(t *testing.T) {
 // TestSupervisorUnconfirmedFailsClosed: a supervisor that restarted and no
 // longer knows the activation cannot confirm the turn; the settlement is
 // never sent, and a success report becomes a failure, so the conversation
-// becomes LOST rather than assumed settled (R28).
+// is quarantined (K13: its next turn verifies the sandbox) rather than
+// assumed settled (R28).
 func TestSupervisorUnconfirmedFailsClosed(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -271,8 +272,8 @@ func TestSupervisorUnconfirmedFailsClosed(t *testing.T) {
 		if req.Outcome != wire.OutcomeFailed || req.Class != settlement.ClassUnsettled {
 			t.Errorf("finish %+v, want failed/unsettled", req)
 		}
-		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationLost {
-			t.Errorf("conversation %s, want lost", conv.State)
+		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationQuarantined {
+			t.Errorf("conversation %s, want quarantined", conv.State)
 		}
 	})
 }

@@ -221,8 +221,9 @@ func TestServeAndSubmit(t *testing.T) {
 	hostToken := strings.TrimSpace(stdout)
 	wc := &wire.Client{BaseURL: addr}
 
-	// worker claims the next turn and ends it: succeeded, or failed after
-	// admission (which loses the conversation).
+	// worker claims the next turn and ends it: succeeded, or failed with
+	// an admission whose answer it takes for lost (which loses the
+	// conversation, R30).
 	worker := func(succeed bool) error {
 		c, err := wc.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 10_000})
 		if err != nil {
@@ -236,7 +237,7 @@ func TestServeAndSubmit(t *testing.T) {
 		if _, err := wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: r, ActivationID: "a1"}); err != nil {
 			return err
 		}
-		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "agent_exit"}
+		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "admission_timeout", Ambiguous: true}
 		if succeed {
 			if _, err := wc.Settlement(ctx, c.WorkerToken, c.JobID, wire.SettlementRequest{AttemptRef: r, ActivationID: "a1",
 				Supervisor: wire.SupervisorReceipt{ActivationID: "a1", ReceiptID: "r1", NativeTurn: 1}}); err != nil {
