@@ -95,6 +95,11 @@ func TestDaemonMetricsMoveWithATurn(t *testing.T) {
 		t.Fatalf("claim to accept: %v samples, %v s: measured from the long poll's start, not the claim's answer", n, sum)
 	}
 
+	// A renewal first: the cancel reaches the turn through the host's
+	// cancel poll, often before the first renewal is due.
+	waitFor(t, "a renewal acknowledged", 10*time.Second, func() bool {
+		return scrape(t, url)[`runnerd_renewals_total{result="ok"}`] >= 1
+	})
 	if _, err := c.st.CancelJob(context.Background(), j.ID, c.now()); err != nil {
 		t.Fatal(err)
 	}
