@@ -18,20 +18,9 @@ func hostAdd(ctx context.Context, args []string, getenv func(string) string, std
 	f := newFlags("host add NAME", stderr)
 	d := addDBFlags(f)
 	tokenFile := f.fs.String("token-file", "", "write the host token to this new file (0600) instead of printing it")
-	if err := f.parse(args); err != nil {
+	name, err := oneArg(f, args, "the host's NAME")
+	if err != nil {
 		return err
-	}
-	// NAME may come before or after the flags.
-	rest := f.fs.Args()
-	if len(rest) == 0 {
-		return usagef("missing the host's NAME")
-	}
-	name := rest[0]
-	if err := f.parse(rest[1:]); err != nil {
-		return err
-	}
-	if f.fs.NArg() > 0 {
-		return usagef("unexpected argument %q", f.fs.Arg(0))
 	}
 	if err := checkHostName(name); err != nil {
 		return err

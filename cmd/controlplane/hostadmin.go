@@ -35,26 +35,22 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
-	if err := f.parse(args); err != nil {
-		return err
-	}
-	rest := f.fs.Args()
 	var name string
-	if sub != "list" {
-		if len(rest) == 0 {
-			return usagef("missing the host's NAME")
-		}
-		name = rest[0]
-		if err := f.parse(rest[1:]); err != nil { // flags may follow NAME
+	if sub == "list" {
+		if err := f.parse(args); err != nil {
 			return err
 		}
-		rest = f.fs.Args()
+		if f.fs.NArg() > 0 {
+			return usagef("unexpected argument %q", f.fs.Arg(0))
+		}
+	} else {
+		var err error
+		if name, err = oneArg(f, args, "the host's NAME"); err != nil {
+			return err
+		}
 		if err := checkHostName(name); err != nil {
 			return err
 		}
-	}
-	if len(rest) > 0 {
-		return usagef("unexpected argument %q", rest[0])
 	}
 	u, err := url.Parse(*server)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -55,6 +55,26 @@ func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
 
+// oneArg parses flags with one positional argument, which may come before
+// or after the flags; what names it in the usage error ("the host's NAME").
+func oneArg(f *flags, args []string, what string) (string, error) {
+	if err := f.parse(args); err != nil {
+		return "", err
+	}
+	rest := f.fs.Args()
+	if len(rest) == 0 {
+		return "", usagef("missing %s", what)
+	}
+	arg := rest[0]
+	if err := f.parse(rest[1:]); err != nil {
+		return "", err
+	}
+	if f.fs.NArg() > 0 {
+		return "", usagef("unexpected argument %q", f.fs.Arg(0))
+	}
+	return arg, nil
+}
+
 const topUsage = `usage: controlplane <command> [flags]
 
 commands:

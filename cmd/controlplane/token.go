@@ -31,33 +31,13 @@ func token(ctx context.Context, args []string, getenv func(string) string, stdou
 	return usagef(`"token" takes the subcommand "create", "list" or "revoke", not %q`, args[0])
 }
 
-// tokenArgs parses flags with one positional argument (what names it in
-// the usage), which may come before or after the flags.
-func tokenArgs(f *flags, args []string, what string) (string, error) {
-	if err := f.parse(args); err != nil {
-		return "", err
-	}
-	rest := f.fs.Args()
-	if len(rest) == 0 {
-		return "", usagef("missing the token's %s", what)
-	}
-	arg := rest[0]
-	if err := f.parse(rest[1:]); err != nil {
-		return "", err
-	}
-	if f.fs.NArg() > 0 {
-		return "", usagef("unexpected argument %q", f.fs.Arg(0))
-	}
-	return arg, nil
-}
-
 // tokenCreate makes a user token and hands it out once: on stdout, or in a
 // new 0600 file with --token-file. Only its hash is stored.
 func tokenCreate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("token create NAME", stderr)
 	d := addDBFlags(f)
 	tokenFile := f.fs.String("token-file", "", "write the token to this new file (0600) instead of printing it")
-	name, err := tokenArgs(f, args, "NAME (a label: who or what holds it)")
+	name, err := oneArg(f, args, "the token's NAME (a label: who or what holds it)")
 	if err != nil {
 		return err
 	}
@@ -140,7 +120,7 @@ func tokenList(ctx context.Context, args []string, getenv func(string) string, s
 func tokenRevoke(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("token revoke ID", stderr)
 	d := addDBFlags(f)
-	id, err := tokenArgs(f, args, "ID (from controlplane token list)")
+	id, err := oneArg(f, args, "the token's ID (from controlplane token list)")
 	if err != nil {
 		return err
 	}
