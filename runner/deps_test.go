@@ -51,6 +51,9 @@ var moduleImports = map[string][]string{
 	"internal/sdscope":  {}, // systemd scopes: cmd/runnerd alone imports it
 	"internal/syncbuf":  {}, // tests only
 	"internal/tools":    {}, // pins go.mod's requirements (build tag tools)
+
+	"internal/bench/held":     {"internal/fleet", "wire"}, // a whole host's cost per held turn (issue 12 §6)
+	"internal/bench/held/cmd": nil,                        // its command
 }
 
 // TestImportsPointOneWay reads the imports of every non-test file of the

@@ -2,7 +2,8 @@
 // control plane on SQLite, host daemons, the demo agent — as child
 // processes, and speaks the user API to them. It is what the integration
 // tests (package integration) and the one-command demo (cmd/demo) are made
-// of; nothing else may import it. It imports wire and golang.org/x/sys.
+// of, and the benchmarks that measure a whole host (internal/bench); nothing
+// else may import it. It imports wire and golang.org/x/sys.
 package fleet
 
 import (
