@@ -18,6 +18,11 @@ import (
 type ControlPlaneConfig struct {
 	Bin     string // the controlplane executable; required
 	DataDir string // SQLite database and user token; required
+	// DB is --db (postgres://…); "" is SQLite in DataDir.
+	DB string
+	// Wrap is run before Bin, as in ip netns exec NS: it must exec Bin
+	// in its own process, so that the pid stays the server's.
+	Wrap []string
 	// Listen is the address to serve on; default 127.0.0.1:0, a free port.
 	Listen         string
 	LeaseTTL       time.Duration
@@ -54,6 +59,9 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 		cfg.StartTimeout = 20 * time.Second
 	}
 	args := []string{"serve", "--data-dir", cfg.DataDir, "--listen", cfg.Listen}
+	if cfg.DB != "" {
+		args = append(args, "--db", cfg.DB)
+	}
 	args = appendDur(args, "--lease-ttl", cfg.LeaseTTL)
 	args = appendDur(args, "--min-lease-ttl", cfg.MinLeaseTTL)
 	args = appendDur(args, "--reaper-interval", cfg.ReaperInterval)
@@ -63,8 +71,7 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 	if cfg.MaxWorkerLost > 0 {
 		args = append(args, "--max-worker-lost", fmt.Sprint(cfg.MaxWorkerLost))
 	}
-	cmd := exec.Command(cfg.Bin, args...)
-	cmd.Env = cleanEnv(nil)
+	cmd := wrapped(cfg.Wrap, cfg.Bin, args)
 	p, out, err := startWatched("controlplane", cmd, cfg.Log)
 	if err != nil {
 		return nil, err
@@ -91,7 +98,11 @@ func (c *ControlPlane) Config() ControlPlaneConfig { return c.cfg }
 // database and returns the path of its new token file (0600).
 func (c *ControlPlane) AddHost(ctx context.Context, name string) (tokenFile string, err error) {
 	tokenFile = filepath.Join(c.cfg.DataDir, "host-"+name+".token")
-	cmd := exec.CommandContext(ctx, c.cfg.Bin, "host", "add", name, "--data-dir", c.cfg.DataDir, "--token-file", tokenFile)
+	args := []string{"host", "add", name, "--data-dir", c.cfg.DataDir, "--token-file", tokenFile}
+	if c.cfg.DB != "" {
+		args = append(args, "--db", c.cfg.DB)
+	}
+	cmd := exec.CommandContext(ctx, c.cfg.Bin, args...)
 	cmd.Env = cleanEnv(nil)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("controlplane host add %s: %w\n%s", name, err, out)
@@ -104,6 +115,15 @@ func appendDur(args []string, flag string, d time.Duration) []string {
 		return args
 	}
 	return append(args, flag, d.String())
+}
+
+// wrapped is the command bin args, run through wrap (ip netns exec NS)
+// if given, with a clean environment.
+func wrapped(wrap []string, bin string, args []string) *exec.Cmd {
+	argv := append(append(append([]string{}, wrap...), bin), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = cleanEnv(nil)
+	return cmd
 }
 
 // cleanEnv is the environment of a child: PATH and HOME of ours, no

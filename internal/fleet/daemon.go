@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os/exec"
 	"regexp"
 	"strconv"
 	"time"
@@ -40,6 +39,9 @@ type DaemonConfig struct {
 	ControlTimeout   time.Duration
 	HostHeartbeat    time.Duration
 
+	// Wrap is run before Bin, as in ip netns exec NS: it must exec Bin
+	// in its own process, so that the pid stays the daemon's.
+	Wrap []string
 	// Args are appended to the command line; Env to the environment.
 	Args []string
 	Env  []string
@@ -95,7 +97,7 @@ func (cfg DaemonConfig) args() []string {
 // StartDaemon starts the daemon. It does not wait for anything: poll the
 // control plane (Admin → Servers) to see it up.
 func StartDaemon(ctx context.Context, cfg DaemonConfig) (*Daemon, error) {
-	cmd := exec.Command(cfg.Bin, cfg.args()...)
+	cmd := wrapped(cfg.Wrap, cfg.Bin, cfg.args())
 	cmd.Env = cleanEnv(cfg.Env)
 	p, out, err := startWatched("runnerd", cmd, cfg.Log)
 	if err != nil {

@@ -1,0 +1,470 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/rs/zerolog"
+
+	"github.com/runnerd/runnerd/integration/chaos/checker"
+	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// Scaled timings (integration/doc.go): the defaults' 120 s lease and 30 s
+// renewals become 2 s and 400 ms, a little above the integration tests'
+// so that a 2-core machine under make test is not itself the fault.
+const (
+	leaseTTL       = 2 * time.Second
+	renewEvery     = 400 * time.Millisecond
+	renewTimeout   = 250 * time.Millisecond
+	renewRetry     = 50 * time.Millisecond
+	stopGrace      = 300 * time.Millisecond
+	killGrace      = 300 * time.Millisecond
+	reaperGrace    = 1500 * time.Millisecond // stop + kill grace and room for the supervisor (P3)
+	reaperInterval = 100 * time.Millisecond
+	claimWait      = 500 * time.Millisecond
+	replicaPort    = 8080
+)
+
+// world is one campaign's fleet.
+type world struct {
+	t    *testing.T
+	ctx  context.Context
+	dir  string
+	hist *checker.Writer
+	log  *syncLog
+	nw   *network
+	pg   *postgres
+	toxi *toxiproxy.ApiServer
+	seed uint64
+	obs  *observer
+
+	replicas []*replica
+	hosts    []*host
+	users    []*fleet.User // one per replica, through its user recorder
+	dataDir  string        // the replicas' shared data directory (the user token)
+	image    string        // the docker agent's image
+}
+
+// replica is one control-plane replica in its own namespace.
+type replica struct {
+	name string
+	node *node
+	url  string // http://ip:port, as the recorders reach it
+	cfg  fleet.ControlPlaneConfig
+
+	mu   sync.Mutex // guards cp and skew: faults restart the replica
+	cp   *fleet.ControlPlane
+	skew time.Duration
+}
+
+// host is one runnerd host in its own namespace.
+type host struct {
+	name     string
+	node     *node
+	sandbox  string // process | docker
+	runnerd  string // its own hard link of runnerd: its processes are told apart by it
+	stateDir string
+	token    string
+	lb       *balancer
+	paths    []*path // one per replica
+
+	mu sync.Mutex // guards d: faults restart the daemon
+	d  *fleet.Daemon
+}
+
+// path is the way from one host to one replica: a toxiproxy proxy (the
+// network's faults) in front of a recorder (the history, drop_response).
+type path struct {
+	host    *host
+	replica *replica
+	proxy   *toxiproxy.Proxy
+	rec     *recorder
+}
+
+func (h *host) daemon() *fleet.Daemon {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.d
+}
+
+func (r *replica) current() *fleet.ControlPlane {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cp
+}
+
+// syncLog is the processes' output, one file for the whole campaign.
+type syncLog struct {
+	mu sync.Mutex // guards f
+	f  *os.File
+}
+
+func (l *syncLog) prefixed(p string) io.Writer { return &prefixWriter{l: l, p: p} }
+
+type prefixWriter struct {
+	l *syncLog
+	p string
+}
+
+func (w *prefixWriter) Write(b []byte) (int, error) {
+	w.l.mu.Lock()
+	defer w.l.mu.Unlock()
+	fmt.Fprintf(w.l.f, "%s %s| %s", time.Now().Format("15:04:05.000"), w.p, b)
+	return len(b), nil
+}
+
+type fleetOpts struct {
+	hosts       int // at least 3; the last one runs the docker backend
+	capacity    int
+	dockerHosts int
+}
+
+// newWorld starts the fleet: PostgreSQL, two replicas, the hosts with
+// their balancers, proxies and recorders. Everything stops in t.Cleanup.
+func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dir, err := os.MkdirTemp("", "runnerd-chaos-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, ctx: ctx, dir: dir, seed: seed}
+	t.Logf("campaign directory %s (history.jsonl, output.log)", dir)
+	lf, err := os.Create(filepath.Join(dir, "output.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.log = &syncLog{f: lf}
+	t.Cleanup(func() { lf.Close() })
+	if w.hist, err = checker.Create(filepath.Join(dir, "history.jsonl")); err != nil {
+		t.Fatal(err)
+	}
+
+	w.nw = newNetwork(t)
+	w.pg = startPostgres(t, w.nw.gw, w.nw.prefix+"0/24", 5441+int(seed%50), w.log.prefixed("postgres"))
+	w.process(checker.RolePostgres, checker.ProcessStart, "", "", w.pg.pid(), nil)
+	w.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+
+	w.dataDir = filepath.Join(dir, "cp")
+	if err := os.Mkdir(w.dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		n := w.nw.add(fmt.Sprintf("r%d", i+1), 21+i)
+		r := &replica{name: n.name, node: n, url: fmt.Sprintf("http://%s:%d", n.ip, replicaPort)}
+		r.cfg = fleet.ControlPlaneConfig{
+			Bin: bins.ControlPlane, DataDir: w.dataDir, DB: w.pg.dsn(), Wrap: n.wrap(),
+			Listen:   fmt.Sprintf("%s:%d", n.ip, replicaPort),
+			LeaseTTL: leaseTTL, MinLeaseTTL: renewEvery + renewTimeout, ReaperInterval: reaperInterval,
+			ReaperGrace: reaperGrace, ClaimWaitMax: time.Second, ReleaseBackoff: 200 * time.Millisecond,
+			Log: w.log.prefixed(n.name), StartTimeout: 60 * time.Second,
+		}
+		// The first replica makes the user token; the second finds it.
+		if err := w.startReplica(r, 0); err != nil {
+			t.Fatal(err)
+		}
+		w.replicas = append(w.replicas, r)
+		t.Cleanup(func() { w.stopReplica(r, syscall.SIGTERM) })
+	}
+	tok, err := os.ReadFile(filepath.Join(w.dataDir, "user-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range w.replicas {
+		rec, err := startRecorder("", r.name, r.url, w.hist, seed+uint64(100+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(rec.close)
+		u := fleet.NewUser("http://"+rec.addr(), strings.TrimSpace(string(tok)))
+		t.Cleanup(u.Close)
+		w.users = append(w.users, u)
+	}
+
+	for i := range o.hosts {
+		n := w.nw.add(fmt.Sprintf("h%d", i+1), 11+i)
+		h := &host{name: "chaos-" + n.name, node: n, sandbox: "process"}
+		if i >= o.hosts-o.dockerHosts {
+			h.sandbox = "docker"
+		}
+		hdir := filepath.Join(dir, n.name)
+		if err := os.Mkdir(hdir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		h.runnerd, h.stateDir = filepath.Join(hdir, "runnerd"), filepath.Join(hdir, "state")
+		if err := os.Link(bins.Runnerd, h.runnerd); err != nil {
+			t.Fatal(err)
+		}
+		if h.token, err = w.replicas[0].current().AddHost(ctx, h.name); err != nil {
+			t.Fatal(err)
+		}
+		var ups []string
+		for j, r := range w.replicas {
+			rec, err := startRecorder(h.name, r.name, r.url, w.hist, seed+uint64(10*i+j))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(rec.close)
+			px := toxiproxy.NewProxy(w.toxi, n.name+"-"+r.name, "127.0.0.1:0", rec.addr())
+			if err := px.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(px.Stop)
+			h.paths = append(h.paths, &path{host: h, replica: r, proxy: px, rec: rec})
+			ups = append(ups, px.Listen)
+		}
+		if h.lb, err = startBalancer(w.nw.gw+":0", ups, seed+uint64(1000+i)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.lb.close)
+		w.hosts = append(w.hosts, h)
+	}
+	return w
+}
+
+// process records a process's start or exit.
+func (w *world) process(role, event, host, replica string, pid int, err error) {
+	p := &checker.Process{Role: role, Event: event, PID: pid}
+	if event == checker.ProcessExit {
+		code, sig := exitOf(err)
+		p.ExitCode, p.Signal = code, sig
+	}
+	_ = w.hist.Write(checker.Record{Host: host, Replica: replica, Process: p})
+}
+
+// exitOf splits a Wait error into an exit code or a signal's name.
+func exitOf(err error) (*int, string) {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return nil, signalName(ws.Signal())
+		}
+		c := ee.ExitCode()
+		return &c, ""
+	}
+	zero := 0
+	if err == nil {
+		return &zero, ""
+	}
+	return nil, ""
+}
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGKILL:
+		return "KILL"
+	case syscall.SIGTERM:
+		return "TERM"
+	case syscall.SIGINT:
+		return "INT"
+	case syscall.SIGQUIT:
+		return "QUIT"
+	}
+	return fmt.Sprint(int(s))
+}
+
+// watch records the exit of a process the campaign started.
+func (w *world) watch(p *fleet.Process, role, host, replica string) {
+	go func() {
+		err := p.Err()
+		w.process(role, checker.ProcessExit, host, replica, p.Pid(), err)
+	}()
+}
+
+// startReplica starts r (the real controlplane serve, or skewcp with its
+// own clock off by skew).
+func (w *world) startReplica(r *replica, skew time.Duration) error {
+	cfg := r.cfg
+	if skew != 0 {
+		// skewcp reads its offset from SKEWCP_CLOCK_OFFSET: env sets it
+		// and execs, so the pid stays the replica's.
+		cfg.Bin = skewcp
+		cfg.Wrap = append(append([]string{}, cfg.Wrap...), "env", "SKEWCP_CLOCK_OFFSET="+skew.String())
+	}
+	cp, err := fleet.StartControlPlane(w.ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("replica %s: %w", r.name, err)
+	}
+	cp.User.Close() // the campaign speaks through the user recorders
+	r.mu.Lock()
+	r.cp, r.skew = cp, skew
+	r.mu.Unlock()
+	w.process(checker.RoleReplica, checker.ProcessStart, "", r.name, cp.Pid(), nil)
+	w.watch(cp.Process, checker.RoleReplica, "", r.name)
+	return nil
+}
+
+// stopReplica stops the replica with sig and waits (SIGKILL after 15 s).
+func (w *world) stopReplica(r *replica, sig syscall.Signal) {
+	cp := r.current()
+	if cp == nil {
+		return
+	}
+	_ = cp.Stop(sig, 15*time.Second)
+}
+
+// startDaemon starts (or starts again) host h's daemon.
+func (w *world) startDaemon(h *host) error {
+	cfg := fleet.DaemonConfig{
+		Bin: h.runnerd, Wrap: h.node.wrap(),
+		ControlPlaneURL: "http://" + h.lb.addr(), HostTokenFile: h.token, HostName: h.name, StateDir: h.stateDir,
+		Capacity: 4, Sandbox: h.sandbox,
+		LeaseTTL: leaseTTL, RenewInterval: renewEvery, RenewTimeout: renewTimeout, RenewRetry: renewRetry,
+		ReceiptTimeout: 600 * time.Millisecond, ReceiptRetry: 50 * time.Millisecond,
+		StopGrace: stopGrace, KillGrace: killGrace, DrainTimeout: 10 * time.Second,
+		ClaimWait: claimWait, ClaimBackoff: 100 * time.Millisecond, ClaimBackoffMax: time.Second,
+		ControlTimeout: time.Second, HostHeartbeat: 300 * time.Millisecond,
+		Log: w.log.prefixed(h.node.name),
+	}
+	if h.sandbox == "docker" {
+		cfg.StopGrace = 2 * time.Second // a container's supervisor answers slower
+	}
+	d, err := fleet.StartDaemon(w.ctx, cfg)
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	h.d = d
+	h.mu.Unlock()
+	w.process(checker.RoleDaemon, checker.ProcessStart, h.name, "", d.Pid(), nil)
+	w.watch(d.Process, checker.RoleDaemon, h.name, "")
+	return nil
+}
+
+// stopDaemons drains every daemon (SIGTERM; a second one, then SIGKILL,
+// if it takes too long).
+func (w *world) stopDaemons() {
+	var wg sync.WaitGroup
+	for _, h := range w.hosts {
+		d := h.daemon()
+		if d == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.Signal(syscall.SIGCONT) // a stopped daemon must hear the TERM
+			d.Signal(syscall.SIGTERM)
+			if d.Wait(15*time.Second) != nil {
+				d.Signal(syscall.SIGTERM)
+			}
+			_ = d.Stop(syscall.SIGKILL, 10*time.Second)
+		}()
+	}
+	wg.Wait()
+}
+
+// user calls the user API on the first replica that answers: a transport
+// failure (a replica down or cut off) moves on to the other; an answer,
+// even a refusal, is the answer.
+func (w *world) user(ctx context.Context, f func(*fleet.User) error) error {
+	var err error
+	for i := range 2 * len(w.users) {
+		err = f(w.users[i%len(w.users)])
+		var te *wire.TransportError
+		if err == nil || !errors.As(err, &te) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// ---- balancer ----
+
+// balancer is a host's view of "the control plane": one address that
+// spreads the host's connections over the replicas' paths, at random per
+// connection, as a load balancer in front of the replicas would.
+type balancer struct {
+	ln  net.Listener
+	ups []string
+
+	mu    sync.Mutex // guards rng and conns
+	rng   *rand.Rand
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func startBalancer(listen string, ups []string, seed uint64) (*balancer, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, err
+	}
+	b := &balancer{ln: ln, ups: ups, rng: rand.New(rand.NewPCG(seed, 0xba1)), conns: map[net.Conn]struct{}{}}
+	b.wg.Add(1)
+	go b.accept()
+	return b, nil
+}
+
+func (b *balancer) addr() string { return b.ln.Addr().String() }
+
+func (b *balancer) accept() {
+	defer b.wg.Done()
+	for {
+		c, err := b.ln.Accept()
+		if err != nil {
+			return
+		}
+		b.mu.Lock()
+		i := b.rng.IntN(len(b.ups))
+		b.conns[c] = struct{}{}
+		b.mu.Unlock()
+		b.wg.Add(1)
+		go b.pipe(c, b.ups[i])
+	}
+}
+
+func (b *balancer) pipe(c net.Conn, up string) {
+	defer b.wg.Done()
+	defer func() {
+		b.mu.Lock()
+		delete(b.conns, c)
+		b.mu.Unlock()
+		c.Close()
+	}()
+	u, err := net.DialTimeout("tcp", up, time.Second)
+	if err != nil {
+		return
+	}
+	b.mu.Lock()
+	b.conns[u] = struct{}{}
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		delete(b.conns, u)
+		b.mu.Unlock()
+		u.Close()
+	}()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
+	<-done
+}
+
+func (b *balancer) close() {
+	b.ln.Close()
+	b.mu.Lock()
+	for c := range b.conns {
+		c.Close()
+	}
+	b.mu.Unlock()
+	b.wg.Wait()
+}

@@ -1,0 +1,187 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/runnerd/runnerd/integration/chaos/checker"
+	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/wire"
+)
+
+// scripts are the demo agent's turns the campaign draws from (cmd/demoagent
+// reads the directives): a stream, silence longer than a renewal interval,
+// a slow turn, exit codes, a crash, plain text. Weights sum to 100.
+var scripts = []struct {
+	weight int
+	name   string
+	body   string
+}{
+	{25, "stream", "!events 20"},
+	{15, "silent", "!silent 900ms"},
+	{15, "slow", "!events 3\n!sleep 1500ms\n!events 3"},
+	{10, "exit", "!exit 3"},
+	{5, "crash", "!crash"},
+	{30, "plain", "hello"},
+}
+
+func drawScript(rng *rand.Rand) (name, body string) {
+	n := rng.IntN(100)
+	for _, s := range scripts {
+		if n < s.weight {
+			return s.name, s.body
+		}
+		n -= s.weight
+	}
+	return scripts[len(scripts)-1].name, scripts[len(scripts)-1].body
+}
+
+// sentTurn is one message the campaign sent.
+type sentTurn struct {
+	conv, job, prompt, script string
+}
+
+// workload drives conversations, one turn at a time each, until turns
+// have been sent in all; it returns the conversations and the turns.
+type workload struct {
+	w     *world
+	convs []wire.Conversation
+
+	mu   sync.Mutex // guards sent
+	sent []sentTurn
+}
+
+type convSpec struct {
+	sandbox string
+	image   string
+	agent   []string
+}
+
+func (wl *workload) create(ctx context.Context, n int, spec convSpec) error {
+	for i := range n {
+		var c wire.Conversation
+		err := wl.w.user(ctx, func(u *fleet.User) error {
+			var err error
+			c, err = u.Create(ctx, wire.CreateConversationRequest{Title: fmt.Sprintf("chaos %s %d", spec.sandbox, i),
+				Image: spec.image, AgentCommand: spec.agent, Sandbox: spec.sandbox})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("create a conversation: %w", err)
+		}
+		wl.convs = append(wl.convs, c)
+	}
+	return nil
+}
+
+// run sends turns in all conversations, each conversation's next message
+// once its previous turn ended, until total were sent. A conversation the
+// control plane calls LOST takes no more; a turn that does not end within
+// turnBound stops its conversation (the checker counts it).
+func (wl *workload) run(ctx context.Context, total int, turnBound time.Duration) {
+	var wg sync.WaitGroup
+	per := total / len(wl.convs)
+	extra := total % len(wl.convs)
+	for i, c := range wl.convs {
+		n := per
+		if i < extra {
+			n++
+		}
+		rng := rand.New(rand.NewPCG(wl.w.seed, uint64(i)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wl.converse(ctx, i, c, n, rng, turnBound)
+		}()
+	}
+	wg.Wait()
+}
+
+func (wl *workload) converse(ctx context.Context, ci int, c wire.Conversation, n int, rng *rand.Rand, bound time.Duration) {
+	for k := 1; k <= n && ctx.Err() == nil; k++ {
+		name, body := drawScript(rng)
+		// Every prompt is unique: the checker finds its job by its text.
+		prompt := fmt.Sprintf("chaos seed %d conversation %d turn %d (%s)\n%s", wl.w.seed, ci, k, name, body)
+		var j wire.Job
+		err := wl.w.user(ctx, func(u *fleet.User) error {
+			var err error
+			j, err = u.Send(ctx, c.ID, prompt)
+			return err
+		})
+		var se *wire.StatusError
+		if errors.As(err, &se) && se.Status == http.StatusConflict {
+			return // LOST: it takes no new message
+		}
+		if err != nil {
+			if ctx.Err() == nil {
+				wl.w.t.Logf("conversation %s: send turn %d: %v", c.ID, k, err)
+			}
+			return
+		}
+		wl.mu.Lock()
+		wl.sent = append(wl.sent, sentTurn{conv: c.ID, job: j.ID, prompt: prompt, script: name})
+		wl.mu.Unlock()
+		if _, ended := wl.w.waitEnded(ctx, j.ID, bound); !ended {
+			return
+		}
+	}
+}
+
+// waitEnded polls a job until it ended or bound passed.
+func (w *world) waitEnded(ctx context.Context, id string, bound time.Duration) (wire.Job, bool) {
+	ctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	var j wire.Job
+	err := fleet.Poll(ctx, 300*time.Millisecond, "job "+id+" to end", func(ctx context.Context) (bool, error) {
+		err := w.user(ctx, func(u *fleet.User) error {
+			var err error
+			j, err = u.Job(ctx, id)
+			return err
+		})
+		return err == nil && fleet.Ended(j.State), nil
+	})
+	return j, err == nil
+}
+
+// final records every job (with its events) and every conversation as the
+// user API shows them now.
+func (wl *workload) final(ctx context.Context) (jobs []wire.Job, convs []wire.Conversation, err error) {
+	wl.mu.Lock()
+	sent := append([]sentTurn(nil), wl.sent...)
+	wl.mu.Unlock()
+	for _, s := range sent {
+		var j wire.Job
+		if err := wl.w.user(ctx, func(u *fleet.User) error {
+			var err error
+			j, err = u.Job(ctx, s.job)
+			return err
+		}); err != nil {
+			return nil, nil, fmt.Errorf("read job %s: %w", s.job, err)
+		}
+		jobs = append(jobs, j)
+		for _, ev := range j.Events {
+			_ = wl.w.hist.Write(checker.Record{ConversationID: j.ConversationID, JobID: j.ID, AttemptID: ev.AttemptID, Event: &ev})
+		}
+		rec := j
+		rec.Events = nil // recorded one by one above
+		_ = wl.w.hist.Write(checker.Record{ConversationID: j.ConversationID, JobID: j.ID, Job: &rec})
+	}
+	for _, c := range wl.convs {
+		var cv wire.Conversation
+		if err := wl.w.user(ctx, func(u *fleet.User) error {
+			var err error
+			cv, err = u.Conversation(ctx, c.ID)
+			return err
+		}); err != nil {
+			return nil, nil, fmt.Errorf("read conversation %s: %w", c.ID, err)
+		}
+		convs = append(convs, cv)
+		_ = wl.w.hist.Write(checker.Record{ConversationID: cv.ID, Conversation: &cv})
+	}
+	return jobs, convs, nil
+}
