@@ -26,6 +26,7 @@ const (
 	envTurns    = "CHAOS_TURNS"
 	envSeed     = "CHAOS_SEED"
 	envReport   = "CHAOS_REPORT" // a file to write the long run's table to (docs/reliability.md)
+	// CHAOS_KEEP=1 keeps a passing campaign's directory (its history).
 	dockerImage = "runnerd-chaos/agent:dev"
 )
 
@@ -96,7 +97,7 @@ func TestChaos(t *testing.T) {
 }
 
 func runCampaign(t *testing.T, eng *client.Client, c campaign) {
-	w := newWorld(t, c.seed, fleetOpts{hosts: 3, dockerHosts: 1})
+	w := newWorld(t, c.seed, fleetOpts{hosts: 3, dockerHosts: 1, keep: c.long || os.Getenv("CHAOS_KEEP") != ""})
 	ctx := w.ctx
 	if err := docker.BuildScratchImage(ctx, eng, docker.ScratchImage{
 		Tag:   dockerImage,

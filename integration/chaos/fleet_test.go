@@ -132,6 +132,7 @@ type fleetOpts struct {
 	hosts       int // at least 3; the last one runs the docker backend
 	capacity    int
 	dockerHosts int
+	keep        bool // keep the campaign directory (the history) after a pass
 }
 
 // newWorld starts the fleet: PostgreSQL, two replicas, the hosts with
@@ -148,6 +149,11 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		t.Fatal(err)
 	}
 	w := &world{t: t, ctx: ctx, dir: dir, seed: seed}
+	t.Cleanup(func() {
+		if !t.Failed() && !o.keep {
+			os.RemoveAll(dir)
+		}
+	})
 	t.Logf("campaign directory %s (history.jsonl, output.log)", dir)
 	lf, err := os.Create(filepath.Join(dir, "output.log"))
 	if err != nil {

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/runnerd/runnerd/internal/fleet"
 )
 
@@ -42,6 +44,8 @@ func need() string {
 }
 
 func buildAndRun(m *testing.M) int {
+	// toxiproxy's toxics log through zerolog's global logger.
+	zerolog.SetGlobalLevel(zerolog.Disabled)
 	if absent = need(); absent != "" {
 		return m.Run() // the test skips, or fails under RUNNERD_REQUIRE_DOCKER=1
 	}

@@ -50,10 +50,16 @@ type sentTurn struct {
 // have been sent in all; it returns the conversations and the turns.
 type workload struct {
 	w     *world
-	convs []wire.Conversation
+	convs []conv // the conversations the turns start in
 
-	mu   sync.Mutex // guards sent
+	mu   sync.Mutex // guards sent and all
 	sent []sentTurn
+	all  []string // every conversation's id, those opened after a LOST one too
+}
+
+type conv struct {
+	wire.Conversation
+	spec convSpec
 }
 
 type convSpec struct {
@@ -63,26 +69,38 @@ type convSpec struct {
 }
 
 func (wl *workload) create(ctx context.Context, n int, spec convSpec) error {
-	for i := range n {
-		var c wire.Conversation
-		err := wl.w.user(ctx, func(u *fleet.User) error {
-			var err error
-			c, err = u.Create(ctx, wire.CreateConversationRequest{Title: fmt.Sprintf("chaos %s %d", spec.sandbox, i),
-				Image: spec.image, AgentCommand: spec.agent, Sandbox: spec.sandbox})
-			return err
-		})
+	for range n {
+		c, err := wl.open(ctx, spec)
 		if err != nil {
-			return fmt.Errorf("create a conversation: %w", err)
+			return err
 		}
-		wl.convs = append(wl.convs, c)
+		wl.convs = append(wl.convs, conv{c, spec})
 	}
 	return nil
 }
 
+func (wl *workload) open(ctx context.Context, spec convSpec) (wire.Conversation, error) {
+	var c wire.Conversation
+	err := wl.w.user(ctx, func(u *fleet.User) error {
+		var err error
+		c, err = u.Create(ctx, wire.CreateConversationRequest{Title: "chaos " + spec.sandbox,
+			Image: spec.image, AgentCommand: spec.agent, Sandbox: spec.sandbox})
+		return err
+	})
+	if err != nil {
+		return c, fmt.Errorf("create a conversation: %w", err)
+	}
+	wl.mu.Lock()
+	wl.all = append(wl.all, c.ID)
+	wl.mu.Unlock()
+	return c, nil
+}
+
 // run sends turns in all conversations, each conversation's next message
 // once its previous turn ended, until total were sent. A conversation the
-// control plane calls LOST takes no more; a turn that does not end within
-// turnBound stops its conversation (the checker counts it).
+// control plane calls LOST takes no more: a new one of the same kind takes
+// its remaining turns. A turn that does not end within turnBound stops its
+// conversation (the checker counts it).
 func (wl *workload) run(ctx context.Context, total int, turnBound time.Duration) {
 	var wg sync.WaitGroup
 	per := total / len(wl.convs)
@@ -102,7 +120,8 @@ func (wl *workload) run(ctx context.Context, total int, turnBound time.Duration)
 	wg.Wait()
 }
 
-func (wl *workload) converse(ctx context.Context, ci int, c wire.Conversation, n int, rng *rand.Rand, bound time.Duration) {
+func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *rand.Rand, bound time.Duration) {
+	id := c.ID
 	for k := 1; k <= n && ctx.Err() == nil; k++ {
 		name, body := drawScript(rng)
 		// Every prompt is unique: the checker finds its job by its text.
@@ -110,21 +129,29 @@ func (wl *workload) converse(ctx context.Context, ci int, c wire.Conversation, n
 		var j wire.Job
 		err := wl.w.user(ctx, func(u *fleet.User) error {
 			var err error
-			j, err = u.Send(ctx, c.ID, prompt)
+			j, err = u.Send(ctx, id, prompt)
 			return err
 		})
 		var se *wire.StatusError
-		if errors.As(err, &se) && se.Status == http.StatusConflict {
-			return // LOST: it takes no new message
+		if errors.As(err, &se) && se.Status == http.StatusConflict && se.Code == wire.CodeConversationLost {
+			// LOST: it takes no new message; a new conversation goes on.
+			nc, err := wl.open(ctx, c.spec)
+			if err != nil {
+				wl.w.t.Logf("after conversation %s was lost: %v", id, err)
+				return
+			}
+			id = nc.ID
+			k--
+			continue
 		}
 		if err != nil {
 			if ctx.Err() == nil {
-				wl.w.t.Logf("conversation %s: send turn %d: %v", c.ID, k, err)
+				wl.w.t.Logf("conversation %s: send turn %d: %v", id, k, err)
 			}
 			return
 		}
 		wl.mu.Lock()
-		wl.sent = append(wl.sent, sentTurn{conv: c.ID, job: j.ID, prompt: prompt, script: name})
+		wl.sent = append(wl.sent, sentTurn{conv: id, job: j.ID, prompt: prompt, script: name})
 		wl.mu.Unlock()
 		if _, ended := wl.w.waitEnded(ctx, j.ID, bound); !ended {
 			return
@@ -171,14 +198,17 @@ func (wl *workload) final(ctx context.Context) (jobs []wire.Job, convs []wire.Co
 		rec.Events = nil // recorded one by one above
 		_ = wl.w.hist.Write(checker.Record{ConversationID: j.ConversationID, JobID: j.ID, Job: &rec})
 	}
-	for _, c := range wl.convs {
+	wl.mu.Lock()
+	all := append([]string(nil), wl.all...)
+	wl.mu.Unlock()
+	for _, id := range all {
 		var cv wire.Conversation
 		if err := wl.w.user(ctx, func(u *fleet.User) error {
 			var err error
-			cv, err = u.Conversation(ctx, c.ID)
+			cv, err = u.Conversation(ctx, id)
 			return err
 		}); err != nil {
-			return nil, nil, fmt.Errorf("read conversation %s: %w", c.ID, err)
+			return nil, nil, fmt.Errorf("read conversation %s: %w", id, err)
 		}
 		convs = append(convs, cv)
 		_ = wl.w.hist.Write(checker.Record{ConversationID: cv.ID, Conversation: &cv})
