@@ -36,6 +36,7 @@ type campaign struct {
 	maxLength time.Duration // the longest fault
 	seed      uint64
 	long      bool
+	build     string // the broken build's tag, "" for the product
 }
 
 func campaignFromEnv(t *testing.T) campaign {
@@ -181,12 +182,14 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign) {
 			t.Errorf("job %s did not end within 2 minutes of the last fault", s.job)
 		}
 	}
-	if _, _, err := wl.final(ctx); err != nil {
+	jobs, _, err := wl.final(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	w.obs.pass(ctx, true)
 	w.stopDaemons()
 	w.obs.leftovers(ctx)
+	w.obs.writeAgents(jobs)
 	if err := w.hist.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -195,5 +198,5 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign) {
 		t.Fatal(err)
 	}
 	t.Logf("chaos: history of %d records in %s", len(recs), w.dir)
-	judge(t, c, f.mix(), recs)
+	judge(t, c, w, time.Since(started), recs)
 }

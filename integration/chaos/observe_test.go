@@ -20,6 +20,7 @@ import (
 
 	"github.com/runnerd/runnerd/integration/chaos/checker"
 	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // The docker backend's paths inside a container.
@@ -37,10 +38,20 @@ type observer struct {
 	w   *world
 	eng *client.Client // nil without a docker host
 
-	mu    sync.Mutex // guards the maps below: the loop and the final pass
+	mu    sync.Mutex // guards the maps and the agents below: the loop and the final pass
 	live  map[int]observed
 	lines map[string]int       // transcript file → complete lines recorded
 	boxes map[string]dockerBox // container id → its conversation and init pid
+	// agents are held until the end, when the job events (turn.started
+	// carries the agent's pid) say which attempt each one ran.
+	agents []*agentRun
+}
+
+// agentRun is one agent process seen.
+type agentRun struct {
+	host, conv, container string
+	pid, nspid            int // nspid: the pid inside its container, the one the agent reports
+	start, exit           time.Time
 }
 
 type observed struct {
@@ -147,8 +158,77 @@ func (o *observer) scanProcs() {
 }
 
 func (o *observer) record(pid int, ob observed, event string) {
+	if ob.role == checker.RoleAgent {
+		switch event {
+		case checker.ProcessStart:
+			o.agents = append(o.agents, &agentRun{host: ob.host, conv: ob.conv, container: ob.container, pid: pid, nspid: nspidOf(pid), start: time.Now()})
+		case checker.ProcessExit:
+			for _, a := range o.agents {
+				if a.pid == pid && a.exit.IsZero() {
+					a.exit = time.Now()
+				}
+			}
+		}
+		return
+	}
 	_ = o.w.hist.Write(checker.Record{Host: ob.host, ConversationID: ob.conv,
 		Process: &checker.Process{Role: ob.role, Event: event, PID: pid, ContainerID: ob.container}})
+}
+
+// nspidOf is pid's number in its innermost pid namespace (NSpid's last).
+func nspidOf(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return pid
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if n, err := strconv.Atoi(f[len(f)-1]); err == nil && len(f) > 0 {
+				return n
+			}
+		}
+	}
+	return pid
+}
+
+// writeAgents records every agent's start and exit, with the attempt
+// whose turn.started event reported its pid in its conversation.
+func (o *observer) writeAgents(jobs []wire.Job) {
+	type key struct {
+		conv string
+		pid  int
+	}
+	ran := map[key][2]string{}
+	for _, j := range jobs {
+		for _, ev := range j.Events {
+			if ev.Source != "runner" || ev.Type != "turn.started" {
+				continue
+			}
+			var d struct {
+				PID int `json:"pid"`
+			}
+			if json.Unmarshal(ev.Data, &d) == nil && d.PID != 0 {
+				ran[key{j.ConversationID, d.PID}] = [2]string{j.ID, ev.AttemptID}
+			}
+		}
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, a := range o.agents {
+		pid := a.pid
+		if a.container != "" {
+			pid = a.nspid
+		}
+		ja := ran[key{a.conv, pid}]
+		rec := checker.Record{Time: a.start, Host: a.host, ConversationID: a.conv, JobID: ja[0], AttemptID: ja[1],
+			Process: &checker.Process{Role: checker.RoleAgent, Event: checker.ProcessStart, PID: a.pid, ContainerID: a.container}}
+		_ = o.w.hist.Write(rec)
+		if !a.exit.IsZero() {
+			rec.Time, rec.Process = a.exit, &checker.Process{Role: checker.RoleAgent, Event: checker.ProcessExit, PID: a.pid, ContainerID: a.container}
+			_ = o.w.hist.Write(rec)
+		}
+	}
 }
 
 // procAlive: the pid runs and is not a zombie.

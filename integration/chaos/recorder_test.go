@@ -136,6 +136,18 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if json.Unmarshal(answer, &eb) == nil {
 			rec.HTTP.Code = eb.Code
 		}
+	} else if call == checker.CallSendMessage || call == checker.CallCreateConversation {
+		var j struct {
+			ID             string `json:"id"`
+			ConversationID string `json:"conversation_id"`
+		}
+		if json.Unmarshal(answer, &j) == nil {
+			if call == checker.CallSendMessage {
+				rec.JobID, rec.ConversationID = j.ID, j.ConversationID
+			} else {
+				rec.ConversationID = j.ID
+			}
+		}
 	} else if call == checker.CallClaim && resp.StatusCode == http.StatusOK {
 		var c wire.Claim // its worker token is read and forgotten: never recorded
 		if json.Unmarshal(answer, &c) == nil {
