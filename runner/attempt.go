@@ -203,9 +203,10 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		return
 	}
 	d.gate.success()
-	d.m.ClaimToAccept.Observe(time.Since(a.claimedAt).Seconds()) // from the answer, not the long poll's start
+	sinceClaim := time.Since(a.claimedAt) // from the answer, not the long poll's start
+	d.m.ClaimToAccept.Observe(sinceClaim.Seconds())
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
-		slog.Int64("since_claim_ms", time.Since(a.claimedAt).Milliseconds()), slog.String(keyScope, a.scope))
+		slog.Float64("since_claim_ms", float64(sinceClaim.Microseconds())/1000), slog.String(keyScope, a.scope))
 	d.superviseTurn(runCtx, a, t)
 }
 
