@@ -15,8 +15,12 @@ lint:
 test: lint
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+# B1–B6 of issue 14 (cmd/bench) on SQLite, and on PostgreSQL when
+# RUNNERD_TEST_POSTGRES names a database: the figures go into
+# docs/performance.md (its generated section) and docs/bench.json. At most
+# ten minutes; BENCHFLAGS=-quick for a token run.
+bench: build
+	$(BIN)/bench --bin $(BIN) $(BENCHFLAGS)
 
 # The long chaos campaign (integration/chaos; root, Docker, PostgreSQL's
 # binaries): TURNS turns under faults drawn from SEED (random if unset);

@@ -1,0 +1,160 @@
+// Command bench is `make bench`: it runs the throughput benchmarks B1–B6
+// of issue 14 against SQLite and, when a DSN is given, PostgreSQL, and
+// writes their figures into docs/performance.md (between marker
+// comments, replaced on each run) and into a JSON file.
+//
+//	B1  store operations: claim, renew, finish (16 callers)
+//	B2  claim → finish over HTTP, 16 concurrent workers
+//	B3  whole turns through the daemon (process backend, real binaries)
+//	B4  claim → ACCEPT latency on an idle host (p50, p99)
+//	B5  cost per held turn (internal/bench/held, when it has landed)
+//	B6  a renewal storm: every lease of N renewed at once, store and HTTP
+//
+// Each benchmark is sized to keep the whole run within ten minutes on a
+// 2-core machine; -quick runs every one of them at a token size (the
+// test of this command does, so that it cannot rot). Nothing here asserts
+// a speed: the figures are measurements, printed with the machine, its
+// load and the settings they were taken under.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options is the command line.
+type options struct {
+	quick    bool
+	only     map[string]bool // benchmark ids to run; empty: all
+	bin      string          // directory of the runnerd and demoagent binaries (make build)
+	postgres string          // DSN; empty: SQLite only
+	doc      string          // markdown file whose generated section is replaced; empty: none
+	json     string          // JSON file written; empty: none
+	workers  int
+	storm    int // leases in B6
+}
+
+func parse(args []string, getenv func(string) string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&o.quick, "quick", false, "every benchmark at a token size (seconds, not minutes)")
+	only := fs.String("only", "", "comma-separated benchmark ids to run (e.g. B1,B6); default all")
+	fs.StringVar(&o.bin, "bin", "bin", "directory holding runnerd and demoagent (make build)")
+	fs.StringVar(&o.postgres, "postgres", getenv("RUNNERD_TEST_POSTGRES"), "PostgreSQL DSN (default $RUNNERD_TEST_POSTGRES); empty: SQLite only")
+	fs.StringVar(&o.doc, "doc", "docs/performance.md", "markdown file whose generated section is replaced (empty: none)")
+	fs.StringVar(&o.json, "json", "docs/bench.json", "JSON file of the figures (empty: none)")
+	fs.IntVar(&o.workers, "workers", 16, "concurrent workers of B1 and B2")
+	fs.IntVar(&o.storm, "storm", 100_000, "leases renewed at once in B6")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	o.only = map[string]bool{}
+	for _, id := range strings.Split(*only, ",") {
+		if id = strings.ToUpper(strings.TrimSpace(id)); id != "" {
+			o.only[id] = true
+		}
+	}
+	if o.workers < 1 || o.storm < 1 {
+		return o, fmt.Errorf("-workers and -storm must be positive")
+	}
+	if o.quick && o.storm == 100_000 {
+		o.storm = 500
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	o, err := parse(args, getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench: "+err.Error())
+		return 2
+	}
+	rep := newReport(o)
+	start := time.Now()
+	b := &bench{o: o, rep: rep, log: stderr}
+	if err := b.all(ctx); err != nil {
+		fmt.Fprintln(stderr, "bench: "+err.Error())
+		return 1
+	}
+	rep.finish(time.Since(start))
+	fmt.Fprint(stdout, rep.markdown())
+	if o.json != "" {
+		if err := rep.writeJSON(o.json); err != nil {
+			fmt.Fprintln(stderr, "bench: "+err.Error())
+			return 1
+		}
+	}
+	if o.doc != "" {
+		if err := rep.splice(o.doc); err != nil {
+			fmt.Fprintln(stderr, "bench: "+err.Error())
+			return 1
+		}
+	}
+	return 0
+}
+
+// bench runs the benchmarks of one invocation.
+type bench struct {
+	o   options
+	rep *report
+	log io.Writer
+}
+
+func (b *bench) want(id string) bool { return len(b.o.only) == 0 || b.o.only[id] }
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, "%s bench: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
+}
+
+// all runs each benchmark on each store. A benchmark that fails is an
+// error of the command, not a row: a figure is either measured or absent.
+func (b *bench) all(ctx context.Context) error {
+	stores := []storeKind{sqliteFull}
+	if b.o.postgres != "" {
+		stores = append(stores, postgres)
+	}
+	for _, k := range stores {
+		if b.want("B1") {
+			if err := b.b1(ctx, k); err != nil {
+				return fmt.Errorf("B1 %s: %w", k, err)
+			}
+		}
+		if b.want("B2") {
+			if err := b.b2(ctx, k); err != nil {
+				return fmt.Errorf("B2 %s: %w", k, err)
+			}
+		}
+		if b.want("B6") {
+			if err := b.b6(ctx, k); err != nil {
+				return fmt.Errorf("B6 %s: %w", k, err)
+			}
+		}
+	}
+	if b.want("B3") || b.want("B4") {
+		if err := b.b3b4(ctx); err != nil {
+			return fmt.Errorf("B3/B4: %w", err)
+		}
+	}
+	if b.want("B5") {
+		b.b5(ctx)
+	}
+	return nil
+}

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickRun runs `make bench`'s command in its quickest mode against
+// binaries built from this tree, so that it cannot rot: every benchmark
+// runs (PostgreSQL too when RUNNERD_TEST_POSTGRES is set), and the JSON
+// and the generated section of the document hold one row per figure.
+// Nothing here judges a figure.
+func TestQuickRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs real daemons")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bin")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin+"/", "./cmd/runnerd", "./cmd/demoagent")
+	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	doc := filepath.Join(dir, "performance.md")
+	if err := os.WriteFile(doc, []byte("# Performance\n\nbefore\n\n"+beginMarker+"\nold figures\n"+endMarker+"\n\nafter\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	js := filepath.Join(dir, "bench.json")
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, []string{"-quick", "-bin", bin, "-doc", doc, "-json", js}, os.Getenv, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("bench -quick = %d\n%s", code, stderr.String())
+	}
+
+	var rep report
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	stores := 1
+	if os.Getenv("RUNNERD_TEST_POSTGRES") != "" {
+		stores = 2
+	}
+	// Rows per benchmark: B1 three per store, B2 one, B3 one (SQLite), B4
+	// two (SQLite), B5 one, B6 two per store.
+	want := map[string]int{"B1": 3 * stores, "B2": stores, "B3": 1, "B4": 2, "B5": 1, "B6": 2 * stores}
+	got := map[string]int{}
+	for _, r := range rep.Rows {
+		got[r.ID]++
+		if r.NotRun == "" && (r.Value <= 0 || r.Unit == "") {
+			t.Errorf("row %+v has no figure and does not say why", r)
+		}
+		if r.NotRun != "" && r.Value != 0 {
+			t.Errorf("row %+v is not run but has a figure", r)
+		}
+	}
+	for id, n := range want {
+		if got[id] != n {
+			t.Errorf("%s: %d rows, want %d (%v)", id, got[id], n, rep.Rows)
+		}
+	}
+	if rep.Machine.Cores < 1 || rep.Go == "" || rep.Date == "" || !rep.Settings.Quick {
+		t.Errorf("report header = %+v", rep)
+	}
+
+	text, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(text)
+	if strings.Contains(s, "old figures") || !strings.HasPrefix(s, "# Performance\n\nbefore\n\n"+beginMarker+"\n") || !strings.HasSuffix(s, endMarker+"\n\nafter\n") {
+		t.Errorf("generated section not replaced in place:\n%s", s)
+	}
+	if !strings.Contains(s, "| B2 | HTTP claim → finish, 16 workers | sqlite | **") {
+		t.Errorf("document lacks the B2 row:\n%s", s)
+	}
+}
+
+// TestSpliceAppendsOrRefuses: a document without the markers gets the
+// section at its end; markers out of order are an error, not a guess.
+func TestSpliceAppendsOrRefuses(t *testing.T) {
+	dir := t.TempDir()
+	r := &report{Rows: []row{{ID: "B5", What: "x", NotRun: "because"}}}
+	p := filepath.Join(dir, "a.md")
+	if err := os.WriteFile(p, []byte("# Doc\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.splice(p); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(p)
+	if !strings.HasPrefix(string(b), "# Doc\n\n"+beginMarker+"\n") || !strings.Contains(string(b), "not run: because") {
+		t.Errorf("appended section:\n%s", b)
+	}
+	if err := os.WriteFile(p, []byte(endMarker+"\n"+beginMarker+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.splice(p); err == nil {
+		t.Error("splice accepted markers out of order")
+	}
+}
