@@ -7,7 +7,7 @@
 //	B2  claim → finish over HTTP, 16 concurrent workers
 //	B3  whole turns through the daemon (process backend, real binaries)
 //	B4  claim → ACCEPT latency on an idle host (p50, p99)
-//	B5  cost per held turn (internal/bench/held, when it has landed)
+//	B5  cost per held turn (internal/bench/held)
 //	B6  a renewal storm: every lease of N renewed at once, store and HTTP
 //
 // Each benchmark is sized to keep the whole run within ten minutes on a
@@ -54,7 +54,7 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.SetOutput(io.Discard)
 	fs.BoolVar(&o.quick, "quick", false, "every benchmark at a token size (seconds, not minutes)")
 	only := fs.String("only", "", "comma-separated benchmark ids to run (e.g. B1,B6); default all")
-	fs.StringVar(&o.bin, "bin", "bin", "directory holding runnerd and demoagent (make build)")
+	fs.StringVar(&o.bin, "bin", "bin", "directory holding runnerd, controlplane and demoagent (make build)")
 	fs.StringVar(&o.postgres, "postgres", getenv("RUNNERD_TEST_POSTGRES"), "PostgreSQL DSN (default $RUNNERD_TEST_POSTGRES); empty: SQLite only")
 	fs.StringVar(&o.doc, "doc", "docs/performance.md", "markdown file whose generated section is replaced (empty: none)")
 	fs.StringVar(&o.json, "json", "docs/bench.json", "JSON file of the figures (empty: none)")
@@ -154,7 +154,9 @@ func (b *bench) all(ctx context.Context) error {
 		}
 	}
 	if b.want("B5") {
-		b.b5(ctx)
+		if err := b.b5(ctx); err != nil {
+			return fmt.Errorf("B5: %w", err)
+		}
 	}
 	return nil
 }

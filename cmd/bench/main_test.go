@@ -29,7 +29,7 @@ func TestQuickRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "bin")
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin+"/", "./cmd/runnerd", "./cmd/demoagent")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin+"/", "./cmd/runnerd", "./cmd/controlplane", "./cmd/demoagent")
 	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -58,8 +58,8 @@ func TestQuickRun(t *testing.T) {
 		stores = 2
 	}
 	// Rows per benchmark: B1 three per store, B2 one, B3 one (SQLite), B4
-	// two (SQLite), B5 one, B6 two per store.
-	want := map[string]int{"B1": 3 * stores, "B2": stores, "B3": 1, "B4": 2, "B5": 1, "B6": 2 * stores}
+	// two (SQLite), B5 two, B6 two per store.
+	want := map[string]int{"B1": 3 * stores, "B2": stores, "B3": 1, "B4": 2, "B5": 2, "B6": 2 * stores}
 	got := map[string]int{}
 	for _, r := range rep.Rows {
 		got[r.ID]++

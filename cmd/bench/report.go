@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -194,10 +193,4 @@ func loadAverage() string {
 		return "?"
 	}
 	return strings.Join(f[:3], " ")
-}
-
-// b5 is the cost per held turn: internal/bench/held (issue 12 §6) measures
-// it; until that package is on main the row says so instead of a figure.
-func (b *bench) b5(context.Context) {
-	b.rep.add(row{ID: "B5", What: "cost per held turn", NotRun: "internal/bench/held (issue 12 §6) is not on main yet"})
 }
