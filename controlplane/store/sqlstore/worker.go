@@ -17,8 +17,9 @@ import (
 
 // guard is the fencing condition of every attempt-scoped write (P1): the
 // attempt, its generation, running, and a live lease (leaseLive, K3); its
-// arguments come from guardArgs.
-const guard = `id = ? AND generation = ? AND state = 'running' AND ` + leaseLive
+// arguments come from guardArgs. fenceOpen and fenceClose are empty but in
+// the chaos campaign's deliberately broken build (fence_broken.go).
+const guard = `id = ? AND ` + fenceOpen + `generation = ? AND state = 'running' AND ` + leaseLive + fenceClose
 
 func guardArgs(ref wire.AttemptRef, now time.Time) []any {
 	return []any{ref.AttemptID, ref.LeaseGeneration, ns(now), ns(now)}
