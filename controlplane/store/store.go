@@ -106,6 +106,18 @@ type ClaimParams struct {
 	// Held is how long the server held the request before this claim
 	// (K4); it is kept with the attempt for a replayed answer.
 	Held time.Duration
+	// More are the turns after the first that the claim may take (batched
+	// claims): ClaimMany takes up to 1+len(More) turns, each its own
+	// attempt, worker token and lease. Not with a KeyHash: a key names one
+	// attempt.
+	More []ClaimSlot
+}
+
+// ClaimSlot is a further turn of a batched claim: the new attempt's id
+// (empty: the store picks one) and the hash of its worker token.
+type ClaimSlot struct {
+	AttemptID       string
+	WorkerTokenHash []byte
 }
 
 // JobFilter selects the jobs of ListJobs; an empty field selects every job.
@@ -246,6 +258,11 @@ type Store interface {
 	// It returns false when there is none. The new attempt's generation is
 	// one more than the job's last (P1).
 	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
+	// ClaimMany is Claim for up to 1+len(p.More) turns at once, in queue
+	// order, the first with p's attempt id and worker token hash, the
+	// others with p.More's in order: one statement on PostgreSQL. None
+	// runnable is no error.
+	ClaimMany(ctx context.Context, p ClaimParams) ([]wire.Claim, error)
 	// CancelsRequested returns those of attemptIDs that are running
 	// attempts of hostID whose job's cancel was requested (K10: the host's
 	// fast path to a cancel; the renewal answer is the other).

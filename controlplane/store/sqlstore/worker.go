@@ -27,14 +27,37 @@ func guardArgs(ref wire.AttemptRef, now time.Time) []any {
 
 func args(first []any, rest ...any) []any { return append(first, rest...) }
 
-// Claim takes the oldest runnable job the host may run. The claim indexes
-// hold only queued heads of their conversations, so this is the first
-// entry of two partial indexes, each in the order of its ORDER BY
-// (TestQueryPlansUseIndexes). With an idempotency key it first looks for
-// the host's live attempt of that key and answers it again (Replayed).
+// Claim takes the oldest runnable job the host may run: ClaimMany of one turn.
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, bool, error) {
-	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) {
-		return wire.Claim{}, false, fmt.Errorf("claim: %w: a worker token hash is required, and a key hash of at least 8 bytes", store.ErrInvalid)
+	p.More = nil
+	cs, err := s.ClaimMany(ctx, p)
+	if err != nil || len(cs) == 0 {
+		return wire.Claim{}, false, err
+	}
+	return cs[0], true, nil
+}
+
+// ClaimMany takes the oldest runnable jobs the host may run, up to one per
+// slot. The claim indexes hold only queued heads of their conversations,
+// so this is the first entries of two partial indexes, each in the order
+// of its ORDER BY (TestQueryPlansUseIndexes). With an idempotency key it
+// first looks for the host's live attempt of that key and answers it
+// again (Replayed). On PostgreSQL an unkeyed claim, or a keyed one with no
+// live attempt of its key, is one statement (claimPG); the transaction
+// below is SQLite's way, and PostgreSQL's for a replay, a paused or
+// unknown host, and a keyed claim that raced its own retry.
+func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Claim, error) {
+	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) || (len(p.KeyHash) > 0 && len(p.More) > 0) {
+		return nil, fmt.Errorf("claim: %w: a worker token hash is required, a key hash of at least 8 bytes, and a key claims one turn", store.ErrInvalid)
+	}
+	slots := append([]store.ClaimSlot{{AttemptID: p.AttemptID, WorkerTokenHash: p.WorkerTokenHash}}, p.More...)
+	for i := range slots {
+		if len(slots[i].WorkerTokenHash) == 0 {
+			return nil, fmt.Errorf("claim: %w: every turn needs a worker token hash", store.ErrInvalid)
+		}
+		if slots[i].AttemptID == "" {
+			slots[i].AttemptID = newID("att")
+		}
 	}
 	ttl := p.LeaseTTL
 	if ttl <= 0 {
@@ -44,10 +67,18 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 	if len(p.KeyHash) > 0 {
 		key = hex.EncodeToString(p.KeyHash)
 	}
-	var c wire.Claim
-	var found bool
+	if s.d == postgres {
+		cs, done, err := s.claimPG(ctx, p, slots, ttl, key)
+		if done || (err != nil && !isUniqueViolation(err)) {
+			if err != nil {
+				return nil, fmt.Errorf("claim: %w", err)
+			}
+			return cs, nil
+		}
+	}
+	var cs []wire.Claim
 	claim := func(tx txn) error {
-		found = false
+		cs = cs[:0]
 		if key != nil {
 			if s.d == postgres {
 				// Claims with one key take turns, so that a retry racing
@@ -59,55 +90,176 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 					return err
 				}
 			}
-			var err error
-			if c, found, err = s.replayClaim(ctx, tx, p.HostID, key.(string), p.Now); err != nil || found {
+			c, found, err := s.replayClaim(ctx, tx, p.HostID, key.(string), p.Now)
+			if found {
+				cs = append(cs, c)
+			}
+			if err != nil || found {
 				return err // a replay is the turn given before, not a new one: no pause stops it
 			}
 		}
 		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
 			return err
 		}
-		attemptID := p.AttemptID
-		if attemptID == "" {
-			attemptID = newID("att")
+		for _, slot := range slots {
+			c, found, err := s.claimOne(ctx, tx, p, slot, ttl, key)
+			if err != nil || !found {
+				return err
+			}
+			cs = append(cs, c)
 		}
-		c = wire.Claim{AttemptID: attemptID, LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds()}
-		err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now), p.HostID).Scan(
-			&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
-		if errors.Is(err, sql.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		exp := p.Now.Add(ttl)
-		c.LeaseExpiresAt = fromNS(ns(exp))
-		var owner string
-		err = tx.QueryRowContext(ctx, s.q(`INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
-			lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
-			SELECT ?, ?, ?, 'running', id, name, ?, ?, ?, ?, ?, ? FROM hosts WHERE id = ? RETURNING lease_owner`),
-			c.AttemptID, c.JobID, c.LeaseGeneration, int64(ttl), ns(exp), ns(p.Now),
-			hex.EncodeToString(p.WorkerTokenHash), key, int64(p.Held), p.HostID).Scan(&owner)
-		if errors.Is(err, sql.ErrNoRows) {
-			return store.ErrNotFound // no such host; the job stays queued
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.claimTurn(ctx, tx, &c); err != nil {
-			return err
-		}
-		found = true
-		return s.event(ctx, tx, c.JobID, c.AttemptID, p.Now, "claimed", map[string]any{
-			"lease_owner": owner, "lease_generation": c.LeaseGeneration, "lease_expires_at": c.LeaseExpiresAt,
-		})
+		return nil
 	}
 	// attempts_claim_key holds one running attempt per host and key.
 	if err := s.write(ctx, claim); err != nil {
-		return wire.Claim{}, false, fmt.Errorf("claim: %w", err)
+		return nil, fmt.Errorf("claim: %w", err)
 	}
-	return c, found, nil
+	return cs, nil
 }
+
+// claimOne takes one turn for slot inside a claim's transaction.
+func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot store.ClaimSlot, ttl time.Duration, key any) (wire.Claim, bool, error) {
+	c := wire.Claim{AttemptID: slot.AttemptID, LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds()}
+	err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now), p.HostID).Scan(
+		&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, err
+	}
+	exp := p.Now.Add(ttl)
+	c.LeaseExpiresAt = fromNS(ns(exp))
+	var owner string
+	err = tx.QueryRowContext(ctx, s.q(`INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
+		lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
+		SELECT ?, ?, ?, 'running', id, name, ?, ?, ?, ?, ?, ? FROM hosts WHERE id = ? RETURNING lease_owner`),
+		c.AttemptID, c.JobID, c.LeaseGeneration, int64(ttl), ns(exp), ns(p.Now),
+		hex.EncodeToString(slot.WorkerTokenHash), key, int64(p.Held), p.HostID).Scan(&owner)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, false, store.ErrNotFound // no such host; the job stays queued
+	}
+	if err != nil {
+		return c, false, err
+	}
+	if err := s.claimTurn(ctx, tx, &c); err != nil {
+		return c, false, err
+	}
+	return c, true, s.event(ctx, tx, c.JobID, c.AttemptID, p.Now, "claimed", map[string]any{
+		"lease_owner": owner, "lease_generation": c.LeaseGeneration, "lease_expires_at": c.LeaseExpiresAt,
+	})
+}
+
+// claimPG is ClaimMany on PostgreSQL in one statement, outside any
+// transaction: the host's row (open: neither paused nor removed, locked
+// FOR SHARE against a pause committing meanwhile), the jobs taken, their
+// attempts, their claimed events numbered under each job's counter lock,
+// and what the answers need of their conversations. done is false when
+// the transaction must decide instead: no row for the host (paused or
+// unknown: the transaction words it) or a live attempt of the key (a
+// replay). A keyed claim racing its own retry fails on attempts_claim_key
+// and is left to the transaction too.
+func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.ClaimSlot, ttl time.Duration, key any) ([]wire.Claim, bool, error) {
+	exp := fromNS(ns(p.Now.Add(ttl)))
+	expJSON, err := json.Marshal(exp)
+	if err != nil {
+		return nil, false, err
+	}
+	// The claimed event's data as json.Marshal writes the map Claim's
+	// transaction passes (keys in order), the generation and the owner's
+	// name spliced in by the statement.
+	prefix := `{"lease_expires_at":` + string(expJSON) + `,"lease_generation":`
+	ids := make([]string, len(slots))
+	hashes := make([]string, len(slots))
+	for i, sl := range slots {
+		ids[i], hashes[i] = sl.AttemptID, hex.EncodeToString(sl.WorkerTokenHash)
+	}
+	rows, err := s.w.QueryContext(ctx, claimPGStatement, p.HostID, ns(p.Now), len(slots), ids, hashes,
+		int64(ttl), ns(exp), key, int64(p.Held), prefix)
+	if err != nil {
+		return nil, false, err
+	}
+	defer rows.Close()
+	var cs []wire.Claim
+	host := false
+	for rows.Next() {
+		host = true
+		var replay bool
+		var jobID, attemptID, conv, prompt, image, cmd, container, state sql.NullString
+		var seq, gen, epoch, native sql.NullInt64
+		if err := rows.Scan(&replay, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state); err != nil {
+			return nil, false, err
+		}
+		if replay {
+			return nil, false, nil
+		}
+		if !jobID.Valid {
+			continue // the host's row with no job
+		}
+		c := wire.Claim{JobID: jobID.String, AttemptID: attemptID.String, LeaseGeneration: gen.Int64, LeaseExpiresAt: exp,
+			LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds(),
+			Turn: wire.Turn{ConversationID: conv.String, Seq: seq.Int64, Prompt: prompt.String, Image: image.String,
+				ContainerID: container.String, Epoch: epoch.Int64, NativeTurn: native.Int64,
+				Quarantined: state.String == wire.ConversationQuarantined}} // K13: verify, then resume
+		if err := json.Unmarshal([]byte(cmd.String), &c.Turn.AgentCommand); err != nil {
+			return nil, false, err
+		}
+		cs = append(cs, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, false, err
+	}
+	return cs, host, nil
+}
+
+// claimPGStatement is claimStatement for up to $3 turns, with the rest of
+// the claim's transaction in the same statement. Arguments: $1 host id,
+// $2 now, $3 how many turns, $4 and $5 the slots' attempt ids and worker
+// token hashes (hex) in order, $6 the lease TTL, $7 the lease's expiry,
+// $8 the key hash (hex) or NULL, $9 the hold, $10 the claimed event's
+// data up to its generation. Each walk reads at most $3 rows of its index
+// range, locked SKIP LOCKED (those not taken stay locked until the
+// statement ends); the oldest $3 of them are taken, numbered in queue
+// order to pair with the slots. One row per turn taken, or one row of
+// NULLs when none is: no row means the host is paused or unknown.
+const claimPGStatement = `WITH h AS (
+	SELECT id, name FROM hosts WHERE id = $1 AND paused_at IS NULL AND removed_at IS NULL FOR SHARE
+), live AS (
+	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key = $8 AND state = 'running' AND lease_expires_at > $2
+), pick AS (
+	SELECT pos, row_number() OVER (ORDER BY pos) AS k FROM (
+		SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND sandbox_host_id = $1
+			AND not_before <= $2 ORDER BY pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS pinned
+		UNION ALL
+		SELECT w.pos FROM routes r CROSS JOIN LATERAL (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1
+			AND sandbox_host_id IS NULL AND route >= r.labels AND route <= r.labels AND not_before <= $2
+			ORDER BY route, pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS w
+		WHERE NOT EXISTS (SELECT 1 FROM route_labels rl WHERE rl.route = r.labels AND NOT EXISTS (
+			SELECT 1 FROM host_labels hl WHERE hl.host_id = $1 AND hl.key = rl.key AND hl.value = rl.value))
+	) AS c ORDER BY pos LIMIT $3
+), j AS (
+	UPDATE jobs SET state = 'running', generation = jobs.generation + 1,
+		attempt_count = jobs.attempt_count + 1, live_attempt_id = sl.a
+	FROM pick JOIN unnest(CAST($4 AS TEXT[]), CAST($5 AS TEXT[])) WITH ORDINALITY AS sl(a, t, k) ON sl.k = pick.k
+	WHERE jobs.pos = pick.pos AND jobs.state = 'queued' AND EXISTS (SELECT 1 FROM h) AND NOT EXISTS (SELECT 1 FROM live)
+	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, sl.a, sl.t
+), att AS (
+	INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
+		lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
+	SELECT j.a, j.id, j.generation, 'running', h.id, h.name, $6, $7, $2, j.t, $8, $9 FROM j, h
+), cnt AS (
+	INSERT INTO job_event_counts (job_id, last) SELECT id, 1 FROM j
+	ON CONFLICT (job_id) DO UPDATE SET last = job_event_counts.last + excluded.last RETURNING job_id, last
+), ev AS (
+	INSERT INTO job_events (job_id, n, attempt_id, time, source, type, data)
+	SELECT j.id, cnt.last, j.a, $2, 'control', 'claimed',
+		CAST($10 AS TEXT) || CAST(j.generation AS TEXT) || ',"lease_owner":' || CAST(to_json(h.name) AS TEXT) || '}'
+	FROM j JOIN cnt ON cnt.job_id = j.id, h
+)
+SELECT EXISTS (SELECT 1 FROM live), j.id, j.a, j.conversation_id, j.seq, j.prompt, j.generation,
+	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state
+FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
+ORDER BY j.pos`
 
 // replayClaim finds the host's running attempt claimed with key, its lease
 // not expired at now, and rebuilds its claim answer (the worker token is
