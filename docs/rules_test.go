@@ -26,6 +26,7 @@ var packageDirs = map[string]string{
 	"sandbox":      "sandbox",
 	"controlplane": "controlplane",
 	"model":        "integration/model",
+	"checker":      "integration/chaos/checker",
 	"boottime":     "internal/boottime",
 	"sdscope":      "internal/sdscope",
 }

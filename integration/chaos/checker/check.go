@@ -691,6 +691,27 @@ func (h *history) unexplained() []Finding {
 
 // ---- LOST conversations ----
 
+// damages says the fault f can have destroyed the retained sandbox or
+// session of conv, whose sandboxes were on hosts: its removal, or a kill
+// or restart of its supervisor, its sandbox or its whole host. A stop
+// (SIGSTOP … SIGCONT), a network fault or a kill of a turn child leaves the
+// session as it was.
+func damages(f *Record, conv string, hosts map[string]bool) bool {
+	mine := f.ConversationID == conv || (f.ConversationID == "" && hosts[f.Host])
+	switch f.Fault.Kind {
+	case FaultSandboxRemoved:
+		return mine
+	case FaultKill, FaultRestart:
+		switch f.Fault.Role {
+		case RoleSupervisor, RoleSandbox:
+			return mine
+		case RoleHost:
+			return hosts[f.Host]
+		}
+	}
+	return false
+}
+
 // finishFacts is what a "finished" event says of its report: the
 // FinishRequest the store kept.
 type finishFacts struct {
@@ -842,16 +863,11 @@ func (h *history) unrecoverable(conv string, j *jobInfo, att string, facts finis
 		}
 	}
 	for _, f := range h.faults {
-		if f.Fault.Start.After(before) {
+		if !f.Fault.Start.Before(before) || !damages(f, conv, hosts) {
 			continue
 		}
-		onSandbox := f.ConversationID == conv
-		hostWide := hosts[f.Host] && (f.Fault.Kind == FaultKill || f.Fault.Kind == FaultRestart) &&
-			(f.Fault.Role == RoleSupervisor || f.Fault.Role == RoleSandbox || f.Fault.Role == RoleHost) && f.ConversationID == ""
-		if onSandbox || hostWide || (f.Fault.Kind == FaultSandboxRemoved && f.ConversationID == conv) {
-			return Finding{LostJustified, conv, fmt.Sprintf("R31/K13: %s, after %s of %s", facts.Class, f.Fault.Kind, first(f.Fault.Role, "its sandbox")),
-				lines(f, cause, c)}
-		}
+		return Finding{LostJustified, conv, fmt.Sprintf("R31/K13: %s, after %s of %s", facts.Class, f.Fault.Kind, first(f.Fault.Role, "its sandbox")),
+			lines(f, cause, c)}
 	}
 	for _, p := range h.procs {
 		pr := p.Process

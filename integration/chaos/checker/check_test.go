@@ -3,6 +3,8 @@ package checker
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -402,6 +404,12 @@ func TestLostConversations(t *testing.T) {
 			lostTurn(h, []int{200}, unrecoverable).add(Record{Time: h.at(85), Host: "h3", ConversationID: "c4",
 				Process: &Process{Role: RoleSupervisor, Event: ProcessExit, PID: 9, Signal: "KILL"}})
 		}, LostJustified},
+		{"unrecoverable, and the supervisor was only stopped", func(h *hist) {
+			lostTurn(h, []int{200}, unrecoverable).fault(85, 86, "h3", "c4", FaultStop, RoleSupervisor)
+		}, LostAvoidable},
+		{"unrecoverable, and another conversation's supervisor was killed", func(h *hist) {
+			lostTurn(h, []int{200}, unrecoverable).fault(85, 86, "h3", "c1", FaultKill, RoleSupervisor)
+		}, LostAvoidable},
 		{"unrecoverable, and the sandbox was damaged only after the report", func(h *hist) {
 			lostTurn(h, []int{200}, unrecoverable).fault(95, 96, "h3", "c4", FaultSandboxRemoved, RoleSandbox)
 		}, LostAvoidable},
@@ -456,5 +464,17 @@ func TestMarkdownSection(t *testing.T) {
 	}
 	if _, err := ReplaceSection([]byte("no markers"), "long", md); err == nil {
 		t.Fatal("a document without markers was accepted")
+	}
+}
+
+// TestReliabilityDocHasTheLongRunSection: make chaos can write its table
+// into docs/reliability.md.
+func TestReliabilityDocHasTheLongRunSection(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "reliability.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReplaceSection(doc, LongRun, "a run"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -120,6 +120,10 @@ func joinInts(ns []int) string {
 	return "lines " + strings.Join(parts, ", ")
 }
 
+// LongRun names the section of docs/reliability.md that the last long
+// campaign (make chaos) writes.
+const LongRun = "long"
+
 // Markers delimit a run's section in a document: what lies between
 // SectionBegin(name) and SectionEnd(name) belongs to that run and is
 // replaced whole by the next one.
