@@ -18,6 +18,7 @@ import (
 
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -95,14 +96,25 @@ func (c *storeClock) advance(d time.Duration) {
 // history is clean; built with -tags chaos_broken_fence (fence_broken.go)
 // it accepts them, and the checker must report the stale writes.
 // TestBrokenFenceBuildIsCaught runs the second build.
+//
+// It runs on SQLite, and on PostgreSQL when RUNNERD_TEST_POSTGRES names one
+// (the campaign's fleet runs on PostgreSQL, whose worker calls take other
+// statements).
 func TestFenceScenario(t *testing.T) {
-	ctx := context.Background()
-	clock := &storeClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
-	st, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "cp.db"), sqlstore.WithClock(func(time.Time) time.Time { return clock.now() }))
-	if err != nil {
-		t.Fatal(err)
+	for _, db := range []struct {
+		name string
+		open func(testing.TB, ...sqlstore.Option) *sqlstore.Store
+	}{{"sqlite", sqltest.SQLite}, {"postgres", sqltest.Postgres}} {
+		t.Run(db.name, func(t *testing.T) {
+			clock := &storeClock{t: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+			fenceScenario(t, db.open(t, sqlstore.WithClock(func(time.Time) time.Time { return clock.now() })), clock)
+		})
 	}
-	t.Cleanup(func() { st.Close() })
+}
+
+func fenceScenario(t *testing.T, st *sqlstore.Store, clock *storeClock) {
+	ctx := context.Background()
+	var err error
 	srv := controlplane.New(controlplane.Config{Store: st, Now: clock.now, Logger: slog.New(slog.DiscardHandler)})
 
 	var buf bytes.Buffer
@@ -250,7 +262,7 @@ func TestBrokenFenceBuildIsCaught(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the broken build's scenario failed: %v", err)
 	}
-	for _, want := range []string{"build with the broken fence: true", "stale writes accepted: ", "--- PASS: TestFenceScenario"} {
+	for _, want := range []string{"build with the broken fence: true", "stale writes accepted: ", "--- PASS: TestFenceScenario/sqlite"} {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("the broken build's run does not say %q", want)
 		}
