@@ -86,7 +86,12 @@ type Totals struct {
 	JobStates     map[string]int // final job states
 	Conversations map[string]int // final conversation states
 	Prompts       int            // prompts the agents received
-	Faults        map[string]int // injected faults by kind
+	// UnmatchedPrompts received matched no job's prompt, and agents had
+	// no attempt: the checks of prompts and of overlaps cannot see them,
+	// so the report shows how many there were.
+	UnmatchedPrompts   int
+	UnattributedAgents int
+	Faults             map[string]int // injected faults by kind
 }
 
 // Report is what Check found: the totals and every finding.
@@ -135,6 +140,8 @@ type history struct {
 	leftover []*Record
 	faults   []*Record
 	lose     map[string][]*Record // conversation → 2xx lose_conversation requests
+	// unmatched counts the prompts received that matched no job (prompted).
+	unmatched int
 }
 
 type jobInfo struct {
@@ -297,6 +304,12 @@ func (h *history) totals() Totals {
 		t.Conversations[c.Conversation.State]++
 	}
 	t.Prompts = len(h.prompts)
+	t.UnmatchedPrompts = h.unmatched
+	for _, e := range h.executions() {
+		if e.attempt == "" || e.job == "" {
+			t.UnattributedAgents++
+		}
+	}
 	for _, f := range h.faults {
 		t.Faults[f.Fault.Kind]++
 	}
@@ -361,17 +374,19 @@ func (h *history) turnsLost() []Finding {
 // and prompts of jobs that have no admission.
 func (h *history) prompted() []Finding {
 	type key struct{ conv, text string }
+	// Prompts compare without the white space around them: the agent's
+	// transcript has what arrived on its stdin.
 	sentBy := map[key][]*jobInfo{}
 	for _, j := range sortedJobs(h) {
 		if j.final != nil && j.final.Job.Prompt != "" {
-			k := key{j.conv, j.final.Job.Prompt}
+			k := key{j.conv, strings.TrimSpace(j.final.Job.Prompt)}
 			sentBy[k] = append(sentBy[k], j)
 		}
 	}
 	got := map[key][]*Record{}
 	var order []key
 	for _, p := range h.prompts {
-		k := key{p.ConversationID, p.Prompt.Text}
+		k := key{p.ConversationID, strings.TrimSpace(p.Prompt.Text)}
 		if _, ok := sentBy[k]; !ok && k.conv == "" {
 			// A transcript line without its conversation: find the job
 			// by the text alone.
@@ -390,6 +405,9 @@ func (h *history) prompted() []Finding {
 	var out []Finding
 	for _, k := range order {
 		ps, jobs := got[k], sentBy[k]
+		if len(jobs) == 0 {
+			h.unmatched += len(ps)
+		}
 		if len(ps) > max(1, len(jobs)) {
 			subject := k.conv
 			ev := lines(ps...)
@@ -891,6 +909,7 @@ func (r Report) Summary() string {
 	for _, p := range properties {
 		fmt.Fprintf(&b, "%s: %d\n", p.title, r.Count(p.p))
 	}
+	fmt.Fprintf(&b, "not checked: %d prompts matching no job, %d agents with no attempt\n", r.Totals.UnmatchedPrompts, r.Totals.UnattributedAgents)
 	for _, f := range r.Violations() {
 		fmt.Fprintf(&b, "  %v\n", f)
 	}

@@ -478,3 +478,20 @@ func TestReliabilityDocHasTheLongRunSection(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestUncheckableRecordsAreCounted: a prompt that matches no job and an
+// agent with no attempt escape the checks; the totals say how many.
+func TestUncheckableRecordsAreCounted(t *testing.T) {
+	h := clean(t)
+	h.add(Record{Time: h.at(60), Host: "h1", ConversationID: "c1", Prompt: &Prompt{Text: "nobody sent this"}})
+	h.add(Record{Time: h.at(61), Host: "h1", Process: &Process{Role: RoleAgent, Event: ProcessStart, PID: 77}})
+	h.add(Record{Time: h.at(60), Host: "h1", ConversationID: "c1", Prompt: &Prompt{Text: "prompt of j1\n"}}) // j1's, again
+	rep, recs := h.check()
+	only(t, rep, recs, PromptTwice, 1)
+	if rep.Totals.UnmatchedPrompts != 1 || rep.Totals.UnattributedAgents != 1 {
+		t.Fatalf("totals %+v", rep.Totals)
+	}
+	if md := rep.Markdown(Run{}); !strings.Contains(md, "Not checked: 1 prompts received that match no job's, 1 agents with no attempt.") {
+		t.Fatalf("the section does not say what was not checked:\n%s", md)
+	}
+}

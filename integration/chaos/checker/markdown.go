@@ -57,6 +57,10 @@ func (r Report) Markdown(run Run) string {
 	t := r.Totals
 	fmt.Fprintf(&b, "%d records, %d requests, %d turns (%s), %d prompts received, conversations at the end: %s.\n\n",
 		t.Records, t.Requests, t.Turns, counts(t.JobStates), t.Prompts, counts(t.Conversations))
+	if t.UnmatchedPrompts > 0 || t.UnattributedAgents > 0 {
+		fmt.Fprintf(&b, "Not checked: %d prompts received that match no job's, %d agents with no attempt.\n\n",
+			t.UnmatchedPrompts, t.UnattributedAgents)
+	}
 
 	b.WriteString("| Count | Value |\n| --- | --- |\n")
 	for _, p := range properties {
