@@ -166,6 +166,14 @@ func (e *PreflightError) Error() string {
 
 func (e *PreflightError) Unwrap() error { return e.Err }
 
+// ErrWorkspaceLost is a backend's refusal in Ensure: the control plane
+// recorded a sandbox for the conversation (it has a native session), but
+// this host has neither its container nor its workspace. Starting an
+// empty workspace would silently drop the session. It lives here, not in
+// the docker backend that returns it, so that the turn child can tell it
+// apart without linking that backend (cmd/runnerd-child).
+var ErrWorkspaceLost = errors.New("the conversation's workspace volume is missing on this host")
+
 // Sentinel errors of the supervisor protocol. Client methods wrap them;
 // check with errors.Is.
 var (

@@ -25,11 +25,6 @@ const LabelInstance = "runnerd.instance"
 
 // Errors of Ensure beyond the sandbox package's sentinels.
 var (
-	// ErrWorkspaceLost: the control plane recorded a sandbox for the
-	// conversation (it has a native session), but this host has neither
-	// its container nor its workspace volume. Starting an empty workspace
-	// would silently drop the session, so Ensure refuses.
-	ErrWorkspaceLost = errors.New("the conversation's workspace volume is missing on this host")
 	// ErrSandboxGone: the container died or vanished (mid-turn, it fails
 	// the turn closed, R35).
 	ErrSandboxGone = errors.New("the conversation's container is gone")
@@ -121,7 +116,7 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	}
 	if !found2 {
 		if spec.RecordedID != "" {
-			return sandbox.Sandbox{}, ErrWorkspaceLost
+			return sandbox.Sandbox{}, sandbox.ErrWorkspaceLost
 		}
 		vol, _, err = b.ensureVolume(ctx, conv)
 		if err != nil {

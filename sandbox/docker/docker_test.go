@@ -209,7 +209,7 @@ func TestDockerWorkspaceLostIsRefused(t *testing.T) {
 	spec := newSpec()
 	spec.RecordedID = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	_, err := b.Ensure(ctx, spec)
-	if !errors.Is(err, docker.ErrWorkspaceLost) {
+	if !errors.Is(err, sandbox.ErrWorkspaceLost) {
 		t.Fatalf("ensure = %v, want ErrWorkspaceLost", err)
 	}
 	if cs, vs := containersOf(t, cfg.Host, ""), volumesOf(t, cfg.Host, ""); len(cs)+len(vs) != 0 {
