@@ -55,7 +55,7 @@ func TestDemo(t *testing.T) {
 	if !strings.Contains(text, "runnerd drained and exited 0") || !strings.Contains(text, "All nine turns ended as expected") {
 		t.Errorf("no clean shutdown or summary:\n%s", text)
 	}
-	if ps, _ := fleet.Procs(fleet.Executable(bins.Runnerd), fleet.Under(tmp)); len(ps) > 0 {
+	if ps, _ := fleet.Procs(fleet.Executable(bins.Runnerd, bins.RunnerdChild), fleet.Under(tmp)); len(ps) > 0 {
 		t.Errorf("the demo left processes behind: %v", ps)
 	}
 
@@ -144,7 +144,10 @@ func privateBins(t *testing.T) (fleet.Binaries, string) {
 	if err := os.Mkdir(binDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{bins.Runnerd, bins.ControlPlane, bins.DemoAgent, bins.Demo} {
+	for _, p := range []string{bins.Runnerd, bins.RunnerdChild, bins.ControlPlane, bins.DemoAgent, bins.Demo} {
+		if p == "" {
+			continue
+		}
 		if err := linkOrCopy(p, filepath.Join(binDir, filepath.Base(p))); err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +161,7 @@ func privateBins(t *testing.T) (fleet.Binaries, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(own.Runnerd), fleet.Under(tmp)); err != nil {
+		if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(own.Runnerd, own.RunnerdChild), fleet.Under(tmp)); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

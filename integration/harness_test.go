@@ -114,6 +114,7 @@ type env struct {
 	proxy    *proxy
 	faults   *faultProxy
 	runnerd  string
+	child    string // the test's runnerd-child beside runnerd; "" without envOpts.leanChild
 	stateDir string
 	host     string
 	token    string
@@ -124,6 +125,10 @@ type envOpts struct {
 	leaseTTL time.Duration // the control plane's lease; default leaseTTL
 	proxy    bool          // a TCP proxy that can black-hole
 	faults   bool          // an HTTP proxy that can refuse an operation
+	// leanChild links runnerd-child beside the test's runnerd, so that its
+	// process turns and supervisors run the lean entry point (the default
+	// of a `make build` install); without it they run runnerd itself.
+	leanChild bool
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -140,6 +145,12 @@ func newEnv(t *testing.T, o envOpts) *env {
 	e.runnerd = filepath.Join(dir, "runnerd")
 	if err := linkOrCopy(bins.Runnerd, e.runnerd); err != nil {
 		t.Fatalf("link runnerd: %v", err)
+	}
+	if o.leanChild {
+		e.child = filepath.Join(dir, "runnerd-child")
+		if err := linkOrCopy(bins.RunnerdChild, e.child); err != nil {
+			t.Fatalf("link runnerd-child: %v", err)
+		}
 	}
 	if o.leaseTTL == 0 {
 		o.leaseTTL = leaseTTL
@@ -455,7 +466,7 @@ type proc = fleet.Proc
 // daemon, turn children, supervisors) and those whose working directory is
 // under its state directory (agents).
 func (e *env) procs() []proc {
-	ps, err := fleet.Procs(fleet.Executable(e.runnerd), fleet.Under(e.stateDir))
+	ps, err := fleet.Procs(fleet.Executable(e.runnerd, e.child), fleet.Under(e.stateDir))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -493,7 +504,7 @@ var (
 // killLeftovers kills whatever of this test still runs — supervisors
 // outlive daemons by design — and waits for each to go.
 func (e *env) killLeftovers() {
-	if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(e.runnerd), fleet.Under(e.stateDir)); err != nil {
+	if _, err := fleet.StopProcs(5*time.Second, fleet.Executable(e.runnerd, e.child), fleet.Under(e.stateDir)); err != nil {
 		e.t.Errorf("cleanup: %v", err)
 	}
 }

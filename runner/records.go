@@ -45,6 +45,7 @@ const (
 	MsgCancelReceived    = "runnerd_cancel_received"    // the user's cancel reached a turn: via renewal or host_poll (K10)
 	MsgCancelPollFailed  = "runnerd_cancel_poll_failed" // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
 	MsgTurnScopes        = "runnerd_turn_scopes"        // at start: where turn children live (mechanism), and why not in scopes
+	MsgTurnExecutable    = "runnerd_turn_executable"    // at start: what turn children and supervisors run (runnerd-child or runnerd), and why not runnerd-child
 	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"  // a child could not be moved into its scope (class); its turn runs on
 	MsgTurnReattached    = "runnerd_turn_reattached"    // a turn child of an earlier run was taken over at start (P5): how long it was orphaned
 	MsgReattachRefused   = "runnerd_reattach_refused"   // a surviving turn child speaks a protocol version this daemon does not: it was stopped

@@ -29,7 +29,7 @@ func TestQuickRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(dir, "bin")
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin+"/", "./cmd/runnerd", "./cmd/controlplane", "./cmd/demoagent")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", bin+"/", "./cmd/runnerd", "./cmd/runnerd-child", "./cmd/controlplane", "./cmd/demoagent")
 	build.Dir, build.Env = root, append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)

@@ -535,7 +535,7 @@ func printTable(w io.Writer, rows []turnRow) {
 func explain(w io.Writer, transcripts bool) {
 	fmt.Fprint(w, `
 All nine turns ended as expected. Each ran in its own child process
-("runnerd turn") under a lease the daemon renewed on its own schedule; each
+("runnerd-child turn") under a lease the daemon renewed on its own schedule; each
 conversation kept one supervisor and one native agent session across its
 three turns, so the native turn ordinal went 1, 2, 3.
 `)

@@ -6,8 +6,10 @@
 //	runnerd supervise  a sandbox's manager (sandbox/supervisor)
 //	runnerd version    the version (also `runnerd run --version`)
 //
-// Only this file and config.go read flags and the environment, install
-// signal handlers and call os.Exit.
+// With the process backend the daemon starts the last two from
+// runnerd-child instead, when it lies beside this executable (child.go).
+// Only this file, config.go and cmd/internal/child read flags and the
+// environment, install signal handlers and call os.Exit.
 package main
 
 import (
@@ -31,12 +33,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/runnerd/runnerd/cmd/internal/child"
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/internal/sdscope"
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/sandbox/supervisor"
 )
 
 // version is set at build time (-X main.version=…).
@@ -51,18 +53,9 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "turn":
-		absorbHangup()
-		outliveLogReader()
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		code := turn.Main(ctx, os.Stderr)
-		stop()
-		os.Exit(code)
+		os.Exit(child.Turn(openBackend))
 	case "supervise":
-		absorbHangup()
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		code := supervisor.Main(ctx, os.Args[2:], os.Stderr)
-		stop()
-		os.Exit(code)
+		os.Exit(child.Supervise(os.Args[2:]))
 	case "run":
 		os.Exit(runDaemon(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
 	default:
@@ -131,6 +124,11 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	if cfg.Executable, err = os.Executable(); err != nil {
 		fmt.Fprintln(stderr, "runnerd: cannot find its own executable: "+err.Error())
 		return 1
+	}
+	if cfg.Sandbox == sandbox.BackendProcess {
+		var why string
+		cfg.Executable, why = childExecutable(cfg.Executable)
+		log.Info(runner.MsgTurnExecutable, slog.String("path", cfg.Executable), slog.String("reason", why))
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		fmt.Fprintln(stderr, "runnerd: --state-dir: "+err.Error())
@@ -245,23 +243,6 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	return 0
 }
 
-// outliveLogReader keeps a turn child alive when the reader of its stderr
-// (the daemon's, shared) is gone: a turn outlives its daemon (P5), and Go
-// would end it with SIGPIPE at its next record into a pipe the dead daemon's
-// reader held. With SIGPIPE handled, the write fails with EPIPE instead and
-// the turn goes on. Handled, not ignored, for the same reason as SIGHUP.
-func outliveLogReader() {
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-}
-
-// absorbHangup keeps a SIGHUP from ending a turn child or a supervisor
-// (K11): by default it would, and `systemctl kill -s HUP` sends it to every
-// process of the unit. Handled, not ignored: an ignored signal stays
-// ignored across exec, and the agents must get the default back.
-func absorbHangup() {
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
-}
-
 // readToken reads the host token file; its errors name the path. A file others can read gets a
 // warning record (never the token), unless it is a systemd credential
 // (LoadCredential=, deploy/runnerd.service): a file directly in credDir,
@@ -290,7 +271,7 @@ func readToken(path, credDir string, log *slog.Logger) (string, error) {
 // backend is the daemon's own handle on the sandboxes, built like the
 // turn children's, used to remove a LOST conversation's sandbox.
 func backend(cfg runner.Config) (sandbox.Backend, error) {
-	b, err := turn.OpenBackend(turn.Sandbox{
+	b, err := openBackend(turn.Sandbox{
 		Backend:  cfg.Sandbox,
 		StateDir: cfg.StateDir,
 		HostName: cfg.HostName,

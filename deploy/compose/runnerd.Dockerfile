@@ -3,7 +3,7 @@
 # pulled. The daemon, its turn children, the supervisors and the agents run
 # as one unprivileged uid.
 FROM scratch
-COPY bin/runnerd bin/demoagent /usr/local/bin/
+COPY bin/runnerd bin/runnerd-child bin/demoagent /usr/local/bin/
 USER 10001:10001
 ENTRYPOINT ["/usr/local/bin/runnerd"]
 CMD ["run"]

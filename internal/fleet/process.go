@@ -27,6 +27,10 @@ type Binaries struct {
 	ControlPlane string
 	DemoAgent    string
 	Demo         string // cmd/demo; "" when the directory has none
+	// RunnerdChild is the process backend's lean turn child and supervisor
+	// (cmd/runnerd-child), which runnerd starts when it lies beside it; ""
+	// when the directory has none.
+	RunnerdChild string
 }
 
 // BinariesIn returns the executables in dir (as `make build` leaves them in
@@ -49,6 +53,9 @@ func BinariesIn(dir string) (Binaries, error) {
 	if demo := filepath.Join(abs, "demo"); isExecutable(demo) {
 		b.Demo = demo
 	}
+	if child := filepath.Join(abs, "runnerd-child"); isExecutable(child) {
+		b.RunnerdChild = child
+	}
 	return b, nil
 }
 
@@ -61,7 +68,7 @@ func isExecutable(p string) bool {
 // (CGO_ENABLED=0), as the Makefile does.
 func Build(ctx context.Context, root, dir string) (Binaries, error) {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", dir+"/",
-		"./cmd/runnerd", "./cmd/controlplane", "./cmd/demoagent", "./cmd/demo")
+		"./cmd/runnerd", "./cmd/runnerd-child", "./cmd/controlplane", "./cmd/demoagent", "./cmd/demo")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {

@@ -23,10 +23,18 @@ func (p Proc) String() string { return fmt.Sprintf("pid %d %q", p.Pid, p.Argv) }
 // Match selects processes of a fleet.
 type Match func(Proc) bool
 
-// Executable matches the processes running path: with a runnerd of its
-// own, a fleet's daemon, turn children and supervisors.
-func Executable(path string) Match {
-	return func(p Proc) bool { return p.Argv[0] == path }
+// Executable matches the processes running one of paths: with a runnerd
+// (and runnerd-child) of its own, a fleet's daemon, turn children and
+// supervisors. An empty path matches nothing.
+func Executable(paths ...string) Match {
+	return func(p Proc) bool {
+		for _, path := range paths {
+			if path != "" && p.Argv[0] == path {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // Under matches the processes that name dir (or a path below it) as an

@@ -4,34 +4,21 @@ import (
 	"fmt"
 
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/sandbox/process"
 )
 
-// OpenBackend builds the sandbox backend a Sandbox config names. The daemon
-// uses it too, to remove the sandboxes of conversations that became LOST.
-func OpenBackend(s Sandbox) (sandbox.Backend, error) {
-	switch s.Backend {
-	case sandbox.BackendProcess, "":
-		return process.New(process.Config{StateDir: s.StateDir, Command: []string{s.Runnerd, "supervise"}})
-	case sandbox.BackendDocker:
-		engine, err := docker.EngineFromEnv()
-		if err != nil {
-			return nil, fmt.Errorf("docker backend: %w", err)
-		}
-		return docker.New(docker.Config{
-			Engine:      engine,
-			Host:        s.HostName,
-			StateDir:    s.StateDir,
-			RunnerdPath: s.Runnerd,
-			Network:     s.Docker.Network,
-			PidsLimit:   s.Docker.PidsLimit,
-			MemoryBytes: s.Docker.MemoryBytes,
-			NanoCPUs:    s.Docker.NanoCPUs,
-			LogMaxBytes: s.Docker.LogMaxBytes,
-			LogMaxFiles: s.Docker.LogMaxFiles,
-		})
-	default:
-		return nil, fmt.Errorf("unknown sandbox backend %q (want process or docker)", s.Backend)
+// Opener builds the sandbox backend a Sandbox config names. Each
+// executable that runs turns passes Main the backends it links: runnerd
+// all of them (cmd/runnerd), the process backend's lean child only
+// OpenProcess (cmd/runnerd-child), so that a process turn does not pay for
+// the Docker client's packages at every start. The daemon builds its own
+// handle on the sandboxes with the same function.
+type Opener func(Sandbox) (sandbox.Backend, error)
+
+// OpenProcess is the Opener of the process backend alone.
+func OpenProcess(s Sandbox) (sandbox.Backend, error) {
+	if s.Backend != sandbox.BackendProcess && s.Backend != "" {
+		return nil, fmt.Errorf("sandbox backend %q is not in this executable (the process backend's child runs process turns only)", s.Backend)
 	}
+	return process.New(process.Config{StateDir: s.StateDir, Command: []string{s.Runnerd, "supervise"}})
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -64,8 +63,9 @@ const (
 )
 
 // Main is `runnerd turn`: it takes the handover descriptor, runs the turn
-// and returns the process's exit code. Records go to stderr.
-func Main(ctx context.Context, stderr io.Writer) int {
+// and returns the process's exit code. Records go to stderr. open builds
+// the payload's sandbox backend from the backends the executable links.
+func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 	ch, err := handover.OpenFromEnv()
 	if err != nil {
 		fmt.Fprintf(stderr, "runnerd turn: %v\n", err)
@@ -89,7 +89,7 @@ func Main(ctx context.Context, stderr io.Writer) int {
 	}
 	log := newLogger(p.LogFormat, stderr).With("job_id", p.Claim.JobID, "attempt_id", p.Claim.AttemptID)
 
-	backend, err := OpenBackend(p.Sandbox)
+	backend, err := open(p.Sandbox)
 	if err != nil {
 		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
 		_ = ch.Decline(ClassSandboxConfig)
@@ -317,7 +317,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	sb, err := t.backend.Ensure(ctx, t.spec)
 	if err != nil {
 		t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", diagnostics.Class(err))
-		if errors.Is(err, docker.ErrWorkspaceLost) {
+		if errors.Is(err, sandbox.ErrWorkspaceLost) {
 			return fail(ClassWorkspaceLost)
 		}
 		return fail(ClassSandboxUnavailable)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -105,6 +106,8 @@ func smapsRollup(pid int) (rss, pss int) {
 }
 
 // roleOf names what argv runs, given the runnerd and agent executables.
+// The process backend's turn children and supervisors run runnerd-child
+// when it lies beside runnerd (cmd/runnerd-child), with the same roles.
 func roleOf(argv []string, runnerd, agent string) string {
 	if len(argv) == 0 {
 		return RoleOther
@@ -112,7 +115,8 @@ func roleOf(argv []string, runnerd, agent string) string {
 	if argv[0] == agent {
 		return RoleAgent
 	}
-	if argv[0] == runnerd && len(argv) > 1 {
+	child := filepath.Join(filepath.Dir(runnerd), "runnerd-child")
+	if (argv[0] == runnerd || argv[0] == child) && len(argv) > 1 {
 		switch argv[1] {
 		case "run":
 			return RoleDaemon
