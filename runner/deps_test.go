@@ -24,7 +24,8 @@ var moduleImports = map[string][]string{
 	"integration": nil,
 
 	"runner":      {"diagnostics", "handover", "heartbeat", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
-	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/docker", "sandbox/process", "settlement", "wire"},
+	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
+	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/process", "settlement", "wire"},
 
 	"heartbeat":  {"diagnostics", "internal/boottime", "wire"},
 	"handover":   {"internal/boottime"},

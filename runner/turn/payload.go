@@ -4,7 +4,7 @@
 // reads back PROGRESS frames carrying the turn's Facts and one RESULT frame
 // carrying the terminal report, which the daemon persists and sends.
 //
-// Only runner and cmd/runnerd import turn.
+// Only runner, cmd/runnerd and cmd/internal/child import turn.
 package turn
 
 import (
