@@ -19,8 +19,9 @@ type Property string
 // Properties, in the order of the report's table. Every one but
 // LostJustified is a violation.
 const (
-	// TurnLost: a turn was enqueued (send_message answered 2xx) and never
-	// ended: no final record, or one that is queued or running.
+	// TurnLost: a turn was enqueued (send_message answered 2xx, or a host
+	// claimed it) and never ended: no final record, or one that is queued
+	// or running.
 	TurnLost Property = "turn_lost"
 	// PromptTwice: one job's prompt reached an agent more than once — on
 	// any host, in any session, a resumed one included (R25, R30, K13).
@@ -361,6 +362,9 @@ func (h *history) turnsLost() []Finding {
 		switch {
 		case j.final == nil && j.sent != nil:
 			out = append(out, Finding{TurnLost, j.id, "enqueued, and no final state was recorded", lines(j.sent)})
+		case j.final == nil && len(j.claims) > 0:
+			// Its send's answer never came, but a host claimed it.
+			out = append(out, Finding{TurnLost, j.id, "claimed, and no final state was recorded", lines(j.claims[0])})
 		case j.final != nil && !ended(j.final.Job.State):
 			out = append(out, Finding{TurnLost, j.id, "still " + j.final.Job.State + " at the end", lines(j.sent, j.final)})
 		}
@@ -800,49 +804,101 @@ func (h *history) whyLost(conv string) Finding {
 	return h.unrecoverable(conv, j, att, facts, cause, c)
 }
 
-// ambiguous: R30 demands LOST when no admission try of the attempt got
-// its answer back and one may have committed: a recorded try whose answer
-// never came (or came as a 5xx or 408), or a fault on the host's link over
-// the attempt's life (a try stalled before the recorder saw it).
+// ambiguous: R30 demands LOST when no admission answer reached the host
+// and the admission may have committed. The recorder sits behind the fault
+// proxy, so a 2xx it saw proves only that the replica answered, not that
+// the host heard it. The LOST is justified when the host never acted on an
+// admission (no prompt of the job delivered, no settlement or notice of the
+// attempt) and the history shows what lost the answers: a try the replica
+// never answered, answered with a 5xx or 408, or whose answer was withheld;
+// or a fault on the path of the tries while they ran — a network fault on
+// the host's link, a fault of the replica they went to, a stop of the
+// host's turn child or daemon (its timers run on), PostgreSQL restarted.
+// With no try recorded at all, a fault on the host's link over the
+// attempt's life (its tries stalled before the recorder).
 func (h *history) ambiguous(conv string, j *jobInfo, att string, cause, c *Record) Finding {
 	var tries []*Record
 	unsure := false
+	replicas := map[string]bool{}
 	for _, r := range j.http {
-		if r.HTTP.Call != wire.OpAdmission || r.AttemptID != att {
-			continue
+		switch {
+		case r.AttemptID != att:
+		case r.HTTP.Call == wire.OpSettlement || r.HTTP.Call == wire.OpNotices:
+			return Finding{LostAvoidable, conv, "lost as an ambiguous admission, but the host went on to " + r.HTTP.Call + ", as only an admitted turn does",
+				lines(r, cause, c)}
+		case r.HTTP.Call == wire.OpAdmission:
+			tries = append(tries, r)
+			replicas[r.Replica] = true
+			if r.HTTP.Status == 0 || r.HTTP.Withheld || r.HTTP.Status >= 500 || r.HTTP.Status == http.StatusRequestTimeout {
+				unsure = true
+			}
 		}
-		tries = append(tries, r)
-		if delivered2xx(r.HTTP) {
-			return Finding{LostAvoidable, conv, "lost as an ambiguous admission, but an admission answer reached the host",
-				lines(append(tries, cause, c)...)}
-		}
-		if r.HTTP.Status == 0 || r.HTTP.Withheld || r.HTTP.Status >= 500 || r.HTTP.Status == http.StatusRequestTimeout {
-			unsure = true
+	}
+	if j.final != nil && j.final.Job.Prompt != "" {
+		for _, p := range h.prompts {
+			if p.ConversationID == conv && strings.TrimSpace(p.Prompt.Text) == strings.TrimSpace(j.final.Job.Prompt) {
+				return Finding{LostAvoidable, conv, "lost as an ambiguous admission, but the job's prompt reached the agent",
+					lines(p, cause, c)}
+			}
 		}
 	}
 	if unsure {
-		return Finding{LostJustified, conv, fmt.Sprintf("R30: %d admission tries of %s, none answered", len(tries), att),
+		return Finding{LostJustified, conv, fmt.Sprintf("R30: %d admission tries of %s, none answered to the host", len(tries), att),
 			lines(append(tries, cause, c)...)}
 	}
 	a := h.attempts[att]
-	from, to := time.Time{}, h.end
-	if a.claim != nil {
-		from = a.claim.HTTP.Sent
-	}
-	for _, r := range j.http {
-		if r.AttemptID == att && terminal[r.HTTP.Call] != "" {
-			to = r.HTTP.Sent
-			break
+	var from, to time.Time
+	switch {
+	case len(tries) > 0:
+		from, to = tries[0].HTTP.Sent, tries[len(tries)-1].HTTP.Sent
+		if at := tries[len(tries)-1].HTTP.Answered; at != nil {
+			to = *at
+		}
+	default:
+		to = h.end
+		if a.claim != nil {
+			from = a.claim.HTTP.Sent
+		}
+		for _, r := range j.http {
+			if r.AttemptID == att && terminal[r.HTTP.Call] != "" {
+				to = r.HTTP.Sent
+				break
+			}
 		}
 	}
 	for _, f := range h.faults {
-		if networkFaults[f.Fault.Kind] && f.Host != "" && f.Host == a.host && overlaps(f.Fault, from, to) {
-			return Finding{LostJustified, conv, fmt.Sprintf("R30: no admission answer of %s reached the recorder while %s cut %s's link", att, f.Fault.Kind, a.host),
-				lines(append(tries, f, cause, c)...)}
+		if !overlaps(f.Fault, from, to) || !onPath(f, a.host, replicas) {
+			continue
+		}
+		what := f.Fault.Kind
+		if f.Fault.Role != "" {
+			what += " of a " + f.Fault.Role
+		}
+		return Finding{LostJustified, conv, fmt.Sprintf("R30: no admission answer of %s reached the host during %s", att, what),
+			lines(append(tries, f, cause, c)...)}
+	}
+	return Finding{LostAvoidable, conv, fmt.Sprintf("lost as an ambiguous admission, with %d tries answered and nothing on their path that could lose the answers", len(tries)),
+		lines(append(tries, cause, c)...)}
+}
+
+// onPath says the fault f can have delayed or cut the answers between
+// the replicas (none known: any) and host.
+func onPath(f *Record, host string, replicas map[string]bool) bool {
+	toReplica := f.Replica == "" || len(replicas) == 0 || replicas[f.Replica]
+	switch k := f.Fault.Kind; {
+	case networkFaults[k]:
+		return (f.Host == host && host != "" && toReplica) || (f.Host == "" && f.Replica != "" && toReplica)
+	case k == FaultPGRestart:
+		return true
+	case k == FaultStop || k == FaultKill || k == FaultRestart:
+		switch f.Fault.Role {
+		case RoleReplica:
+			return f.Replica != "" && toReplica
+		case RoleChild, RoleDaemon, RoleHost:
+			return f.Host == host && host != ""
 		}
 	}
-	return Finding{LostAvoidable, conv, "lost as an ambiguous admission with no record of an admission answer lost",
-		lines(append(tries, cause, c)...)}
+	return false
 }
 
 func overlaps(f *Fault, from, to time.Time) bool {

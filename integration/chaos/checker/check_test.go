@@ -207,9 +207,10 @@ func TestTurnLost(t *testing.T) {
 	h := clean(t)
 	h.send(40, "c2", "j9")                                    // enqueued, never heard of again
 	h.send(41, "c2", "j10").job("c2", "j10", wire.JobRunning) // still running at the end
+	h.call(42, "h1", CallClaim, "j11", "a11", 1, 200)         // its send's answer was lost; a host claimed it
 	rep, recs := h.check()
-	fs := only(t, rep, recs, TurnLost, 2)
-	if fs[0].Subject != "j9" || fs[1].Subject != "j10" {
+	fs := only(t, rep, recs, TurnLost, 3)
+	if fs[0].Subject != "j9" || fs[1].Subject != "j10" || fs[2].Subject != "j11" {
 		t.Fatalf("findings %v", fs)
 	}
 }
@@ -389,7 +390,21 @@ func TestLostConversations(t *testing.T) {
 		{"R30: no try reached the recorder through a partition", func(h *hist) {
 			lostTurn(h, nil, ambiguous).fault(81.5, 95, "h3", "", FaultPartition, "")
 		}, LostJustified},
-		{"ambiguous, but an admission receipt reached the host", func(h *hist) { lostTurn(h, []int{0, 200}, ambiguous) }, LostAvoidable},
+		{"R30: answered 2xx while the host's link lost data", func(h *hist) {
+			lostTurn(h, []int{200, 200, 200}, ambiguous).fault(83.5, 84.2, "h3", "", FaultLoss, "")
+		}, LostJustified},
+		{"R30: answered 2xx while the host's turn child was stopped", func(h *hist) {
+			lostTurn(h, []int{200, 200, 200}, ambiguous).fault(81.5, 82.5, "h3", "", FaultStop, RoleChild)
+		}, LostJustified},
+		{"ambiguous, with every try answered 2xx on a clean path", func(h *hist) {
+			lostTurn(h, []int{200, 200, 200}, ambiguous).fault(83.5, 84.2, "h1", "", FaultLoss, "")
+		}, LostAvoidable},
+		{"ambiguous, but the host went on to settle", func(h *hist) {
+			lostTurn(h, []int{0, 200}, ambiguous).call(86, "h3", wire.OpSettlement, "j40", "a40", 1, 409)
+		}, LostAvoidable},
+		{"ambiguous, but the job's prompt reached the agent", func(h *hist) {
+			lostTurn(h, []int{0, 200}, ambiguous).prompt(85, "h3", "c4", "j40")
+		}, LostAvoidable},
 		{"ambiguous, with no record of a lost answer", func(h *hist) { lostTurn(h, nil, ambiguous) }, LostAvoidable},
 		{"ambiguous, and the partition was on another host", func(h *hist) {
 			lostTurn(h, nil, ambiguous).fault(81.5, 95, "h1", "", FaultPartition, "")

@@ -42,7 +42,7 @@ const (
 	KindProcess      Kind = "process"      // a process started or exited (Record.Process)
 	KindPrompt       Kind = "prompt"       // an agent received a prompt: a transcript line (Record.Prompt)
 	KindEvent        Kind = "event"        // one job event, from the user API (Record.Event)
-	KindJob          Kind = "job"          // a job as the user API showed it at the end (Record.Job)
+	KindJob          Kind = "job"          // a job as the user API showed it at the end (Record.Job); one for every job the history names
 	KindConversation Kind = "conversation" // a conversation as the user API showed it at the end (Record.Conversation)
 	KindLeftover     Kind = "leftover"     // a process or sandbox still there at the end (Record.Leftover)
 	KindFault        Kind = "fault"        // a fault the campaign injected (Record.Fault)
