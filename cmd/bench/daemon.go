@@ -122,7 +122,7 @@ func (r *records) await(ctx context.Context, reports int, timeout time.Duration)
 // time from the claim's answer to the child's ACCEPT.
 func (b *bench) b3b4(ctx context.Context) error {
 	const capacity = 16
-	conv, turns, single := b.size(32, 2), b.size(30, 2), b.size(200, 5)
+	conv, turns, single := b.size(32, 2), b.size(20, 2), b.size(100, 5)
 	bins, err := binaries(b.o.bin)
 	if err != nil {
 		return err

@@ -90,8 +90,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	rep := newReport(o)
 	start := time.Now()
 	b := &bench{o: o, rep: rep, log: stderr}
-	if err := b.all(ctx); err != nil {
-		fmt.Fprintln(stderr, "bench: "+err.Error())
+	rep.progress = func(x row) { b.logf("%s", x.line()) }
+	b.all(ctx)
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "bench: interrupted; nothing written")
 		return 1
 	}
 	rep.finish(time.Since(start))
@@ -108,14 +110,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return 1
 		}
 	}
+	if b.failed {
+		return 1
+	}
 	return 0
 }
 
 // bench runs the benchmarks of one invocation.
 type bench struct {
-	o   options
-	rep *report
-	log io.Writer
+	o      options
+	rep    *report
+	log    io.Writer
+	failed bool // a benchmark failed: the status is 1
 }
 
 func (b *bench) want(id string) bool { return len(b.o.only) == 0 || b.o.only[id] }
@@ -124,39 +130,44 @@ func (b *bench) logf(format string, args ...any) {
 	fmt.Fprintf(b.log, "%s bench: %s\n", time.Now().UTC().Format("15:04:05"), fmt.Sprintf(format, args...))
 }
 
-// all runs each benchmark on each store. A benchmark that fails is an
-// error of the command, not a row: a figure is either measured or absent.
-func (b *bench) all(ctx context.Context) error {
+// all runs each benchmark on each store. A benchmark that fails leaves a
+// row saying so, never a figure, and the command's status is 1; the others
+// still run, so that one failure does not cost the whole run's figures.
+func (b *bench) all(ctx context.Context) {
 	stores := []storeKind{sqliteFull}
 	if b.o.postgres != "" {
 		stores = append(stores, postgres)
 	}
 	for _, k := range stores {
-		if b.want("B1") {
-			if err := b.b1(ctx, k); err != nil {
-				return fmt.Errorf("B1 %s: %w", k, err)
-			}
-		}
-		if b.want("B2") {
-			if err := b.b2(ctx, k); err != nil {
-				return fmt.Errorf("B2 %s: %w", k, err)
-			}
-		}
-		if b.want("B6") {
-			if err := b.b6(ctx, k); err != nil {
-				return fmt.Errorf("B6 %s: %w", k, err)
-			}
-		}
+		b.one(ctx, "B1", k, func() error { return b.b1(ctx, k) })
+		b.one(ctx, "B2", k, func() error { return b.b2(ctx, k) })
+		b.one(ctx, "B6", k, func() error { return b.b6(ctx, k) })
 	}
 	if b.want("B3") || b.want("B4") {
-		if err := b.b3b4(ctx); err != nil {
-			return fmt.Errorf("B3/B4: %w", err)
-		}
+		b.one(ctx, "B3/B4", sqliteFull, func() error { return b.b3b4(ctx) })
 	}
-	if b.want("B5") {
-		if err := b.b5(ctx); err != nil {
-			return fmt.Errorf("B5: %w", err)
-		}
+	b.one(ctx, "B5", "", func() error { return b.b5(ctx) })
+}
+
+// one runs benchmark id unless -only leaves it out, and turns its error
+// into a row.
+func (b *bench) one(ctx context.Context, id string, k storeKind, f func() error) {
+	if !strings.Contains(id, "/") && !b.want(id) {
+		return
 	}
-	return nil
+	if err := ctx.Err(); err != nil {
+		return
+	}
+	if err := f(); err != nil {
+		b.failed = true
+		b.logf("%s %s failed: %v", id, k, err)
+		b.rep.add(row{ID: id, Store: k, What: "(failed)", NotRun: "failed: " + firstLine(err.Error())})
+	}
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }

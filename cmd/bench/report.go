@@ -49,6 +49,8 @@ type report struct {
 	LoadAfter  string   `json:"load_after"`
 	Seconds    float64  `json:"seconds"`
 	Rows       []row    `json:"rows"`
+	// progress, when set, sees each row as it is added.
+	progress func(row)
 }
 
 func newReport(o options) *report {
@@ -64,6 +66,9 @@ func newReport(o options) *report {
 
 func (r *report) add(x row) {
 	r.Rows = append(r.Rows, x)
+	if r.progress != nil {
+		r.progress(x)
+	}
 }
 
 func (r *report) finish(took time.Duration) {
@@ -92,17 +97,28 @@ func (r *report) markdown() string {
 	}
 	b.WriteString(".\n\n| | What | Store | Figure | Detail |\n| --- | --- | --- | --- | --- |\n")
 	for _, x := range r.Rows {
-		fig := "not run: " + x.NotRun
-		if x.NotRun == "" {
-			fig = fmt.Sprintf("**%s** %s", number(x.Value), x.Unit)
-		}
-		st := string(x.Store)
-		if st == "" {
-			st = "—"
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", x.ID, x.What, st, fig, x.Detail)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", x.ID, x.What, x.store(), x.figure(), x.Detail)
 	}
 	return b.String()
+}
+
+func (x row) figure() string {
+	if x.NotRun != "" {
+		return "not run: " + x.NotRun
+	}
+	return fmt.Sprintf("**%s** %s", number(x.Value), x.Unit)
+}
+
+func (x row) store() string {
+	if x.Store == "" {
+		return "—"
+	}
+	return string(x.Store)
+}
+
+// line is the row on one line, for the progress log.
+func (x row) line() string {
+	return fmt.Sprintf("%s %s %s: %s (%s)", x.ID, x.store(), x.What, strings.ReplaceAll(x.figure(), "**", ""), x.Detail)
 }
 
 // number prints a figure with the precision its size deserves.

@@ -143,6 +143,12 @@ type lease struct {
 	token string // the worker token (its hash is in the store)
 }
 
+// worker is what the lease's worker token authorizes, as the HTTP
+// handlers pass it to the store.
+func (l lease) worker() store.Worker {
+	return store.Worker{JobID: l.jobID, TokenHash: controlplane.HashToken(l.token)}
+}
+
 // claimAll claims n queued turns for hostID through the store, each with
 // a worker token of its own, and returns the leases.
 func claimAll(ctx context.Context, s store.Store, workers, n int, hostID string, ttl time.Duration) ([]lease, error) {
