@@ -160,7 +160,11 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	a.reporter = d.newReporter(claim)
 	defer d.watchCancel(a)()
 
-	// 1. Persist before anything else: a restart must find every lease we hold.
+	// 1. Persist before anything else: a restart must find every lease we
+	// hold (P5). This is the launch's one flush — the record's file and its
+	// directory (stateDir.save) — and the only one P5 needs before the
+	// child's ACCEPT: the payload goes over the socketpair, not a file, and
+	// nothing else on the way to ACCEPT syncs (issue 14 §4).
 	if err := d.state.save(record{Claim: claim, ClaimedAt: a.claimedAt}); err != nil {
 		// Nothing was launched and nothing is renewed: the lease runs out and
 		// the reaper requeues the never-admitted job without counting it (P6).

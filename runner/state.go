@@ -97,12 +97,18 @@ func (s stateDir) socket(attemptID string) string {
 	return filepath.Join(s.root, "attempts", attemptID+".sock")
 }
 
+// remove forgets an attempt whose report was acknowledged or definitively
+// refused, or that is no longer ours. It does not sync the directory: a
+// record a crash brings back costs the next start one lease question
+// (restart.go), which an ended or released attempt fails — the record is
+// forgotten then, nothing is sent or run again — while a sync here would
+// cost every turn one more flush (issue 14 §4).
 func (s stateDir) remove(attemptID string) error {
 	_ = os.Remove(s.socket(attemptID)) // a dead child's, if any
 	if err := os.Remove(s.path(attemptID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("forget attempt %s: %w", attemptID, err)
 	}
-	return syncDir(filepath.Join(s.root, "attempts"))
+	return nil
 }
 
 // load returns every persisted attempt, oldest claim first, and the names
