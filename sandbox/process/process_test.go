@@ -433,3 +433,18 @@ func TestConversationsListsSandboxDirectories(t *testing.T) {
 		t.Fatalf("after removing conv-b: %v, %v", got, err)
 	}
 }
+
+// checkConversation accepts exactly the ids that can name a directory of
+// their own.
+func TestCheckConversation(t *testing.T) {
+	long := strings.Repeat("a", 128)
+	for id, ok := range map[string]bool{
+		"conv_1": true, "a.b-c_D9": true, "-x": true, "_": true, long: true,
+		"": false, ".": false, "..": false, ".hidden": false, "../escape": false,
+		"a/b": false, "a b": false, long + "a": false, "é": false, "a\x00": false,
+	} {
+		if err := checkConversation(id); (err == nil) != ok {
+			t.Errorf("checkConversation(%q) = %v, want ok=%v", id, err, ok)
+		}
+	}
+}
