@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -11,13 +10,14 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// TestDrainOnSIGTERMKeepsRenewing sends SIGTERM to a daemon in the middle
-// of a turn that stays silent for well over a lease. The daemon stops
-// claiming — a message sent during the drain stays queued — yet keeps
-// renewing the running turn's lease (R13), so the turn finishes and its
-// success is accepted long after the lease it held at SIGTERM would have
-// run out; Admin → Servers shows the host draining; then the daemon exits 0.
-func TestDrainOnSIGTERMKeepsRenewing(t *testing.T) {
+// TestDrainKeepsRenewing drains a daemon (`runnerd drain`: SIGUSR1) in the
+// middle of a turn that stays silent for well over a lease. The daemon
+// stops claiming — a message sent during the drain stays queued — yet
+// keeps renewing the running turn's lease (R13), so the turn finishes and
+// its success is accepted long after the lease it held at the drain would
+// have run out; Admin → Servers shows the host draining; then the daemon
+// exits 0.
+func TestDrainKeepsRenewing(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOpts{})
 	d := e.startDaemon(nil)
@@ -30,7 +30,7 @@ func TestDrainOnSIGTERMKeepsRenewing(t *testing.T) {
 	before := e.job(j.ID).Attempts[0]
 
 	termAt := time.Now()
-	d.Signal(syscall.SIGTERM)
+	drained := e.drain(d)
 	e.waitServer("draining", func(s wire.Server) bool { return s.Draining })
 	other := e.conversation("not claimed during the drain")
 	queued := e.send(other.ID, "wait for the next daemon")
@@ -41,18 +41,21 @@ func TestDrainOnSIGTERMKeepsRenewing(t *testing.T) {
 	if code := d.ExitCode(); code != 0 {
 		t.Errorf("runnerd exited %d after its drain, want 0", code)
 	}
+	if out := drained(); !strings.Contains(out, fmt.Sprintf("runnerd (pid %d) drained and exited", d.Pid())) {
+		t.Errorf("runnerd drain said %q", out)
+	}
 	got := e.job(j.ID)
 	if got.State != wire.JobSucceeded || len(got.Attempts) != 1 {
 		t.Fatalf("the drained turn: want succeeded on its one attempt; got %s", describeJob(got))
 	}
 	a := got.Attempts[0]
 	if a.EndedAt == nil || a.EndedAt.Sub(termAt) < leaseTTL {
-		t.Errorf("the turn ended %v after SIGTERM; it was meant to outlast a lease (%v)", a.EndedAt.Sub(termAt), leaseTTL)
+		t.Errorf("the turn ended %v after the drain began; it was meant to outlast a lease (%v)", a.EndedAt.Sub(termAt), leaseTTL)
 	}
-	// Renewed after SIGTERM: the lease the store holds reaches past the one
+	// Renewed during the drain: the lease the store holds reaches past the one
 	// the attempt had when the drain began.
 	if !a.LeaseExpiresAt.After(before.LeaseExpiresAt.Add(leaseTTL / 2)) {
-		t.Errorf("the lease was not renewed during the drain: %s before SIGTERM, %s at the end",
+		t.Errorf("the lease was not renewed during the drain: %s before it, %s at the end",
 			before.LeaseExpiresAt.Format(time.StampMilli), a.LeaseExpiresAt.Format(time.StampMilli))
 	}
 	if q := e.job(queued.ID); q.State != wire.JobQueued || len(q.Attempts) != 0 {

@@ -252,8 +252,8 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 	}
 }
 
-// startDaemon starts a daemon; t.Cleanup stops it (SIGTERM, then SIGKILL)
-// and waits for it.
+// startDaemon starts a daemon; t.Cleanup drains it (SIGUSR1, a second one
+// 5 s later, then SIGKILL) and waits for it.
 func (e *env) startDaemon(mod func(*fleet.DaemonConfig)) *fleet.Daemon {
 	e.t.Helper()
 	cfg := e.daemonConfig()
@@ -270,9 +270,10 @@ func (e *env) startDaemon(mod func(*fleet.DaemonConfig)) *fleet.Daemon {
 
 func (e *env) cleanupDaemon(d *fleet.Daemon) {
 	e.t.Cleanup(func() {
-		d.Signal(syscall.SIGTERM)
+		// A drain, not SIGTERM's handover: the test's turns end with it.
+		d.Signal(syscall.SIGUSR1)
 		if d.Wait(5*time.Second) != nil {
-			d.Signal(syscall.SIGTERM) // a second signal stops at once
+			d.Signal(syscall.SIGUSR1) // a second drain request stops the turns now
 		}
 		if err := d.Stop(syscall.SIGKILL, 10*time.Second); err != nil {
 			e.t.Errorf("runnerd: %v", err)

@@ -36,13 +36,12 @@ type stopReason int
 const (
 	stopNone   stopReason = iota
 	stopCancel            // the user's cancel, from a renewal answer (P7)
-	stopDrain             // the drain timeout passed
-	stopHard              // the daemon's hard stop: persist, send nothing
+	stopDrain             // the drain timeout passed, or EndDrain
 	stopLease             // the lease is gone: write nothing (R8, R10, R11)
 )
 
 func (s stopReason) String() string {
-	return [...]string{"", "cancel", "drain_timeout", "shutdown", "lease_lost"}[s]
+	return [...]string{"", "cancel", "drain_timeout", "lease_lost"}[s]
 }
 
 // attempt is one claimed attempt while the daemon holds it.
@@ -182,13 +181,18 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	// The watcher turns the renewer's news and the daemon's stops into one
 	// stop of the child (launch context), whatever stage it is in.
 	launchCtx, stopChild := context.WithCancel(context.Background())
-	defer stopChild()
+	handedOver := false
+	defer func() {
+		if !handedOver { // a handed-over child is the next start's: it goes on
+			stopChild()
+		}
+	}()
 	a.stopChild = stopChild
 	over := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
-		a.watch(runCtx, over)
+		a.watch(over)
 	}()
 	defer func() { close(over); <-watched }()
 
@@ -211,16 +215,28 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	d.m.ClaimToAccept.Observe(sinceClaim.Seconds())
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
 		slog.Float64("since_claim_ms", float64(sinceClaim.Microseconds())/1000), slog.String(keyScope, a.scope))
-	d.superviseTurn(runCtx, a, t)
+	handedOver = d.superviseTurn(runCtx, a, t)
 }
 
 // superviseTurn runs an accepted turn — launched by this daemon or
-// re-attached at start — until its RESULT or its end, and reports it.
-func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.Turn) {
+// re-attached at start — until its RESULT or its end, and reports it; or,
+// when the handover comes first, leaves it running for the next start and
+// returns true.
+func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.Turn) (handedOver bool) {
 	a.mu.Lock()
 	a.turn = t
 	a.mu.Unlock()
 	// 5. Accepted: the turn runs until its RESULT or its end.
+	select {
+	case <-t.Done():
+	case <-d.handingOver: // runCtx ended: Run recorded the handover
+		select {
+		case <-t.Done(): // it ended meanwhile: report it as usual
+		default:
+			d.handOver(a, t)
+			return true
+		}
+	}
 	ended := t.Wait()
 	d.turnEnded(a, ended)
 	if childSawLeaseRejected(ended) {
@@ -241,11 +257,12 @@ func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.T
 		d.rec.TurnFailed(context.Background(), a.id, diagnostics.StageTurn, class)
 	}
 	d.finish(runCtx, a, rep, outcome)
+	return false
 }
 
-// watch stops the child when the lease is lost, the user cancels, the drain
-// times out or the daemon stops hard. It ends with over.
-func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
+// watch stops the child when the lease is lost, the user cancels or the
+// drain times out; a handover stops nothing. It ends with over.
+func (a *attempt) watch(over <-chan struct{}) {
 	d := a.d
 	cancelled := a.renewer.CancelRequested()
 	hostCancelled := (<-chan struct{})(a.hostCancel)
@@ -258,7 +275,6 @@ func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 		a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
 	}
 	drained := (<-chan struct{})(d.stopTurns)
-	hard := runCtx.Done()
 	for {
 		select {
 		case <-a.renewer.Done():
@@ -278,11 +294,6 @@ func (a *attempt) watch(runCtx context.Context, over <-chan struct{}) {
 			a.stop(stopDrain)
 			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByDrain)
 			a.stopTurn(stopDrain)
-		case <-hard:
-			hard = nil
-			a.stop(stopHard)
-			d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopHard.String()))
-			a.stopTurn(stopHard)
 		case <-over:
 			return
 		}
@@ -399,7 +410,7 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 	switch why {
 	case stopCancel:
 		outcome = wire.OutcomeCancelled
-	case stopDrain, stopHard:
+	case stopDrain:
 		outcome, class = wire.OutcomeWorkerLost, ClassHostStopped
 	}
 	rep := settlement.Facts{}.Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: "the turn child never accepted"})
@@ -461,7 +472,7 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (settlement.Report, stri
 	switch a.stopReason() {
 	case stopCancel:
 		outcome, reason = wire.OutcomeCancelled, "cancelled by the user"
-	case stopDrain, stopHard:
+	case stopDrain:
 		// The host, not the turn, ended it: a never-admitted job runs again
 		// without counting an attempt (P6); an admitted one is LOST.
 		outcome, class, reason = wire.OutcomeWorkerLost, ClassHostStopped, "stopped by the host daemon's shutdown"

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
@@ -16,7 +17,8 @@ import (
 )
 
 // Daemon is the host daemon. New builds it; Run runs it until it is
-// drained (Drain) or stopped (Run's context).
+// drained (Drain) or its turns are handed over to the next start (Run's
+// context).
 type Daemon struct {
 	cfg      Config
 	log      *slog.Logger
@@ -29,10 +31,14 @@ type Daemon struct {
 	renew    *wire.Client // renewals only: their own transport (R3)
 	workerID string
 
-	drainCtx  context.Context // done after Drain: claiming stops
-	drain     context.CancelFunc
-	stopTurns chan struct{} // closed at the drain timeout: running turns are stopped
-	kickBeat  chan struct{} // asks the host heartbeat to report now
+	drainCtx     context.Context // done after Drain: claiming stops
+	drain        context.CancelFunc
+	stopTurns    chan struct{} // closed at the drain timeout or EndDrain: running turns are stopped
+	endDrain     chan struct{} // closed by EndDrain
+	endDrainOnce sync.Once
+	handingOver  chan struct{} // closed once the handover began: accepted turns are left running
+	handedOver   atomic.Int64  // turns left running for the next start at the handover
+	kickBeat     chan struct{} // asks the host heartbeat to report now
 
 	refused    chan struct{} // closed when the host token was first refused
 	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
@@ -78,6 +84,8 @@ func New(cfg Config) (*Daemon, error) {
 		renew:            &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: renewHTTP},
 		workerID:         fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
 		stopTurns:        make(chan struct{}),
+		endDrain:         make(chan struct{}),
+		handingOver:      make(chan struct{}),
 		kickBeat:         make(chan struct{}, 1),
 		slotFreed:        make(chan struct{}, 1),
 		turnConvs:        map[string]int{},
@@ -94,9 +102,11 @@ func New(cfg Config) (*Daemon, error) {
 	return d, nil
 }
 
-// Drain begins a drain: claiming stops, running turns go on with their
-// leases renewed for up to Config.DrainTimeout, then they are stopped. Run
-// returns once every turn has ended. Drain may be called many times.
+// Drain begins a drain, the way to take a host out of service: claiming
+// stops, running turns go on with their leases renewed for up to
+// Config.DrainTimeout, then they are stopped. Run returns once every turn
+// has ended. Drain may be called many times; a stop (Run's context) during
+// a drain hands over the turns still running.
 func (d *Daemon) Drain() {
 	if d.draining() {
 		return
@@ -108,13 +118,31 @@ func (d *Daemon) Drain() {
 	}
 }
 
+// EndDrain ends a drain at once, as its timeout would: the turns still
+// running are stopped and reported. It begins the drain if none had begun.
+func (d *Daemon) EndDrain() {
+	d.Drain()
+	d.endDrainOnce.Do(func() { close(d.endDrain) })
+}
+
 func (d *Daemon) draining() bool { return d.drainCtx.Err() != nil }
 
 // Run resolves the persisted attempts of an earlier run (restart.go), then
-// claims and runs turns until Drain has finished or ctx ends. Cancelling ctx
-// is the hard stop (a second signal): every turn is stopped at once, reports
-// not yet sent stay persisted for the next start, and Run returns when the
-// children are gone.
+// claims and runs turns until a drain has finished or ctx ends.
+//
+// The end of ctx is the handover (SIGTERM: a restart, an upgrade, a stop):
+// claiming stops and Run returns within StopGrace, leaving every accepted
+// turn running for the next start to re-attach (P5). Nothing is stopped and
+// nothing more is sent for those turns: each one's state file, re-attach
+// socket and lease stay as they are, its child keeps its agent going,
+// fenced by its own lease deadline (K5), and waits on its socket. A launch
+// in flight gets StopGrace to be answered (then it is handed over, or
+// released on its decline as always); reports not yet acknowledged stay
+// persisted, to be sent again by the next start (P2). Run returns with the
+// handed-over turns' handover goroutines still reading their children's
+// descriptors: the process's exit closes those, and that EOF after ACCEPT
+// is what makes each child wait for the next daemon (the path a kill -9
+// takes too; the child is told nothing else).
 func (d *Daemon) Run(ctx context.Context) error {
 	d.logStarted()
 	d.logScopes()
@@ -136,7 +164,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.recoverAll(ctx)
 	if d.cfg.SandboxSweep > 0 {
 		// After the restart decisions, so that their own removals come
-		// first; stopped by a hard stop too, not only with the loops.
+		// first; stopped by a handover too, not only with the loops.
 		sweepCtx, stopSweep := context.WithCancel(loops)
 		defer stopSweep()
 		defer context.AfterFunc(ctx, stopSweep)()
@@ -151,6 +179,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.claimLoop(ctx, loops)
 		d.health.done(loopClaim) // stopped on purpose: not stuck
 	})
+	allDone := make(chan struct{})
+	waitAttempts := func() {
+		<-claimExited
+		d.attempts.Wait()
+		close(allDone)
+	}
 
 	select {
 	case <-d.drainCtx.Done():
@@ -158,13 +192,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgDrainStarted,
 			slog.Int("running", d.running()), slog.Int64(diagnostics.KeyLimit, d.cfg.DrainTimeout.Milliseconds()))
 		timer := time.NewTimer(d.cfg.DrainTimeout)
-		<-claimExited // a drain cancels the long poll in flight
-		allDone := make(chan struct{})
-		go func() { d.attempts.Wait(); close(allDone) }() // Run waits for the attempts below as well
+		go waitAttempts() // a drain cancels the long poll in flight
 		select {
 		case <-allDone:
 		case <-timer.C:
 			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgDrainTimeout, slog.Int("running", d.running()))
+			close(d.stopTurns)
+		case <-d.endDrain:
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgDrainEnded, slog.Int("running", d.running()))
 			close(d.stopTurns)
 		case <-ctx.Done():
 		}
@@ -173,19 +208,41 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// A refused host token ends the daemon as failed, once the turns
 		// it runs (on their own worker tokens) have ended.
 		d.notify(notifyStopping)
+		go waitAttempts()
 	case <-ctx.Done():
 		d.notify(notifyStopping)
+		go waitAttempts()
 	}
 	d.Drain() // claiming stops in every case
-	<-claimExited
-	d.attempts.Wait()
+	if ctx.Err() == nil {
+		// Stopped turns end within StopGrace+KillGrace; a handover
+		// (ctx, even now) does not wait for them.
+		select {
+		case <-allDone:
+		case <-ctx.Done():
+		}
+	}
+	handover := ctx.Err() != nil
+	if handover {
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgHandoverStarted, slog.Int(keyRunning, d.running()))
+		close(d.handingOver)
+		// Accepted turns are handed over at once; a launch in flight has
+		// StopGrace to be answered.
+		t := time.NewTimer(d.cfg.StopGrace)
+		select {
+		case <-allDone:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	stopLoops()
 	wg.Wait()
-	if ctx.Err() == nil && !d.isHostRefused() {
+	if !handover && !d.isHostRefused() {
 		// Admin → Servers shows the drained host with nothing running.
 		_ = d.sendHostBeat(context.Background())
 	}
-	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool("hard", ctx.Err() != nil))
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool(keyHandover, handover),
+		slog.Int64(keyHandedOver, d.handedOver.Load()), slog.Int(keyUnanswered, d.running()))
 	if d.isHostRefused() {
 		return ErrHostTokenRefused
 	}

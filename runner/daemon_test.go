@@ -3,7 +3,10 @@ package runner
 import (
 	"context"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -367,19 +370,64 @@ func TestDrainRenewsThenStopsTurns(t *testing.T) {
 	}
 }
 
-// A hard stop (the second signal) stops the turn at once and sends
-// nothing; what the next start needs stays persisted.
-func TestHardStopKeepsStateForRestart(t *testing.T) {
+// The handover (SIGTERM: Run's context ends) leaves the accepted turn
+// running and returns within StopGrace: nothing is sent to the child or
+// about it, its lease is left as it stands for the next start, its state
+// file stays, and the records say how many turns were handed over. (The
+// next start's re-attachment needs the daemon's process to have exited, so
+// that the child sees EOF: integration's TestSIGTERMHandsTurnOver.)
+func TestHandoverLeavesTurnRunning(t *testing.T) {
 	c := newCP(t)
 	j := c.enqueue("hang")
-	r := startDaemon(t, c, nil)
+	r := startDaemon(t, c, func(cfg *Config) { cfg.StopGrace = 2 * time.Second })
 	waitAccepted(t, r)
+	start := time.Now()
 	r.cancel()
 	r.stopped(t, 10*time.Second)
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("the handover took %v, want it within StopGrace", el)
+	}
+	m := regexp.MustCompile(`"msg":"` + MsgTurnHandedOver + `","job_id":"` + j.ID + `","attempt_id":"[^"]+","pid":(\d+)`).FindStringSubmatch(r.logs.String())
+	if m == nil {
+		t.Fatalf("no %s record for %s:\n%s", MsgTurnHandedOver, j.ID, r.logs.String())
+	}
+	pid, _ := strconv.Atoi(m[1])
+	t.Cleanup(func() { _ = syscall.Kill(-pid, syscall.SIGKILL) }) // its handover ends with it (goleak)
+	if !alive(pid) {
+		t.Errorf("the handed-over child %d is gone", pid)
+	}
 	if persisted(r.d) != 1 {
 		t.Fatal("the attempt was not kept for the next start")
 	}
 	if a := c.job(j.ID).Attempts[0]; a.State != wire.AttemptRunning {
-		t.Fatalf("attempt %s after a hard stop", a.State)
+		t.Fatalf("attempt %s after the handover", a.State)
+	}
+	for _, want := range []string{`"msg":"` + MsgHandoverStarted + `","running":1`, `"msg":"` + MsgStopped + `","handover":true,"handed_over":1,"unanswered":0`} {
+		if !strings.Contains(r.logs.String(), want) {
+			t.Errorf("no %s in the records:\n%s", want, r.logs.String())
+		}
+	}
+	if r.logs.has(MsgTurnStopped) || r.logs.has(MsgReportSent) {
+		t.Errorf("the handover stopped or reported the turn:\n%s", r.logs.String())
+	}
+}
+
+// EndDrain (a second drain request) stops the turns a drain waits for at
+// once, without waiting for the drain's timeout, and reports them as the
+// timeout does.
+func TestEndDrainStopsTurnsNow(t *testing.T) {
+	c := newCP(t)
+	j := c.enqueue("hang")
+	r := startDaemon(t, c, func(cfg *Config) { cfg.DrainTimeout = time.Hour })
+	waitAccepted(t, r)
+	r.d.Drain()
+	waitFor(t, "the drain to begin", 5*time.Second, func() bool { return r.logs.has(MsgDrainStarted) })
+	r.d.EndDrain()
+	r.stopped(t, 15*time.Second)
+	if got := c.job(j.ID); got.State != wire.JobQueued || got.WorkerLostCount != 1 || got.AttemptCount != 0 {
+		t.Fatalf("job %s, worker lost %d, counted %d", got.State, got.WorkerLostCount, got.AttemptCount)
+	}
+	if !r.logs.has(MsgDrainEnded) || r.logs.has(MsgDrainTimeout) {
+		t.Errorf("want %s and no %s:\n%s", MsgDrainEnded, MsgDrainTimeout, r.logs.String())
 	}
 }

@@ -34,7 +34,7 @@ func (d *Daemon) newReporter(c wire.Claim) *settlement.Reporter {
 //	lease rejected          forgotten (409/410/401/403/404: nothing more is ours)
 //	lease expired locally   kept for the next start, which asks the control plane
 //	refused (400)           kept, runnerd_report_refused: our bug, for a person
-//	hard stop               kept for the next start
+//	handover (runCtx ended) kept for the next start
 //
 // outcome labels the turns metric.
 func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Report, outcome string) {
@@ -43,7 +43,7 @@ func (d *Daemon) finish(runCtx context.Context, a *attempt, rep settlement.Repor
 		// would lose it, and then the reaper decides (R21).
 		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist_report", err)
 	}
-	if a.stopReason() == stopHard || runCtx.Err() != nil {
+	if runCtx.Err() != nil {
 		d.logAttempt(slog.LevelWarn, MsgReportAbandoned, a.id, slog.String(keyOutcome, outcome), slog.String(keyDecision, "kept_for_restart"))
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/handover"
 )
 
 // The daemon's own record names, beside diagnostics' agent_* records. Like
@@ -32,9 +33,12 @@ const (
 	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
 	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox is removed on its word (K8)
 	MsgControlRecovered  = "runnerd_control_recovered"    // claims or host heartbeats answer again
-	MsgDrainStarted      = "runnerd_drain_started"
-	MsgDrainTimeout      = "runnerd_drain_timeout"
-	MsgStopped           = "runnerd_stopped"
+	MsgDrainStarted      = "runnerd_drain_started"        // claiming stopped to take the host out of service: running, limit_ms
+	MsgDrainTimeout      = "runnerd_drain_timeout"        // the drain's limit passed: the turns still running are stopped
+	MsgDrainEnded        = "runnerd_drain_ended"          // a second drain request: the turns still running are stopped now
+	MsgHandoverStarted   = "runnerd_handover_started"     // SIGTERM: claiming stopped, every running turn is left for the next start (P5)
+	MsgTurnHandedOver    = "runnerd_turn_handed_over"     // one accepted turn left running, its child waiting to be re-attached: pid
+	MsgStopped           = "runnerd_stopped"              // the end: handover, handed_over (turns), unanswered (launches not answered in time)
 	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
 	MsgNotifyFailed      = "runnerd_notify_failed"
 	MsgMetricsListening  = "runnerd_metrics_listening"  // /metrics is served: address
@@ -72,6 +76,9 @@ const (
 	keyScope         = "scope"
 	keyOrphanedMS    = "orphaned_ms"
 	keyVersion       = "protocol_version"
+	keyHandover      = "handover"
+	keyHandedOver    = "handed_over"
+	keyUnanswered    = "unanswered"
 )
 
 // Hangup records a SIGHUP (K11). Every setting comes from flags and the
@@ -86,6 +93,14 @@ func (d *Daemon) Hangup() {
 // without a daemon.
 func (d *Daemon) logReattached(a diagnostics.Attempt, pid int, orphaned time.Duration) {
 	d.logAttempt(slog.LevelInfo, MsgTurnReattached, a, slog.Int("pid", pid), slog.Int64(keyOrphanedMS, orphaned.Milliseconds()))
+}
+
+// handOver leaves an accepted turn running at the handover (P5): nothing
+// is sent to its child and nothing about it to the control plane; the
+// state file stays for the next start, which re-attaches it.
+func (d *Daemon) handOver(a *attempt, t *handover.Turn) {
+	d.handedOver.Add(1)
+	d.logAttempt(slog.LevelInfo, MsgTurnHandedOver, a.id, slog.Int("pid", t.PID()))
 }
 
 // logReattachRefused is MsgReattachRefused: the child's protocol version.

@@ -188,7 +188,8 @@ func (d *Daemon) reattachConfig(a *attempt) handover.Config {
 // re-attach to (gone, never accepted, or of a protocol version this daemon
 // does not speak: then it has been stopped).
 func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
-	t, err := handover.Reattach(runCtx, d.reattachConfig(a), a.echo(), d.bootLease(a.renewer.Lease()))
+	// Not runCtx: its end is the handover, which leaves the child running.
+	t, err := handover.Reattach(context.WithoutCancel(runCtx), d.reattachConfig(a), a.echo(), d.bootLease(a.renewer.Lease()))
 	var ve *handover.VersionError
 	if errors.As(err, &ve) {
 		d.logReattachRefused(a.id, ve.Version)
@@ -214,7 +215,7 @@ func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
 		watched := make(chan struct{})
 		go func() {
 			defer close(watched)
-			a.watch(runCtx, over)
+			a.watch(over)
 		}()
 		defer func() { close(over); <-watched }()
 		d.superviseTurn(runCtx, a, t)

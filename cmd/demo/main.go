@@ -4,8 +4,8 @@
 // with the process sandbox backend and the demo agent, runs three
 // conversations through three turns each — one of them silent for several
 // renewal intervals, one carrying a directive the product must ignore
-// (K12) — prints a table of the turns, shuts everything down (SIGTERM,
-// wait) and exits 0, or 1 if any turn ended other than expected.
+// (K12) — prints a table of the turns, shuts everything down (a drain,
+// then SIGTERM to the control plane) and exits 0, or 1 if any turn ended other than expected.
 //
 // With --dev it starts the same two programs, prints the Admin → Servers
 // address and how to send a message, and keeps them up until interrupted
@@ -257,13 +257,15 @@ func (f *running) logFile(name string) (*os.File, error) {
 	return l, err
 }
 
-// down stops the daemon (SIGTERM: it drains), then the control plane, then
+// down drains the daemon (SIGUSR1, as `runnerd drain` sends: the demo's
+// host goes out of service; SIGTERM would hand its turns over to a next
+// start that never comes), then stops the control plane, then
 // whatever supervisors remain (they outlive a daemon by design).
 func (f *running) down(stdout io.Writer) error {
 	var errs []error
 	var done []string
 	if f.d != nil {
-		errs = append(errs, f.d.Stop(syscall.SIGTERM, 45*time.Second))
+		errs = append(errs, f.d.Stop(syscall.SIGUSR1, 45*time.Second))
 		if code := f.d.ExitCode(); code != 0 {
 			errs = append(errs, fmt.Errorf("runnerd exited with status %d", code))
 		}
@@ -278,7 +280,7 @@ func (f *running) down(stdout io.Writer) error {
 	} else if n > 0 {
 		done = append(done, fmt.Sprintf("%d retained sandbox supervisor(s) stopped", n))
 	}
-	fmt.Fprintf(stdout, "\nshutdown (SIGTERM, wait): %s\n", strings.Join(done, "; "))
+	fmt.Fprintf(stdout, "\nshutdown (drain, wait): %s\n", strings.Join(done, "; "))
 	for _, l := range f.logs {
 		l.Close()
 	}

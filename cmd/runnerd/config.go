@@ -74,7 +74,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&retry, "renew-retry", heartbeat.DefaultRetryDelay, "delay before retrying a failed renewal")
 	fs.DurationVar(&c.ExecTimeout, "exec-timeout", runner.DefaultExecTimeout, "agent turn execution timeout (R5)")
 	fs.DurationVar(&c.ExecTimeoutMargin, "exec-timeout-margin", runner.DefaultExecTimeoutMargin, "time past exec-timeout before the daemon stops a turn child itself")
-	fs.DurationVar(&c.DrainTimeout, "drain-timeout", runner.DefaultDrainTimeout, "how long running turns may finish after SIGTERM")
+	fs.DurationVar(&c.DrainTimeout, "drain-timeout", runner.DefaultDrainTimeout, "how long running turns may finish during a drain (runnerd drain)")
 	fs.DurationVar(&c.StopGrace, "stop-grace", runner.DefaultStopGrace, "STOP frame to SIGTERM of a turn's process group")
 	fs.DurationVar(&c.KillGrace, "kill-grace", runner.DefaultKillGrace, "SIGTERM to SIGKILL of a turn's process group")
 	fs.IntVar(&c.LaunchFailures, "launch-failures", runner.DefaultLaunchFailures, "launch failures in a row that pause claiming (R37)")

@@ -4,6 +4,7 @@
 //	runnerd run        the host daemon (package runner)
 //	runnerd turn       one turn's child, started by the daemon with fd 3 (runner/turn)
 //	runnerd supervise  a sandbox's manager (sandbox/supervisor)
+//	runnerd drain      asks the daemon to drain, and waits for it to exit (drain.go)
 //	runnerd version    the version (also `runnerd run --version`)
 //
 // With the process backend the daemon starts the last two from
@@ -44,7 +45,7 @@ import (
 // version is set at build time (-X main.version=…).
 var version = "dev"
 
-const usage = "usage: runnerd run [flags] | runnerd turn | runnerd supervise [flags] | runnerd version"
+const usage = "usage: runnerd run [flags] | runnerd drain [--state-dir DIR] | runnerd turn | runnerd supervise [flags] | runnerd version"
 
 func main() {
 	if len(os.Args) < 2 {
@@ -58,6 +59,8 @@ func main() {
 		os.Exit(child.Supervise(os.Args[2:]))
 	case "run":
 		os.Exit(runDaemon(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
+	case "drain":
+		os.Exit(runDrain(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
 	default:
 		os.Exit(answer(os.Args[1], os.Stdout, os.Stderr))
 	}
@@ -171,6 +174,12 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 2
 	}
+	removePid, err := writePidFile(cfg.StateDir)
+	if err != nil {
+		fmt.Fprintln(stderr, "runnerd: "+err.Error())
+		return 1
+	}
+	defer removePid()
 
 	var metricsSrv *http.Server
 	metricsDone := make(chan struct{})
@@ -192,28 +201,34 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		close(metricsDone)
 	}
 
-	// The first SIGTERM or SIGINT drains; a second one stops at once. A
-	// SIGHUP only leaves a record (K11).
-	ctx, hardStop := context.WithCancel(context.Background())
-	defer hardStop()
+	// SIGTERM or SIGINT hands the running turns over to the next start and
+	// exits within seconds: a restart or an upgrade keeps every turn (P5).
+	// SIGUSR1 drains, to take the host out of service (`runnerd drain`); a
+	// second SIGUSR1 stops the turns a drain still waits for. A SIGHUP only
+	// leaves a record (K11).
+	ctx, handover := context.WithCancel(context.Background())
+	defer handover()
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1, syscall.SIGHUP)
 	defer signal.Stop(sigs)
-	hups := make(chan os.Signal, 1)
-	signal.Notify(hups, syscall.SIGHUP)
-	defer signal.Stop(hups)
 	sigDone := make(chan struct{})
 	go func() {
 		defer close(sigDone)
-		for n := 0; ; {
+		drains := 0
+		for {
 			select {
-			case <-hups:
-				d.Hangup()
-			case <-sigs:
-				if n++; n == 1 {
-					d.Drain()
-				} else {
-					hardStop()
+			case sig := <-sigs:
+				switch sig {
+				case syscall.SIGHUP:
+					d.Hangup()
+				case syscall.SIGUSR1:
+					if drains++; drains == 1 {
+						d.Drain()
+					} else {
+						d.EndDrain()
+					}
+				default:
+					handover()
 					return
 				}
 			case <-ctx.Done():
@@ -223,7 +238,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	}()
 
 	err = d.Run(ctx)
-	hardStop()
+	handover()
 	<-sigDone
 	if metricsSrv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

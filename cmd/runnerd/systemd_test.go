@@ -22,8 +22,8 @@ import (
 // systemd, end to end through `runnerd run`: with NOTIFY_SOCKET pointing at
 // a unixgram socket of the test and WATCHDOG_USEC set, the daemon sends
 // READY=1 after its first acknowledged host heartbeat, WATCHDOG=1 at half
-// the watchdog period, and STOPPING=1 when SIGTERM starts the drain; the
-// drain of an idle host ends the process with status 0. The effective
+// the watchdog period, and STOPPING=1 when SIGTERM starts the handover; the
+// handover of an idle host ends the process with status 0. The effective
 // configuration is logged once, without the host token.
 func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "cp.db"))
@@ -94,7 +94,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 				if code != 0 {
 					t.Fatalf("runnerd exited %d before %s:\n%s", code, want, stderr)
 				}
-				exitC = nil // an idle drain may end first; the datagram is still queued
+				exitC = nil // an idle handover may end first; the datagram is still queued
 			case <-timeout:
 				t.Fatalf("no %s within 10s:\n%s", want, stderr)
 			}
@@ -119,7 +119,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 				t.Fatalf("exit %d:\n%s", code, stderr)
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("runnerd did not exit after the drain:\n%s", stderr)
+			t.Fatalf("runnerd did not exit after the handover:\n%s", stderr)
 		}
 	}
 	logs := stderr.String()

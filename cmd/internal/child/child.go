@@ -46,10 +46,11 @@ func outliveLogReader() {
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
-// absorbHangup keeps a SIGHUP from ending a turn child or a supervisor
-// (K11): by default it would, and `systemctl kill -s HUP` sends it to every
-// process of the unit. Handled, not ignored: an ignored signal stays
-// ignored across exec, and the agents must get the default back.
+// absorbHangup keeps a SIGHUP or SIGUSR1 (the daemon's drain) from ending
+// a turn child or a supervisor (K11): by default either would, and
+// `systemctl kill -s HUP` sends it to every process of the unit. Handled,
+// not ignored: an ignored signal stays ignored across exec, and the agents
+// must get the default back.
 func absorbHangup() {
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP)
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGHUP, syscall.SIGUSR1)
 }
