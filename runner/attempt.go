@@ -143,7 +143,7 @@ func (a *attempt) lastFacts() settlement.Facts {
 }
 
 // runAttempt is one attempt's life, from the claim to the forgotten state
-// file. runCtx is Run's: its end is the hard stop.
+// file. runCtx is Run's: its end is the handover.
 func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
 	a := &attempt{
 		d:          d,

@@ -19,7 +19,7 @@ const idleCheck = 5 * time.Second
 // backoff, no drain and an accepted host token. runCtx is Run's (the hard
 // stop); loops ends the loop.
 func (d *Daemon) claimLoop(runCtx, loops context.Context) {
-	// A drain or a hard stop cancels the long poll in flight.
+	// A drain or the handover cancels the long poll in flight.
 	claimCtx, cancel := context.WithCancel(loops)
 	defer cancel()
 	defer context.AfterFunc(runCtx, cancel)()
