@@ -16,8 +16,8 @@ import (
 const idleCheck = 5 * time.Second
 
 // claimLoop long-polls for turns while there is free capacity, no launch
-// backoff, no drain and an accepted host token. runCtx is Run's (the hard
-// stop); loops ends the loop.
+// backoff, no drain and an accepted host token. runCtx is Run's (its end is the
+// handover); loops ends the loop.
 func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	// A drain or the handover cancels the long poll in flight.
 	claimCtx, cancel := context.WithCancel(loops)
