@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -121,7 +122,7 @@ func (sv *server) Close() {
 // turn, finishing it, and claiming the next until the queue is empty.
 func (b *bench) b2(ctx context.Context, k storeKind) error {
 	n := b.size(4000, 60)
-	s, closeStore, err := b.openStore(ctx, k)
+	s, trips, closeStore, err := b.openCounted(ctx, k)
 	if err != nil {
 		return err
 	}
@@ -161,6 +162,58 @@ func (b *bench) b2(ctx context.Context, k storeKind) error {
 	}
 	b.rep.add(row{ID: "B2", Store: k, What: fmt.Sprintf("HTTP claim → finish, %d workers", b.o.workers), Value: rate(n, took), Unit: "turns/s",
 		Detail: fmt.Sprintf("%d turns; %s CPU per turn, server and clients in one process", n, perOp(cpuClock()-cpu, n))})
+	if trips != nil {
+		return b.roundTrips(ctx, s, sv, hostToken, trips)
+	}
+	return nil
+}
+
+// roundTrips counts PostgreSQL's round trips per worker call over HTTP:
+// turns one at a time, each claimed, renewed and finished, each call
+// counted on its own (sqltest.CountRoundTrips) once the pool is warm.
+func (b *bench) roundTrips(ctx context.Context, s store.Store, sv *server, hostToken string, trips *atomic.Int64) error {
+	const warm = 4
+	m := b.size(50, 5)
+	if _, err := queue(ctx, s, 1, warm+m, []string{"agent"}); err != nil {
+		return err
+	}
+	var claims, renews, finishes int64
+	count := func(sum *int64, f func() error) error {
+		before := trips.Load()
+		err := f()
+		*sum += trips.Load() - before
+		return err
+	}
+	for i := range warm + m {
+		if i == warm {
+			claims, renews, finishes = 0, 0, 0
+		}
+		var c wire.Claim
+		if err := count(&claims, func() (err error) {
+			c, err = sv.client.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 0, LeaseTTLMS: benchLease.Milliseconds()})
+			return err
+		}); err != nil {
+			return fmt.Errorf("claim: %w", err)
+		}
+		ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
+		if err := count(&renews, func() error {
+			_, err := sv.client.Renew(ctx, c.WorkerToken, c.JobID, wire.RenewRequest{AttemptRef: ref, LeaseTTLMS: benchLease.Milliseconds()})
+			return err
+		}); err != nil {
+			return fmt.Errorf("renew: %w", err)
+		}
+		if err := count(&finishes, func() error {
+			_, err := sv.client.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "bench"})
+			return err
+		}); err != nil {
+			return fmt.Errorf("finish: %w", err)
+		}
+	}
+	per := func(n int64) float64 { return float64(n) / float64(m) }
+	detail := fmt.Sprintf("%d turns one at a time, after %d to warm the pool; each request the server waited on counts", m, warm)
+	b.rep.add(row{ID: "B2", Store: postgres, What: "round trips to PostgreSQL per claim", Value: per(claims), Unit: "round trips", Detail: detail})
+	b.rep.add(row{ID: "B2", Store: postgres, What: "round trips to PostgreSQL per renew", Value: per(renews), Unit: "round trips", Detail: detail})
+	b.rep.add(row{ID: "B2", Store: postgres, What: "round trips to PostgreSQL per finish", Value: per(finishes), Unit: "round trips", Detail: detail})
 	return nil
 }
 

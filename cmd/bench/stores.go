@@ -17,6 +17,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -31,27 +32,34 @@ const (
 // openStore opens a fresh, empty store of kind k: a SQLite file in a
 // temporary directory, or a new PostgreSQL schema. close removes it.
 func (b *bench) openStore(ctx context.Context, k storeKind) (s *sqlstore.Store, closeFn func(), err error) {
+	s, _, closeFn, err = b.openCounted(ctx, k)
+	return s, closeFn, err
+}
+
+// openCounted is openStore that also counts PostgreSQL's round trips
+// (sqltest.CountRoundTrips; nil on SQLite).
+func (b *bench) openCounted(ctx context.Context, k storeKind) (s *sqlstore.Store, trips *atomic.Int64, closeFn func(), err error) {
 	switch k {
 	case sqliteFull:
 		dir, err := os.MkdirTemp("", "runnerd-bench-")
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		s, err := sqlstore.OpenSQLite(ctx, filepath.Join(dir, "cp.db"), sqlstore.WithSynchronous(sqlstore.SyncFull))
 		if err != nil {
 			os.RemoveAll(dir)
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return s, func() { s.Close(); os.RemoveAll(dir) }, nil
+		return s, nil, func() { s.Close(); os.RemoveAll(dir) }, nil
 	case postgres:
 		admin, err := sql.Open("pgx", b.o.postgres)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		schema := "bench_" + strings.ToLower(rand.Text())
 		if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 			admin.Close()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		drop := func() {
 			_, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE")
@@ -60,19 +68,25 @@ func (b *bench) openStore(ctx context.Context, k storeKind) (s *sqlstore.Store, 
 		u, err := url.Parse(b.o.postgres)
 		if err != nil {
 			drop()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		q := u.Query()
 		q.Set("search_path", schema)
 		u.RawQuery = q.Encode()
-		s, err := sqlstore.OpenPostgres(ctx, u.String())
+		name, trips, unregister, err := sqltest.CountRoundTrips(u.String())
 		if err != nil {
 			drop()
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		return s, func() { s.Close(); drop() }, nil
+		s, err := sqlstore.OpenPostgres(ctx, name)
+		if err != nil {
+			unregister()
+			drop()
+			return nil, nil, nil, err
+		}
+		return s, trips, func() { s.Close(); unregister(); drop() }, nil
 	}
-	return nil, nil, fmt.Errorf("unknown store %q", k)
+	return nil, nil, nil, fmt.Errorf("unknown store %q", k)
 }
 
 // parallel runs f(i) for every i in [0, n) on workers goroutines and

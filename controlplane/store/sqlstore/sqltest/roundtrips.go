@@ -17,11 +17,22 @@ import (
 // client then waited for, however many messages it carried.
 func RoundTrips(tb testing.TB, dsn string) (string, *atomic.Int64) {
 	tb.Helper()
-	cfg, err := pgx.ParseConfig(dsn)
+	name, trips, unregister, err := CountRoundTrips(dsn)
 	if err != nil {
 		tb.Fatalf("parse the DSN: %v", err)
 	}
-	trips := new(atomic.Int64)
+	tb.Cleanup(unregister)
+	return name, trips
+}
+
+// CountRoundTrips is RoundTrips outside a test (cmd/bench): unregister
+// forgets the DSN it returns.
+func CountRoundTrips(dsn string) (name string, trips *atomic.Int64, unregister func(), err error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	trips = new(atomic.Int64)
 	var d net.Dialer
 	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
@@ -30,9 +41,8 @@ func RoundTrips(tb testing.TB, dsn string) (string, *atomic.Int64) {
 		}
 		return &tripConn{Conn: c, trips: trips}, nil
 	}
-	name := stdlib.RegisterConnConfig(cfg)
-	tb.Cleanup(func() { stdlib.UnregisterConnConfig(name) })
-	return name, trips
+	name = stdlib.RegisterConnConfig(cfg)
+	return name, trips, func() { stdlib.UnregisterConnConfig(name) }, nil
 }
 
 // tripConn counts round trips on one connection, which pgx uses from one
