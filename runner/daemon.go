@@ -213,7 +213,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.notify(notifyStopping)
 		go waitAttempts()
 	}
-	d.Drain() // claiming stops in every case
+	if ctx.Err() == nil {
+		d.Drain() // claiming stops in every case; a handover's ctx stops it without a drain
+	}
 	if ctx.Err() == nil {
 		// Stopped turns end within StopGrace+KillGrace; a handover
 		// (ctx, even now) does not wait for them.

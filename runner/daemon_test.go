@@ -407,8 +407,11 @@ func TestHandoverLeavesTurnRunning(t *testing.T) {
 			t.Errorf("no %s in the records:\n%s", want, r.logs.String())
 		}
 	}
-	if r.logs.has(MsgTurnStopped) || r.logs.has(MsgReportSent) {
-		t.Errorf("the handover stopped or reported the turn:\n%s", r.logs.String())
+	if r.logs.has(MsgTurnStopped) || r.logs.has(MsgReportSent) || r.logs.has(MsgDrainStarted) {
+		t.Errorf("the handover stopped or reported the turn, or drained:\n%s", r.logs.String())
+	}
+	if srv := c.server(t, "host-a"); srv.Draining {
+		t.Errorf("a host heartbeat said draining: a handover is no drain")
 	}
 }
 
