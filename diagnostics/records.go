@@ -31,6 +31,8 @@ const (
 	MsgActivationFailed    = "agent_activation_failed"          // the supervisor refused or failed activation
 	MsgBoundaryMismatch    = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)
 	MsgContainerReplaced   = "agent_container_replaced"         // a quarantined conversation's sandbox is not its recorded container (K13)
+	MsgReceiptMismatch     = "agent_retained_receipt_mismatch"  // a quarantined conversation's supervisor retains no record of the interrupted activation (K13)
+	MsgSupervisorOutdated  = "agent_supervisor_outdated"        // the turn runs with an older supervisor protocol's features
 	MsgConversationResumed = "agent_conversation_resumed"       // a quarantined conversation's verified boundary was recorded (K13)
 	MsgTurnInterrupted     = "agent_turn_interrupted"           // the agent's stream broke before its result
 	MsgTurnLeaseDeadline   = "agent_turn_lease_deadline"        // the child's own lease deadline passed: agent stopped, nothing more written (K5)

@@ -26,19 +26,38 @@ type Client struct {
 	Socket string
 	// DialTimeout bounds connecting; zero means 5 s.
 	DialTimeout time.Duration
+	// Version is the protocol version the supervisor speaks (its
+	// Status.Version, which Ensure read: Sandbox.Version); zero means
+	// ProtocolVersion. Requests go out at it, with only what it knows:
+	// below Version2, Activate leaves the lease deadline out, and
+	// SetDeadline and Interrupt fail with ErrOutdated without sending.
+	Version int
+}
+
+// version is the version requests go out at.
+func (c *Client) version() int {
+	if c.Version <= 0 || c.Version > ProtocolVersion {
+		return ProtocolVersion
+	}
+	return c.Version
 }
 
 // Status asks the supervisor how it is. A nil error is the proof that a
 // supervisor answers on the socket; see Status.Busy for what busy means.
+// It is the version probe, so it goes out at Version1, which every
+// supervisor serves, and the answer's Version is never 0: a supervisor that
+// says none speaks Version1.
 func (c *Client) Status(ctx context.Context) (Status, error) {
-	resp, err := c.call(ctx, Request{Op: OpStatus})
+	resp, err := c.call(ctx, Version1, Request{Op: OpStatus})
 	if err != nil {
 		return Status{}, err
 	}
 	if resp.Status == nil {
 		return Status{}, protocolError(OpStatus, "no status in answer")
 	}
-	return *resp.Status, nil
+	st := *resp.Status
+	st.Version = max(st.Version, Version1)
+	return st, nil
 }
 
 // Activate takes ownership of the sandbox with a fresh activation token.
@@ -48,8 +67,15 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 // is dropped (R26). leaseDeadline (CLOCK_BOOTTIME; 0 for none) is when the
 // supervisor stops this activation's agent by itself (K5); SetDeadline
 // moves it.
+//
+// Below Version2 the supervisor is not told the deadline (only the turn
+// child then stops the agent at it) and retains no record (Previous is nil).
 func (c *Client) Activate(ctx context.Context, leaseDeadline boottime.Instant) (Activation, error) {
-	resp, err := c.call(ctx, Request{Op: OpActivate, LeaseDeadline: leaseDeadline})
+	req := Request{Op: OpActivate, LeaseDeadline: leaseDeadline}
+	if c.version() < Version2 {
+		req.LeaseDeadline = 0
+	}
+	resp, err := c.call(ctx, c.version(), req)
 	if err != nil {
 		return Activation{}, err
 	}
@@ -64,7 +90,10 @@ func (c *Client) Activate(ctx context.Context, leaseDeadline boottime.Instant) (
 // ErrFenced for a fenced token and ErrDeadlinePassed when the deadline it
 // held already passed and stopped the turn.
 func (c *Client) SetDeadline(ctx context.Context, activationID string, leaseDeadline boottime.Instant) error {
-	resp, err := c.call(ctx, Request{Op: OpDeadline, Activation: activationID, LeaseDeadline: leaseDeadline})
+	if c.version() < Version2 {
+		return outdated(OpDeadline, c.version())
+	}
+	resp, err := c.call(ctx, c.version(), Request{Op: OpDeadline, Activation: activationID, LeaseDeadline: leaseDeadline})
 	if err != nil {
 		return err
 	}
@@ -84,7 +113,7 @@ func (c *Client) SetDeadline(ctx context.Context, activationID string, leaseDead
 // after a supervisor restart (R28): in each failure case there is no
 // receipt, and the caller must not assume the turn settled.
 func (c *Client) Settle(ctx context.Context, activationID string) (wire.SupervisorReceipt, error) {
-	resp, err := c.call(ctx, Request{Op: OpSettle, Activation: activationID})
+	resp, err := c.call(ctx, c.version(), Request{Op: OpSettle, Activation: activationID})
 	if err != nil {
 		return wire.SupervisorReceipt{}, err
 	}
@@ -105,7 +134,10 @@ func (c *Client) Settle(ctx context.Context, activationID string) (wire.Supervis
 // connection, the lease deadline), ErrNotRun, ErrFenced,
 // ErrUnknownActivation. ctx must allow for grace.
 func (c *Client) Interrupt(ctx context.Context, activationID string, grace time.Duration) (wire.SupervisorReceipt, error) {
-	resp, err := c.call(ctx, Request{Op: OpInterrupt, Activation: activationID, GraceMS: grace.Milliseconds()})
+	if c.version() < Version2 {
+		return wire.SupervisorReceipt{}, outdated(OpInterrupt, c.version())
+	}
+	resp, err := c.call(ctx, c.version(), Request{Op: OpInterrupt, Activation: activationID, GraceMS: grace.Milliseconds()})
 	if err != nil {
 		return wire.SupervisorReceipt{}, err
 	}
@@ -138,7 +170,7 @@ func (c *Client) Run(ctx context.Context, activationID string, command []string,
 	if len(command) == 0 {
 		return nil, fmt.Errorf("supervisor run: %w: empty agent command", ErrProtocol)
 	}
-	msg, err := encodeRequest(Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt})
+	msg, err := encodeRequest(c.version(), Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt})
 	if err != nil {
 		return nil, fmt.Errorf("supervisor run: %w", err)
 	}
@@ -237,9 +269,9 @@ func (t *Turn) fail(err error) {
 	t.conn.Close()
 }
 
-// call sends one request and reads its single answer.
-func (c *Client) call(ctx context.Context, req Request) (Response, error) {
-	msg, err := encodeRequest(req)
+// call sends one request at version v and reads its single answer.
+func (c *Client) call(ctx context.Context, v int, req Request) (Response, error) {
+	msg, err := encodeRequest(v, req)
 	if err != nil {
 		return Response{}, fmt.Errorf("supervisor %s: %w", req.Op, err)
 	}
@@ -283,8 +315,8 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 
 // encodeRequest is the request as one line, refused before anything is
 // sent when it is over MaxMessageBytes (a prompt too large never leaves).
-func encodeRequest(req Request) ([]byte, error) {
-	req.V = ProtocolVersion
+func encodeRequest(v int, req Request) ([]byte, error) {
+	req.V = v
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
@@ -340,6 +372,7 @@ var codeErrors = map[string]error{
 	CodeProtocol:          ErrProtocol,
 	CodeStartFailed:       ErrStartFailed,
 	CodeDeadlinePassed:    ErrDeadlinePassed,
+	CodeOutdated:          ErrOutdated,
 }
 
 // CodeOf is the protocol code of a sentinel error; CodeProtocol for
@@ -373,6 +406,10 @@ func replyError(op string, e *ErrorReply) error {
 		return fmt.Errorf("supervisor %s: %w", op, sentinel)
 	}
 	return fmt.Errorf("supervisor %s: %w: %s", op, sentinel, e.Message)
+}
+
+func outdated(op string, v int) error {
+	return fmt.Errorf("supervisor %s: %w: the supervisor speaks version %d", op, ErrOutdated, v)
 }
 
 func protocolError(op, what string) error {

@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -103,4 +106,101 @@ func FuzzReadResponse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// oldSupervisor serves socket the way the first supervisors did (version 1,
+// unversioned status): a request with a field version 1 does not know, or
+// of another version, is refused. It returns the request lines it read.
+func oldSupervisor(t *testing.T, socket string) func() []string {
+	t.Helper()
+	l, err := ListenUnix(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		lines []string
+		wg    sync.WaitGroup
+	)
+	wg.Go(func() {
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			line, err := ReadLine(bufio.NewReader(conn), MaxMessageBytes)
+			if err != nil {
+				conn.Close()
+				continue
+			}
+			mu.Lock()
+			lines = append(lines, string(line))
+			mu.Unlock()
+			var req struct {
+				V          int      `json:"v"`
+				Op         string   `json:"op"`
+				Activation string   `json:"activation,omitempty"`
+				Command    []string `json:"command,omitempty"`
+				Prompt     string   `json:"prompt,omitempty"`
+			}
+			dec := json.NewDecoder(bytes.NewReader(line))
+			dec.DisallowUnknownFields()
+			answer := `{"error":{"code":"protocol"}}`
+			if dec.Decode(&req) == nil && req.V == 1 {
+				switch req.Op {
+				case OpStatus:
+					answer = `{"status":{"id":"old","pid":1,"busy":false,"native_turn":3,"started_at":"2026-01-01T00:00:00Z"}}`
+				case OpActivate:
+					answer = `{"activation":{"id":"i.1.x","native_turn":3}}`
+				}
+			}
+			_, _ = conn.Write([]byte(answer + "\n"))
+			conn.Close()
+		}
+	})
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(lines)
+	}
+}
+
+// A supervisor of an earlier release says no version: the client speaks
+// version 1 to it and sends nothing it does not know — the lease deadline
+// is left out of activate, deadline and interrupt fail with ErrOutdated
+// without a request. At this build's version the same supervisor refuses
+// the activation (the peer is as strict as the old supervisors were).
+func TestClientSpeaksTheSupervisorsVersion(t *testing.T) {
+	ctx := context.Background()
+	sock := filepath.Join(t.TempDir(), "old.sock")
+	seen := oldSupervisor(t, sock)
+
+	st, err := (&Client{Socket: sock}).Status(ctx)
+	if err != nil || st.Version != Version1 {
+		t.Fatalf("status of an unversioned supervisor: %+v, %v; want version 1", st, err)
+	}
+	if _, err := (&Client{Socket: sock}).Activate(ctx, 125_000_000_000); !errors.Is(err, ErrProtocol) {
+		t.Fatalf("activate at version %d: %v, want the old supervisor's refusal", ProtocolVersion, err)
+	}
+	c := &Client{Socket: sock, Version: st.Version}
+	act, err := c.Activate(ctx, 125_000_000_000)
+	if err != nil || act.ID != "i.1.x" || act.Previous != nil {
+		t.Fatalf("activate at version 1: %+v, %v", act, err)
+	}
+	before := len(seen())
+	if err := c.SetDeadline(ctx, act.ID, 155_000_000_000); !errors.Is(err, ErrOutdated) {
+		t.Fatalf("deadline at version 1: %v, want ErrOutdated", err)
+	}
+	if _, err := c.Interrupt(ctx, act.ID, 0); !errors.Is(err, ErrOutdated) {
+		t.Fatalf("interrupt at version 1: %v, want ErrOutdated", err)
+	}
+	if got := seen(); len(got) != before {
+		t.Fatalf("requests sent for operations version 1 lacks: %q", got[before:])
+	}
+	for _, line := range seen() {
+		if strings.Contains(line, "lease_deadline") && strings.Contains(line, `"v":1`) {
+			t.Fatalf("a version 1 request carried the lease deadline: %s", line)
+		}
+	}
 }

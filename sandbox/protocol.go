@@ -12,8 +12,8 @@ import (
 // connection.
 //
 //	client → supervisor            supervisor → client
-//	{"op":"status"}                {"status":{…}}
-//	{"op":"activate",              {"activation":{…}}
+//	{"v":…,"op":"status"}          {"status":{…,"version":…}}
+//	{"op":"activate",              {"activation":{…,"previous":{…}}}
 //	 "lease_deadline":…}
 //	{"op":"deadline",              {"deadline":{…}}
 //	 "activation":…,"lease_deadline":…}
@@ -52,8 +52,28 @@ import (
 // line of at most MaxMessageBytes; each agent stdout line is cut at
 // MaxEventBytes.
 
-// ProtocolVersion is sent in every request; the supervisor refuses others.
-const ProtocolVersion = 1
+// Versions of the protocol. A supervisor says in "status" which it speaks
+// (Status.Version; the supervisors of earlier releases say nothing, which
+// is Version1) and serves requests of that version and every earlier one.
+// The client sends each request at the version the supervisor speaks and
+// only what that version knows (Client.Version): a supervisor is retained
+// across turns and daemon upgrades, so the turn side is often the newer.
+//
+//	1  status, activate, run, settle: the protocol every supervisor serves.
+//	   (Supervisors of earlier releases also took lease_deadline, deadline
+//	   and interrupt at "v":1, but only some of them and they cannot be
+//	   told apart: an unversioned supervisor gets version 1's requests.)
+//	2  lease_deadline on activate, deadline, interrupt, status's version,
+//	   and activate's "previous": the retained record of the activation it
+//	   fenced (Retained, R26, K13).
+//
+// A backend replaces an idle supervisor older than ProtocolVersion at the
+// next turn, over the same sandbox and state (docs/operations.md).
+const (
+	Version1        = 1
+	Version2        = 2
+	ProtocolVersion = Version2 // the newest, which this build's supervisor speaks
+)
 
 // Operations.
 const (
@@ -89,6 +109,7 @@ const (
 	CodeProtocol          = "protocol"
 	CodeStartFailed       = "start_failed" // the agent command could not be started
 	CodeDeadlinePassed    = "deadline_passed"
+	CodeOutdated          = "outdated" // the client's own: the supervisor's version lacks the operation
 )
 
 // Request is one client request.
@@ -131,6 +152,9 @@ type ErrorReply struct {
 
 // Status is the supervisor's view of itself.
 type Status struct {
+	// Version is the protocol version the supervisor speaks; 0 (absent)
+	// from the supervisors of earlier releases, which is Version1.
+	Version int `json:"version,omitempty"`
 	// ID is the identity the supervisor was started with (--id).
 	ID  string `json:"id"`
 	PID int    `json:"pid"`
@@ -156,7 +180,39 @@ type Status struct {
 type Activation struct {
 	ID         string `json:"id"`
 	NativeTurn int64  `json:"native_turn"` // the boundary the turn starts from
+	// Previous is what the supervisor retains of the activation this one
+	// fenced: the positive evidence a quarantined conversation's next turn
+	// verifies (K13). nil when it retains none — a supervisor of Version1,
+	// or one whose state holds no record of a turn.
+	Previous *Retained `json:"previous,omitempty"`
 }
+
+// Retained is the supervisor's record of one activation (R26): its token,
+// the native turn boundary it left and how it ended. The record of the last
+// activation that ran a turn is kept in the supervisor's state directory
+// (RetainedFile, beside NativeTurnFile, out of the agent's reach) and
+// survives a restart or a replacement of the supervisor; that of an
+// activation that ran nothing is known only to the supervisor that issued
+// it.
+type Retained struct {
+	Activation string `json:"activation"`
+	NativeTurn int64  `json:"native_turn"`
+	// Ended is how: EndedNotRun, EndedCompleted, EndedInterruptSettled, or
+	// the reason it was stopped without a receipt (connection_dropped,
+	// fenced, lease_deadline, shutdown).
+	Ended string `json:"ended"`
+}
+
+// How a retained activation ended (Retained.Ended), beside the stop reasons.
+const (
+	EndedNotRun           = "not_run"   // no prompt reached the agent
+	EndedCompleted        = "completed" // the agent ended on its own
+	EndedInterruptSettled = "interrupted_on_request"
+)
+
+// RetainedFile is the name, in the supervisor's state directory, of the
+// record of the last activation that ran a turn (Retained, JSON).
+const RetainedFile = "retained.json"
 
 // Started says the agent process runs and the prompt was handed to it.
 type Started struct {

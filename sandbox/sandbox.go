@@ -104,10 +104,16 @@ type Sandbox struct {
 	// Created reports that Ensure made the sandbox (or its supervisor) anew
 	// rather than finding it running.
 	Created bool
+	// Version is the protocol version its supervisor speaks (Status.Version).
+	// Below ProtocolVersion the backend could not replace it (it was busy,
+	// or the backend cannot start this build's supervisor in it), and the
+	// turn runs with that version's features.
+	Version int
 }
 
-// Client returns a supervisor client for the sandbox's socket.
-func (s Sandbox) Client() *Client { return &Client{Socket: s.Socket} }
+// Client returns a supervisor client for the sandbox's socket, speaking
+// the supervisor's version.
+func (s Sandbox) Client() *Client { return &Client{Socket: s.Socket, Version: s.Version} }
 
 // Backend manages the retained sandboxes of one host. Implementations are
 // safe for concurrent use by several turn children (they serialise per
@@ -127,7 +133,10 @@ type Backend interface {
 	Preflight(ctx context.Context, spec Spec) error
 
 	// Ensure finds the conversation's retained sandbox, or creates it, and
-	// returns once its supervisor answers on its socket. Finding is by
+	// returns once its supervisor answers on its socket. An idle supervisor
+	// that speaks a protocol older than ProtocolVersion is replaced by this
+	// build's, over the same sandbox and supervisor state (its in-memory
+	// receipts go, R28; its recorded boundary stays). Finding is by
 	// durable markers (labels, files), never by a name alone. A sandbox
 	// whose supervisor died is restarted over the same workspace: the
 	// native session continues, the supervisor's receipts are gone (R28).
@@ -204,6 +213,9 @@ var (
 	// ErrDeadlinePassed: the activation's lease deadline passed: its agent
 	// was stopped (or is not started) by the supervisor itself (K5).
 	ErrDeadlinePassed = errors.New("lease deadline passed")
+	// ErrOutdated: the supervisor's protocol version does not know the
+	// operation; nothing was sent.
+	ErrOutdated = errors.New("the supervisor's protocol version does not know the operation")
 	// ErrUnavailable: no supervisor answers on the socket.
 	ErrUnavailable = errors.New("supervisor unavailable")
 	// ErrProtocol: the peer said something this version does not accept

@@ -379,6 +379,11 @@ type Turn struct {
 	// (ContainerRequest.Resumed) before admission; anything else is
 	// reported unrecoverable.
 	Quarantined bool `json:"quarantined,omitempty"`
+	// InterruptedActivationID is, for a quarantined conversation, the
+	// supervisor activation the interrupted turn was admitted under: the
+	// supervisor must retain the record of exactly that activation at the
+	// boundary it reads (K13), or the conversation is unrecoverable.
+	InterruptedActivationID string `json:"interrupted_activation_id,omitempty"`
 }
 
 // LaunchError is the host's run of consecutive launch failures (R37).

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
@@ -11,10 +12,10 @@ import (
 // openBackend is runnerd's turn.Opener: every sandbox backend. (The
 // process backend's lean child, cmd/runnerd-child, links only
 // turn.OpenProcess.)
-func openBackend(s turn.Sandbox) (sandbox.Backend, error) {
+func openBackend(s turn.Sandbox, log *slog.Logger) (sandbox.Backend, error) {
 	switch s.Backend {
 	case sandbox.BackendProcess, "":
-		return turn.OpenProcess(s)
+		return turn.OpenProcess(s, log)
 	case sandbox.BackendDocker:
 		engine, err := docker.EngineFromEnv()
 		if err != nil {
@@ -31,6 +32,7 @@ func openBackend(s turn.Sandbox) (sandbox.Backend, error) {
 			NanoCPUs:    s.Docker.NanoCPUs,
 			LogMaxBytes: s.Docker.LogMaxBytes,
 			LogMaxFiles: s.Docker.LogMaxFiles,
+			Logger:      log,
 		})
 	default:
 		return nil, fmt.Errorf("unknown sandbox backend %q (want process or docker)", s.Backend)

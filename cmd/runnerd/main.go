@@ -292,7 +292,7 @@ func backend(cfg runner.Config) (sandbox.Backend, error) {
 		HostName: cfg.HostName,
 		Runnerd:  cfg.Executable,
 		Docker:   cfg.Docker,
-	})
+	}, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("%s sandbox backend: %w", cfg.Sandbox, err)
 	}

@@ -40,7 +40,8 @@ const (
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
-	ClassContainerReplaced  = "container_replaced" // K13: not the exact retained container
+	ClassContainerReplaced  = "container_replaced"        // K13: not the exact retained container
+	ClassReceiptMismatch    = "retained_receipt_mismatch" // K13: the supervisor retains no record of the interrupted activation
 	ClassWorkspaceLost      = "workspace_lost"
 	ClassContainerRecord    = "container_record_failed"
 	ClassAdmissionRefused   = "admission_refused"
@@ -89,7 +90,7 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 	}
 	log := newLogger(p.LogFormat, stderr).With("job_id", p.Claim.JobID, "attempt_id", p.Claim.AttemptID)
 
-	backend, err := open(p.Sandbox)
+	backend, err := open(p.Sandbox, log)
 	if err != nil {
 		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
 		_ = ch.Decline(ClassSandboxConfig)
@@ -289,7 +290,7 @@ func stoppedForLeaseLoss(ctx context.Context) bool {
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
 	rep := f.Report(ref, settlement.Result{Outcome: outcome, Class: class})
-	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost || class == ClassContainerReplaced) {
+	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost || class == ClassContainerReplaced || class == ClassReceiptMismatch) {
 		// R31: the retained session is provably not the settled one; the
 		// conversation cannot continue, so say so rather than fail every
 		// later turn the same way.
@@ -323,6 +324,13 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassSandboxUnavailable)
 	}
 	cl := sb.Client()
+	if sb.Version < sandbox.ProtocolVersion {
+		// The backend could not replace it (busy, or not its binary): no
+		// lease deadline at the supervisor (the child still stops the
+		// agent at it, K5), no interrupt (a cancel fails closed), no
+		// retained record (a quarantined conversation is lost).
+		t.log.Warn(diagnostics.MsgSupervisorOutdated, "version", sb.Version, "want_version", sandbox.ProtocolVersion)
+	}
 	// The supervisor gets the lease deadline now and after every renewal,
 	// so that even a dead or frozen turn child leaves no agent running past
 	// it (K5).
@@ -331,7 +339,9 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		t.log.Error(diagnostics.MsgActivationFailed, "error_class", sandbox.CodeOf(err))
 		return fail(ClassActivation)
 	}
-	defer t.forwardLeases(cl, act.ID)()
+	if sb.Version >= sandbox.Version2 {
+		defer t.forwardLeases(cl, act.ID)()
+	}
 	// The activation fenced every older token of the supervisor, the
 	// interrupted turn's included (K13), so nothing of it runs any more.
 	if class := t.verify(sb, act); class != "" {
@@ -498,15 +508,32 @@ func userCancelled(ctx context.Context) bool {
 // verify is R31 before anything is recorded or admitted: the supervisor's
 // native turn boundary must be the one the control plane settled. For a
 // quarantined conversation (K13) the sandbox must be the exact retained
-// container the control plane recorded, and the boundary the settled one
-// (the interrupted turn never reached the agent) or one more (it did); a
-// supervisor that lost its state reads 0 and fails unless nothing was ever
-// settled. It returns the failure class, "" when the session may go on.
+// container the control plane recorded; the supervisor must retain the
+// record of the interrupted activation — the one the control plane
+// admitted the interrupted turn under — at the boundary it reads now (its
+// receipt, R26, kept in its state out of the agent's reach: the positive
+// evidence that this session is the one that turn left); and the boundary
+// must be the settled one (the interrupted turn never reached the agent)
+// or one more (it did). A supervisor that lost its state reads 0 and holds
+// no record. It returns the failure class, "" when the session may go on.
 func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 	tu := t.p.Claim.Turn
 	if tu.Quarantined && (tu.ContainerID == "" || sb.ID != tu.ContainerID) {
 		t.log.Error(diagnostics.MsgContainerReplaced, "container_id", sb.ID, "recorded_container_id", tu.ContainerID)
 		return ClassContainerReplaced
+	}
+	if tu.Quarantined {
+		p := act.Previous
+		if p == nil || tu.InterruptedActivationID == "" || p.Activation != tu.InterruptedActivationID || p.NativeTurn != act.NativeTurn {
+			var retained, ended string
+			var native int64 = -1
+			if p != nil {
+				retained, ended, native = p.Activation, p.Ended, p.NativeTurn
+			}
+			t.log.Error(diagnostics.MsgReceiptMismatch, "retained_activation", retained, "retained_ended", ended,
+				"retained_native_turn", native, "interrupted_activation", tu.InterruptedActivationID, "supervisor_native_turn", act.NativeTurn)
+			return ClassReceiptMismatch
+		}
 	}
 	ok := act.NativeTurn == tu.NativeTurn || tu.Quarantined && act.NativeTurn == tu.NativeTurn+1
 	if !ok {

@@ -284,30 +284,44 @@ func TestSettlementIgnoresOnlyTheUserCancel(t *testing.T) {
 // settled native turn or one more (the interrupted turn reached the
 // agent), and its failures are reported unrecoverable.
 func TestVerifyRetainedSandbox(t *testing.T) {
-	const ctr = "sb-1"
+	const ctr, act = "sb-1", "inst.7.f00d"
+	// rec is the supervisor's retained record of activation id at boundary n.
+	rec := func(id string, n int64, ended string) *sandbox.Retained {
+		return &sandbox.Retained{Activation: id, NativeTurn: n, Ended: ended}
+	}
 	for _, tt := range []struct {
 		name        string
 		quarantined bool
-		recorded    string // the control plane's container id
-		sandbox     string // Ensure's sandbox id
-		native      int64  // the supervisor's native turn; the settled one is 4
+		recorded    string            // the control plane's container id
+		sandbox     string            // Ensure's sandbox id
+		native      int64             // the supervisor's native turn; the settled one is 4
+		previous    *sandbox.Retained // what the supervisor retains of the activation it fenced
 		want        string
 	}{
-		{"usable, same boundary", false, ctr, ctr, 4, ""},
-		{"usable, one ahead is not the settled session", false, ctr, ctr, 5, ClassBoundaryMismatch},
-		{"usable, container made anew over the workspace", false, ctr, "sb-2", 4, ""},
-		{"quarantined, interrupted before the agent", true, ctr, ctr, 4, ""},
-		{"quarantined, interrupted after the agent", true, ctr, ctr, 5, ""},
-		{"quarantined, boundary changed", true, ctr, ctr, 6, ClassBoundaryMismatch},
-		{"quarantined, boundary behind", true, ctr, ctr, 3, ClassBoundaryMismatch},
-		{"quarantined, supervisor lost its state", true, ctr, ctr, 0, ClassBoundaryMismatch},
-		{"quarantined, container replaced", true, ctr, "sb-2", 5, ClassContainerReplaced},
-		{"quarantined, no container recorded", true, "", "sb-2", 4, ClassContainerReplaced},
+		{"usable, same boundary", false, ctr, ctr, 4, nil, ""},
+		{"usable, one ahead is not the settled session", false, ctr, ctr, 5, nil, ClassBoundaryMismatch},
+		{"usable, container made anew over the workspace", false, ctr, "sb-2", 4, nil, ""},
+		{"quarantined, interrupted before the agent", true, ctr, ctr, 4, rec(act, 4, sandbox.EndedNotRun), ""},
+		{"quarantined, interrupted after the agent", true, ctr, ctr, 5, rec(act, 5, "connection_dropped"), ""},
+		{"quarantined, completed, settlement lost", true, ctr, ctr, 5, rec(act, 5, sandbox.EndedCompleted), ""},
+		{"quarantined, boundary changed", true, ctr, ctr, 6, rec(act, 6, sandbox.EndedCompleted), ClassBoundaryMismatch},
+		{"quarantined, boundary behind", true, ctr, ctr, 3, rec(act, 3, sandbox.EndedCompleted), ClassBoundaryMismatch},
+		{"quarantined, supervisor lost its state", true, ctr, ctr, 0, nil, ClassReceiptMismatch},
+		{"quarantined, container replaced", true, ctr, "sb-2", 5, rec(act, 5, sandbox.EndedCompleted), ClassContainerReplaced},
+		{"quarantined, no container recorded", true, "", "sb-2", 4, rec(act, 4, sandbox.EndedNotRun), ClassContainerReplaced},
+		// The retained receipt (R26) is the positive evidence: a boundary
+		// that looks right proves nothing without it.
+		{"quarantined, restarted supervisor with no record, same boundary", true, ctr, ctr, 5, nil, ClassReceiptMismatch},
+		{"quarantined, record of another activation, same boundary", true, ctr, ctr, 5, rec("inst.6.beef", 5, sandbox.EndedCompleted), ClassReceiptMismatch},
+		{"quarantined, record disagrees with the boundary", true, ctr, ctr, 5, rec(act, 4, sandbox.EndedNotRun), ClassReceiptMismatch},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tu := &turn{log: slog.New(slog.DiscardHandler)}
 			tu.p.Claim.Turn = wire.Turn{ContainerID: tt.recorded, NativeTurn: 4, Quarantined: tt.quarantined}
-			got := tu.verify(sandbox.Sandbox{ID: tt.sandbox}, sandbox.Activation{ID: "act", NativeTurn: tt.native})
+			if tt.quarantined {
+				tu.p.Claim.Turn.InterruptedActivationID = act
+			}
+			got := tu.verify(sandbox.Sandbox{ID: tt.sandbox}, sandbox.Activation{ID: "act-next", NativeTurn: tt.native, Previous: tt.previous})
 			if got != tt.want {
 				t.Fatalf("verify = %q, want %q", got, tt.want)
 			}

@@ -137,10 +137,11 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		// so that the next Ensure does not start it unprepared.
 		return sandbox.Sandbox{}, errors.Join(err, b.removeContainer(ctx, id))
 	}
-	if err := b.start(ctx, conv, id, instance); err != nil {
+	sst, err := b.start(ctx, conv, id, instance)
+	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	return sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: id, Socket: b.SocketPath(conv), Created: true}, nil
+	return sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: id, Socket: b.SocketPath(conv), Created: true, Version: sst.Version}, nil
 }
 
 // reuse returns a found container, starting it first if it stopped.
@@ -153,9 +154,28 @@ func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sa
 	case st == nil:
 		return sandbox.Sandbox{}, fmt.Errorf("container %.12s has no state", info.ID)
 	case st.Running && !st.Paused && !st.Restarting:
-		err := b.waitSupervisor(ctx, info.ID, instance, b.cfg.ProbeTimeout)
-		if err == nil || ctx.Err() != nil {
-			return sb, err
+		sst, err := b.waitSupervisor(ctx, info.ID, instance, b.cfg.ProbeTimeout)
+		if ctx.Err() != nil {
+			return sandbox.Sandbox{}, ctx.Err()
+		}
+		reason := "supervisor_unresponsive"
+		switch {
+		case err == nil && sst.Version < sandbox.ProtocolVersion && !sst.Busy && b.mountsOurRunnerd(info):
+			// An earlier release's supervisor, idle: restarting the
+			// container runs this build's over the same container,
+			// workspace and state (a bind mount is made anew from the
+			// path, which the upgrade replaced). Its in-memory receipts
+			// go (R28), its recorded boundary stays.
+			reason = "outdated_protocol"
+		case err == nil:
+			// Current, or older and busy (the next activation fences its
+			// agent) or mounting another binary than ours: used at its
+			// own version.
+			if sst.Version < sandbox.ProtocolVersion {
+				recordOutdatedKept(b.cfg.Logger, conv, info.ID, sst.Version, sst.Busy)
+			}
+			sb.Version = sst.Version
+			return sb, nil
 		}
 		// Running, but no supervisor of this container answers on the
 		// socket: take it for hung and restart the container over the
@@ -166,13 +186,14 @@ func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sa
 		}
 		secs := int(b.cfg.StopTimeout.Seconds())
 		if err := b.cfg.Engine.ContainerRestart(ctx, info.ID, container.StopOptions{Timeout: &secs}); err != nil {
-			return sandbox.Sandbox{}, fmt.Errorf("restart container with an unresponsive supervisor: %w", err)
+			return sandbox.Sandbox{}, fmt.Errorf("restart container (%s): %w", reason, err)
 		}
-		recordRestarted(b.cfg.Logger, conv, info.ID, "supervisor_unresponsive")
-		if err := b.waitSupervisor(ctx, info.ID, instance, b.cfg.StartTimeout); err != nil {
+		recordRestarted(b.cfg.Logger, conv, info.ID, reason)
+		sst, err = b.waitSupervisor(ctx, info.ID, instance, b.cfg.StartTimeout)
+		if err != nil {
 			return sandbox.Sandbox{}, err
 		}
-		sb.Created = true
+		sb.Version, sb.Created = sst.Version, true
 		return sb, nil
 	case st.Status == container.StateCreated || st.Status == container.StateExited:
 		// Stopped (a host reboot, the supervisor exited): start it again
@@ -187,34 +208,46 @@ func (b *Backend) reuse(ctx context.Context, info container.InspectResponse) (sa
 				return sandbox.Sandbox{}, err
 			}
 		}
-		if err := b.start(ctx, conv, info.ID, instance); err != nil {
+		sst, err := b.start(ctx, conv, info.ID, instance)
+		if err != nil {
 			return sandbox.Sandbox{}, err
 		}
-		sb.Created = true
+		sb.Version, sb.Created = sst.Version, true
 		return sb, nil
 	}
 	return sandbox.Sandbox{}, fmt.Errorf("container %.12s is %s: %w", info.ID, st.Status, ErrSandboxGone)
 }
 
 // start starts a created or stopped container and waits for its supervisor.
-func (b *Backend) start(ctx context.Context, conv, id, instance string) error {
+func (b *Backend) start(ctx context.Context, conv, id, instance string) (sandbox.Status, error) {
 	if err := b.cfg.Engine.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
-		return fmt.Errorf("start container: %w", err)
+		return sandbox.Status{}, fmt.Errorf("start container: %w", err)
 	}
 	recordStarted(b.cfg.Logger, conv, id)
 	return b.waitSupervisor(ctx, id, instance, b.cfg.StartTimeout)
 }
 
+// mountsOurRunnerd: the container's supervisor binary is bind-mounted from
+// RunnerdPath, so a restart runs the binary now at that path.
+func (b *Backend) mountsOurRunnerd(info container.InspectResponse) bool {
+	for _, m := range info.Mounts {
+		if m.Type == "bind" && m.Destination == containerRunnerd {
+			return m.Source == b.cfg.RunnerdPath
+		}
+	}
+	return false
+}
+
 // waitSupervisor waits, up to timeout, until the supervisor of container
 // id answers with the container's instance id on the conversation's
-// private socket link (see adoptSocket). It gives up early if the
-// container stops.
-func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeout time.Duration) error {
+// private socket link (see adoptSocket), and returns its status. It gives
+// up early if the container stops.
+func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeout time.Duration) (sandbox.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	info, err := b.cfg.Engine.ContainerInspect(ctx, id)
 	if err != nil {
-		return fmt.Errorf("inspect container: %w", err)
+		return sandbox.Status{}, fmt.Errorf("inspect container: %w", err)
 	}
 	conv := info.Config.Labels[LabelConversation]
 	c := &sandbox.Client{Socket: b.SocketPath(conv)}
@@ -222,10 +255,10 @@ func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeo
 	for {
 		st, err := c.Status(ctx)
 		if err == nil && st.ID == instance {
-			return nil
+			return st, nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("wait for the supervisor of container %.12s: %w", id, errors.Join(sandbox.ErrUnavailable, ctx.Err()))
+			return sandbox.Status{}, fmt.Errorf("wait for the supervisor of container %.12s: %w", id, errors.Join(sandbox.ErrUnavailable, ctx.Err()))
 		}
 		if err == nil || errors.Is(err, sandbox.ErrUnavailable) {
 			// Nothing, or the wrong supervisor, behind the private link:
@@ -236,10 +269,10 @@ func (b *Backend) waitSupervisor(ctx context.Context, id, instance string, timeo
 		// A container that stopped will not answer: say so now.
 		info, ierr := b.cfg.Engine.ContainerInspect(ctx, id)
 		if cerrdefs.IsNotFound(ierr) {
-			return fmt.Errorf("container %.12s vanished before its supervisor answered: %w", id, ErrSandboxGone)
+			return sandbox.Status{}, fmt.Errorf("container %.12s vanished before its supervisor answered: %w", id, ErrSandboxGone)
 		}
 		if ierr == nil && info.State != nil && !info.State.Running {
-			return fmt.Errorf("container %.12s exited with status %d before its supervisor answered (see its engine log): %w",
+			return sandbox.Status{}, fmt.Errorf("container %.12s exited with status %d before its supervisor answered (see its engine log): %w",
 				id, info.State.ExitCode, ErrSandboxGone)
 		}
 		t := time.NewTimer(delay)

@@ -19,6 +19,10 @@ const (
 	// RecordContainerReplaced: a container of the previous release's
 	// layout was removed, to be made anew over the same workspace.
 	RecordContainerReplaced = "sandbox_container_replaced"
+	// RecordSupervisorOutdated: a supervisor of an older protocol was kept
+	// for a turn (busy, or mounting another binary than ours), which then
+	// runs with that version's features only.
+	RecordSupervisorOutdated = "sandbox_supervisor_outdated"
 )
 
 func recordCreated(l *slog.Logger, conv, id string) {
@@ -60,4 +64,17 @@ func recordSweepFailed(l *slog.Logger, conv, class string) {
 		slog.String("backend", "docker"),
 		slog.String("conversation_id", conv),
 		slog.String("class", class))
+}
+
+func recordOutdatedKept(l *slog.Logger, conv, id string, version int, busy bool) {
+	reason := "not_our_binary"
+	if busy {
+		reason = "busy"
+	}
+	l.LogAttrs(context.Background(), slog.LevelWarn, RecordSupervisorOutdated,
+		slog.String("backend", "docker"),
+		slog.String("conversation_id", conv),
+		slog.String("container_id", id),
+		slog.Int("version", version),
+		slog.String("reason", reason))
 }

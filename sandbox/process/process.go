@@ -248,19 +248,37 @@ func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	switch {
 	case err == nil && st.ID != id:
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: the supervisor on the socket serves %q, not %q", st.ID, id)
-	case err == nil && !b.legacySupervisor(dir, sb.Socket):
-		return sb, nil
-	case err == nil:
-		// Started by the previous release, with its state in the
+	case err == nil && b.legacySupervisor(dir, sb.Socket):
+		// Started by an earlier release, with its state in the
 		// workspace: replace it (its receipts go, R28), so the state moves
 		// out of the agent's way below.
 		recordReplaced(b.log, "legacy_state_layout")
+	case err == nil && st.Version < sandbox.ProtocolVersion && !st.Busy:
+		// Started by an earlier release: it does not know what this
+		// build's turns ask of it (the lease deadline, interrupt, the
+		// retained record). Idle, it is replaced over the same workspace
+		// and state; its in-memory receipts go (R28), its recorded
+		// boundary stays.
+		recordReplaced(b.log, "outdated_protocol")
+	case err == nil:
+		// Busy (an agent of a turn it still runs, which the next
+		// activation fences) or current: used at its own version.
+		if st.Version < sandbox.ProtocolVersion {
+			recordOutdatedKept(b.log, st.Version)
+		}
+		sb.Version = st.Version
+		return sb, nil
 	case ctx.Err() != nil:
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", ctx.Err())
 	}
 	// No answer (whatever supervisor the pid file names is dead or hung),
-	// or an old supervisor to replace.
-	b.stopRecorded(dir, sb.Socket, 0)
+	// or an old supervisor to replace: SIGTERM lets an idle one exit
+	// cleanly, a hung one is killed after StopTimeout.
+	grace := time.Duration(0)
+	if err == nil {
+		grace = b.cfg.StopTimeout
+	}
+	b.stopRecorded(dir, sb.Socket, grace)
 	if moved, err := sandbox.AdoptLegacyState(b.Workspace(conv), b.StateDir(conv)); err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
 	} else if moved {
@@ -269,7 +287,13 @@ func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err := b.start(ctx, conv, id); err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
 	}
-	sb.Created = true
+	pctx, cancel = context.WithTimeout(ctx, b.cfg.ProbeTimeout)
+	st, err = sb.Client().Status(pctx)
+	cancel()
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: the new supervisor: %w", err)
+	}
+	sb.Version, sb.Created = st.Version, true
 	return sb, nil
 }
 
@@ -554,10 +578,18 @@ const (
 	RecordRemoved               = "sandbox_removed"
 	RecordSupervisorReplaced    = "sandbox_supervisor_replaced" // a running supervisor was stopped for a new one, and why
 	RecordStateAdopted          = "sandbox_state_adopted"       // the previous release's state moved out of the workspace
+	RecordSupervisorOutdated    = "sandbox_supervisor_outdated" // an older supervisor kept for a turn: its features only
 )
 
 func recordReplaced(l *slog.Logger, reason string) {
 	l.Info(RecordSupervisorReplaced, slog.String("backend", sandbox.BackendProcess), slog.String("reason", reason))
+}
+
+// recordOutdatedKept: the supervisor speaks an older protocol and was busy,
+// so it stays for this turn, which runs with that version's features.
+func recordOutdatedKept(l *slog.Logger, version int) {
+	l.Warn(RecordSupervisorOutdated, slog.String("backend", sandbox.BackendProcess),
+		slog.Int("version", version), slog.Int("want_version", sandbox.ProtocolVersion), slog.String("reason", "busy"))
 }
 
 func recordStateAdopted(l *slog.Logger) {

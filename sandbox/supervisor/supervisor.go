@@ -10,7 +10,12 @@
 // token (their calls are refused) and stops the turn an older token still
 // runs. The settlement receipt of the newest token is kept, in memory only,
 // until the next activation (R26); a restarted supervisor knows no token,
-// so a completion it cannot confirm fails closed (R28).
+// so a completion it cannot confirm fails closed (R28). What it retains of
+// the last activation that ran a turn — its token, the boundary it left,
+// how it ended — is also kept in the state directory, and the next
+// activation's answer carries it: the evidence a quarantined
+// conversation's next turn verifies (K13), which survives a restart or a
+// replacement of the supervisor over the same state.
 //
 // Only the runnerd main (the "supervise" subcommand) and tests import this
 // package; turn code talks to it through sandbox.Client.
@@ -20,6 +25,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -161,6 +167,9 @@ type server struct {
 	current    *activation
 	nativeTurn int64
 	running    *agentTurn // the one agent turn that may be alive
+	// retained is the record of the last activation that ran a turn, as
+	// stored in RetainedFile; nil if the state holds none.
+	retained *sandbox.Retained
 }
 
 // Serve runs the supervisor until ctx ends, then stops any running agent
@@ -178,6 +187,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	}
 	s := &server{cfg: cfg, instance: randomHex(6), startedAt: time.Now(), log: cfg.Logger}
 	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
+		return err
+	}
+	if s.retained, err = loadRetained(cfg.StateDir); err != nil {
 		return err
 	}
 	// Written at once, 0 for a new session: a state directory of this
@@ -338,6 +350,7 @@ func (s *server) status() sandbox.Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return sandbox.Status{
+		Version:    sandbox.ProtocolVersion,
 		ID:         s.cfg.ID,
 		PID:        os.Getpid(),
 		Busy:       s.running != nil,
@@ -348,10 +361,15 @@ func (s *server) status() sandbox.Status {
 
 // activate issues a new token, fences every older one and stops a turn one
 // of them still runs; it returns once that agent is dead.
+// The answer carries what the supervisor retains of the activation it
+// fenced (K13): the record of its turn, once that turn has ended, or, for
+// one that ran nothing, its token at the unchanged boundary; after a
+// restart, the record in the state directory.
 func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	s.mu.Lock()
 	s.gen++
 	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8)), leaseDeadline: leaseDeadline}
+	prev := s.current
 	s.current = a
 	old := s.running
 	s.mu.Unlock()
@@ -362,7 +380,16 @@ func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	recordActivated(s.log, a.gen, old != nil)
-	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn}
+	retained := s.retained
+	if prev != nil && (prev.state == actIdle || prev.state == actStartFailed) {
+		retained = &sandbox.Retained{Activation: prev.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun}
+	}
+	var previous *sandbox.Retained
+	if retained != nil {
+		r := *retained
+		previous = &r
+	}
+	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}
 }
 
 // lookup returns the current activation for id, or why there is none.
@@ -493,6 +520,25 @@ func (s *server) reapOrphansLocked() {
 	}
 }
 
+// retainTurn records durably how activation a's turn ended and the
+// boundary it left, n: first the record (RetainedFile), then the native
+// turn. A crash between the two leaves a record that disagrees with the
+// boundary, which a quarantined conversation's verification refuses —
+// never one that passes for a turn it does not describe. Called with s.mu
+// held.
+func (s *server) retainTurn(a *activation, n int64, ended string) {
+	r := &sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended}
+	s.retained = r
+	b, err := json.Marshal(r)
+	if err == nil {
+		err = writeStateFile(s.cfg.StateDir, sandbox.RetainedFile, append(b, '\n'))
+	}
+	if err != nil {
+		recordStateFailure(s.log, "retained_store")
+	}
+	s.setNativeTurn(n)
+}
+
 // setNativeTurn records a new native turn ordinal durably. Called with s.mu held.
 func (s *server) setNativeTurn(n int64) {
 	if n == s.nativeTurn {
@@ -551,12 +597,34 @@ func loadNativeTurn(dir string) (int64, error) {
 }
 
 func storeNativeTurn(dir string, n int64) error {
-	tmp, err := os.CreateTemp(dir, nativeTurnFile+".*")
+	return writeStateFile(dir, nativeTurnFile, fmt.Appendf(nil, "%d\n", n))
+}
+
+// loadRetained reads RetainedFile; nil if there is none. A record that
+// cannot be read is no evidence, and is not taken for one.
+func loadRetained(dir string) (*sandbox.Retained, error) {
+	b, err := os.ReadFile(filepath.Join(dir, sandbox.RetainedFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: read the retained record: %w", err)
+	}
+	var r sandbox.Retained
+	if err := json.Unmarshal(b, &r); err != nil || r.Activation == "" {
+		return nil, nil
+	}
+	return &r, nil
+}
+
+// writeStateFile replaces dir/name with data, durably.
+func writeStateFile(dir, name string, data []byte) error {
+	tmp, err := os.CreateTemp(dir, name+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name())
-	if _, err := fmt.Fprintf(tmp, "%d\n", n); err != nil {
+	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
 		return err
 	}
@@ -567,7 +635,7 @@ func storeNativeTurn(dir string, n int64) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, nativeTurnFile))
+	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
 func randomHex(n int) string {

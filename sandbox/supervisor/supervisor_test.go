@@ -459,7 +459,8 @@ func TestProtocolRefusesMalformedRequests(t *testing.T) {
 	for _, tc := range []struct{ name, line string }{
 		{"not json", "hello\n"},
 		{"unknown field", `{"v":1,"op":"status","extra":1}` + "\n"},
-		{"wrong version", `{"v":2,"op":"status"}` + "\n"},
+		{"unknown version", `{"v":3,"op":"status"}` + "\n"},
+		{"no version", `{"op":"status"}` + "\n"},
 		{"unknown op", `{"v":1,"op":"explode"}` + "\n"},
 		{"trailing data", `{"v":1,"op":"status"} {}` + "\n"},
 		{"empty command", `{"v":1,"op":"run","activation":"x"}` + "\n"},
@@ -796,4 +797,70 @@ func TestInterruptGraceAndOtherEndings(t *testing.T) {
 			t.Fatalf("interrupt of a dropped turn: %v, want ErrInterrupted", err)
 		}
 	})
+}
+
+// K13, R26: each activation's answer carries what the supervisor retains of
+// the activation it fenced — the token, the boundary it left and how it
+// ended — and the record of the last activation that ran a turn is in the
+// supervisor's state, so it survives a restart (a replacement of an
+// outdated supervisor is one) where the in-memory receipt does not (R28).
+// A supervisor over another state directory, at the same boundary, retains
+// no record: a boundary that looks right is not evidence.
+func TestActivationCarriesTheRetainedRecord(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock, "--state", state)
+	if st, err := c.Status(ctx); err != nil || st.Version != sandbox.ProtocolVersion {
+		t.Fatalf("status %+v, %v: want version %d", st, err, sandbox.ProtocolVersion)
+	}
+	first, err := c.Activate(ctx, 0)
+	if err != nil || first.Previous != nil {
+		t.Fatalf("first activation %+v, %v: want no record", first, err)
+	}
+	ran, _, _ := runTurn(t, c, "!events 1")
+	idle, err := c.Activate(ctx, 0)
+	want := sandbox.Retained{Activation: ran.ID, NativeTurn: 1, Ended: sandbox.EndedCompleted}
+	if err != nil || idle.Previous == nil || *idle.Previous != want {
+		t.Fatalf("after a completed turn: previous %+v, %v; want %+v", idle.Previous, err, want)
+	}
+	next, err := c.Activate(ctx, 0)
+	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || *next.Previous != want {
+		t.Fatalf("after an activation that ran nothing: previous %+v, %v; want %+v", next.Previous, err, want)
+	}
+	// A turn cut off by its driving connection: no receipt, a record.
+	turn, err := c.Run(ctx, next.ID, []string{demoAgent}, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextEvent(t, turn)
+	turn.Close()
+	p.lines.waitFor(t, RecordTurnStopped) // recorded once the turn's end is
+	p.kill()
+
+	startProc(t, ws, sock, "--state", state)
+	after, err := c.Activate(ctx, 0)
+	if want := (sandbox.Retained{Activation: next.ID, NativeTurn: 2, Ended: "connection_dropped"}); err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 2 {
+		t.Fatalf("after a restart: %+v, %v; want previous %+v at native turn 2", after, err, want)
+	}
+	if _, err := c.Settle(ctx, next.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
+		t.Fatalf("settle after restart: %v, want ErrUnknownActivation (R28)", err)
+	}
+
+	// Another state at the same boundary: no record of anything.
+	other := filepath.Join(dir, "other-state")
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, sandbox.NativeTurnFile), []byte("2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sock2 := filepath.Join(dir, "s2.sock")
+	startProc(t, ws, sock2, "--state", other)
+	fresh, err := (&sandbox.Client{Socket: sock2}).Activate(ctx, 0)
+	if err != nil || fresh.NativeTurn != 2 || fresh.Previous != nil {
+		t.Fatalf("over another state: %+v, %v; want native turn 2 and no record", fresh, err)
+	}
 }

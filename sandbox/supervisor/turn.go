@@ -237,19 +237,23 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		if reported == 0 {
 			reported = s.nativeTurn + 1
 		}
-		s.setNativeTurn(reported)
 		res.NativeTurn = reported
 		a.state = actCompleted
+		ended := sandbox.EndedCompleted
 		if why == stopInterrupt {
 			a.state = actInterruptSettled
+			ended = sandbox.EndedInterruptSettled
 		}
 		a.result = res
+		s.retainTurn(a, reported, ended)
 	} else {
+		// The agent said how far its session got, if it did; keep that,
+		// uncertain as the turn is: it has no receipt either way.
+		n := s.nativeTurn
 		if reported > 0 {
-			// The agent said how far its session got; keep that, uncertain
-			// as the turn is: it has no receipt either way.
-			s.setNativeTurn(reported)
+			n = reported
 		}
+		s.retainTurn(a, n, why.String())
 		a.state = actInterrupted
 	}
 	s.running = nil
@@ -419,7 +423,7 @@ func readRequest(r io.Reader) (sandbox.Request, error) {
 	if dec.More() {
 		return sandbox.Request{}, errors.New("trailing data after request")
 	}
-	if req.V != sandbox.ProtocolVersion {
+	if req.V < sandbox.Version1 || req.V > sandbox.ProtocolVersion {
 		return sandbox.Request{}, fmt.Errorf("protocol version %d not supported", req.V)
 	}
 	return req, nil

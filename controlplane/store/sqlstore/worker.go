@@ -289,15 +289,24 @@ func (s *Store) replayClaim(ctx context.Context, tx txn, hostID, key string, now
 	return c, true, s.event(ctx, tx, c.JobID, c.AttemptID, now, "claim_replayed", map[string]any{"lease_generation": c.LeaseGeneration})
 }
 
-// claimTurn fills in the turn's conversation: its sandbox and boundary.
+// claimTurn fills in the turn's conversation: its sandbox and boundary,
+// and for a quarantined one the activation its interrupted turn was
+// admitted under, which the supervisor must retain a record of (K13).
 func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
-	var cmd, state string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state
+	var cmd, state, interrupted string
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state, interrupted_job_id
 		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
-		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state); err != nil {
+		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state, &interrupted); err != nil {
 		return err
 	}
 	c.Turn.Quarantined = state == wire.ConversationQuarantined // K13: verify, then resume
+	if c.Turn.Quarantined {
+		err := tx.QueryRowContext(ctx, s.q(`SELECT COALESCE(a.activation_id, '')
+			FROM jobs j JOIN attempts a ON a.id = j.admitted_attempt_id WHERE j.id = ?`), interrupted).Scan(&c.Turn.InterruptedActivationID)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+	}
 	return json.Unmarshal([]byte(cmd), &c.Turn.AgentCommand)
 }
 

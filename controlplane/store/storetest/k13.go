@@ -82,7 +82,10 @@ func testK13QuarantinedConversationResumes(t *testing.T, st store.Store) {
 
 		later := now.Add(2 * TTL)
 		next := f.claim(later)
-		if next.JobID != behind.ID || !next.Turn.Quarantined || next.Turn.ContainerID != "ctr-"+conv.ID || next.Turn.NativeTurn != 3 {
+		// It names the activation the interrupted turn was admitted under,
+		// whose record the supervisor must retain.
+		if next.JobID != behind.ID || !next.Turn.Quarantined || next.Turn.ContainerID != "ctr-"+conv.ID || next.Turn.NativeTurn != 3 ||
+			next.Turn.InterruptedActivationID != "act-"+c.AttemptID {
 			t.Fatalf("%s: next claim = %+v", cause, next)
 		}
 		// What fails the verification is refused and changes nothing.
