@@ -50,6 +50,7 @@ func TestMain(m *testing.M) {
 const envBinDir = "RUNNERD_INTEGRATION_BIN"
 
 func buildAndRun(m *testing.M) int {
+	defer previous.remove()
 	if dir := os.Getenv(envBinDir); dir != "" {
 		var err error
 		if bins, err = fleet.BinariesIn(dir); err != nil {
@@ -87,6 +88,90 @@ func runChecked(m *testing.M) int {
 		}
 	}
 	return code
+}
+
+// previousRelease is the commit of the release before this one:
+// protocol v3 turn children that outlive their daemon, and supervisors that
+// answer status without a protocol version.
+const previousRelease = "1eb0371"
+
+// envRequireHistory makes a missing previousRelease a failure instead of a
+// skip (.ci/run sets it on a full clone).
+const envRequireHistory = "RUNNERD_REQUIRE_HISTORY"
+
+// previous is the previous release's runnerd, built at most once per test
+// binary: from git history, which a shallow clone or a source tarball
+// lacks.
+var previous previousBuild
+
+type previousBuild struct {
+	once    sync.Once
+	dir     string // removed by buildAndRun
+	runnerd string
+	skip    string // why there is no previous release here
+	err     error
+}
+
+func (p *previousBuild) remove() {
+	if p.dir != "" {
+		os.RemoveAll(p.dir)
+	}
+}
+
+// previousRunnerd is the path of the previous release's runnerd, built on
+// first use. Without git or the commit the test is skipped, saying why,
+// unless RUNNERD_REQUIRE_HISTORY=1.
+func previousRunnerd(t *testing.T) string {
+	t.Helper()
+	previous.once.Do(buildPrevious)
+	switch {
+	case previous.err != nil:
+		t.Fatalf("build the previous release %s: %v", previousRelease, previous.err)
+	case previous.skip != "" && os.Getenv(envRequireHistory) == "1":
+		t.Fatalf("%s=1, but %s", envRequireHistory, previous.skip)
+	case previous.skip != "":
+		t.Skipf("no previous release to upgrade from: %s (set %s=1 to make this a failure)", previous.skip, envRequireHistory)
+	}
+	return previous.runnerd
+}
+
+func buildPrevious() {
+	root, err := moduleRoot()
+	if err != nil {
+		previous.err = err
+		return
+	}
+	if _, err := exec.LookPath("git"); err != nil {
+		previous.skip = "git is not installed"
+		return
+	}
+	if exec.Command("git", "-C", root, "cat-file", "-e", previousRelease+"^{commit}").Run() != nil {
+		previous.skip = "commit " + previousRelease + " is not in this checkout's history (a shallow clone or a source archive)"
+		return
+	}
+	if previous.dir, err = os.MkdirTemp("", "runnerd-previous-"); err != nil {
+		previous.err = err
+		return
+	}
+	src := filepath.Join(previous.dir, "src")
+	if err := os.Mkdir(src, 0o755); err != nil {
+		previous.err = err
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" | tar -x -C "$3"`, "sh", root, previousRelease, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		previous.err = fmt.Errorf("git archive: %w\n%s", err, out)
+		return
+	}
+	previous.runnerd = filepath.Join(previous.dir, "runnerd")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", previous.runnerd, "./cmd/runnerd")
+	build.Dir = src
+	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod")
+	if out, err := build.CombinedOutput(); err != nil {
+		previous.err = fmt.Errorf("go build: %w\n%s", err, out)
+	}
 }
 
 func moduleRoot() (string, error) {

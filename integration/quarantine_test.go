@@ -67,6 +67,9 @@ func (e *env) resumes(convID, prompt string, supervisor int, want int64) {
 	if c := e.conv(convID); c.State != wire.ConversationUsable || c.NativeTurn != want || c.InterruptedJobID != "" {
 		e.t.Errorf("conversation after the resume: %s at native turn %d (interrupted %q), want usable at %d", c.State, c.NativeTurn, c.InterruptedJobID, want)
 	}
+	if supervisor == 0 {
+		return // a new supervisor, over the same state
+	}
 	if pid, err := fleet.SupervisorPid(e.stateDir, convID); err != nil || pid != supervisor || !alive(pid) {
 		e.t.Errorf("the supervisor was not found again: pid %d before, %d after (%v)", supervisor, pid, err)
 	}
@@ -158,11 +161,15 @@ func TestK13DaemonDownPastTheLease(t *testing.T) {
 // The conversation is quarantined. Then the retained sandbox is changed
 // while no turn runs — its supervisor's recorded boundary rewritten, or
 // the sandbox's identity replaced — and the next message reports the
-// conversation unrecoverable without its prompt reaching the agent. With
-// the sandbox left as it was, the next message resumes it.
+// conversation unrecoverable without its prompt reaching the agent. So
+// does a supervisor over a state that keeps the boundary but not the
+// retained receipt of the interrupted activation (R26): a boundary that
+// looks right is not evidence. With the sandbox left as it was, the next
+// message resumes it — and after a restart of the supervisor over its
+// state, whose receipt record survives, it resumes on the new supervisor.
 func TestK13FinishLost(t *testing.T) {
 	t.Parallel()
-	for _, change := range []string{"nothing", "boundary changed", "container replaced"} {
+	for _, change := range []string{"nothing", "supervisor restarted", "boundary changed", "receipt gone", "container replaced"} {
 		t.Run(strings.ReplaceAll(change, " ", "_"), func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t, envOpts{faults: true})
@@ -194,6 +201,14 @@ func TestK13FinishLost(t *testing.T) {
 				if err := os.WriteFile(filepath.Join(dir, "supervisor-state", sandbox.NativeTurnFile), []byte("7\n"), 0o600); err != nil {
 					t.Fatal(err)
 				}
+			case "supervisor restarted":
+				stopSupervisor(t, sup)
+				sup = 0
+			case "receipt gone":
+				stopSupervisor(t, sup)
+				if err := os.Remove(filepath.Join(dir, "supervisor-state", sandbox.RetainedFile)); err != nil {
+					t.Fatal(err)
+				}
 			case "container replaced":
 				stopSupervisor(t, sup)
 				if err := os.Remove(filepath.Join(dir, "id")); err != nil {
@@ -202,7 +217,7 @@ func TestK13FinishLost(t *testing.T) {
 			}
 			e.restart(d)
 			const next = "the message after it"
-			if change == "nothing" {
+			if change == "nothing" || change == "supervisor restarted" {
 				e.resumes(c.ID, next, sup, 2)
 				e.assertPromptsOnce(c.ID, first, next)
 				return
