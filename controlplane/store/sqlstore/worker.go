@@ -185,9 +185,9 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 	for rows.Next() {
 		host = true
 		var replay bool
-		var jobID, attemptID, conv, prompt, image, cmd, container, state sql.NullString
+		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted sql.NullString
 		var seq, gen, epoch, native sql.NullInt64
-		if err := rows.Scan(&replay, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state); err != nil {
+		if err := rows.Scan(&replay, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted); err != nil {
 			return nil, false, err
 		}
 		if replay {
@@ -200,7 +200,8 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 			LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds(),
 			Turn: wire.Turn{ConversationID: conv.String, Seq: seq.Int64, Prompt: prompt.String, Image: image.String,
 				ContainerID: container.String, Epoch: epoch.Int64, NativeTurn: native.Int64,
-				Quarantined: state.String == wire.ConversationQuarantined}} // K13: verify, then resume
+				// K13: verify the activation the interrupted turn was admitted under, then resume
+				Quarantined: state.String == wire.ConversationQuarantined, InterruptedActivationID: interrupted.String}}
 		if err := json.Unmarshal([]byte(cmd.String), &c.Turn.AgentCommand); err != nil {
 			return nil, false, err
 		}
@@ -257,7 +258,9 @@ const claimPGStatement = `WITH h AS (
 	FROM j JOIN cnt ON cnt.job_id = j.id, h
 )
 SELECT EXISTS (SELECT 1 FROM live), j.id, j.a, j.conversation_id, j.seq, j.prompt, j.generation,
-	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state
+	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
+	(SELECT ia.activation_id FROM jobs ij JOIN attempts ia ON ia.id = ij.admitted_attempt_id
+		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined')
 FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
 ORDER BY j.pos`
 
