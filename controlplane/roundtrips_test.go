@@ -90,18 +90,24 @@ func median(xs []int64) int64 {
 	return s[len(s)/2]
 }
 
-// TestRenewIsOneRoundTrip: on PostgreSQL a renewal over HTTP is one
-// statement, the worker token's hash, the attempt, its generation, the
-// lease and the database's clock together: one round trip, no BEGIN or
-// COMMIT, no separate token lookup, no reading of the clock. It logs the
-// other calls' counts (docs/performance.md).
-func TestRenewIsOneRoundTrip(t *testing.T) {
+// TestWorkerCallsRoundTrips: on PostgreSQL each worker call over HTTP is
+// one statement, the worker token's hash, the attempt, its generation,
+// the lease and the database's clock together, no BEGIN or COMMIT, no
+// separate token lookup: renew, events, admission and settlement one
+// round trip; a claim two (the store's clock, then one statement that
+// checks the host and takes the turn); a succeeded finish two (the
+// clock, then two statements pipelined as one transaction). The host
+// token is cached (HostTokenCache). It logs every count
+// (docs/performance.md).
+func TestWorkerCallsRoundTrips(t *testing.T) {
 	got := roundTrips(t, 12, 4)
+	want := map[string]int64{"claim": 2, "renew": 1, "events": 1, "admission": 1, "settlement": 1, "finish": 2}
 	for _, call := range []string{"claim", "renew", "events", "admission", "settlement", "finish"} {
-		t.Logf("%-10s round trips: median %d, all %v", call, median(got[call]), got[call])
-	}
-	if m := median(got["renew"]); m != 1 {
-		t.Fatalf("a renewal takes %d round trips to PostgreSQL (all: %v), want 1", m, got["renew"])
+		m := median(got[call])
+		t.Logf("%-10s round trips: median %d, all %v", call, m, got[call])
+		if m > want[call] {
+			t.Errorf("%s takes %d round trips to PostgreSQL (all: %v), want at most %d", call, m, got[call], want[call])
+		}
 	}
 }
 

@@ -343,7 +343,7 @@ func (s *Server) handleRenew(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
-	attemptCall(s, wire.OpEvents,
+	workerCall(s, wire.OpEvents,
 		func(q *wire.EventsRequest) wire.AttemptRef { return q.AttemptRef },
 		func(q *wire.EventsRequest) *apiError {
 			for _, ev := range q.Events {
@@ -353,8 +353,8 @@ func (s *Server) handleEvents(w http.ResponseWriter, r *http.Request) {
 			}
 			return nil
 		},
-		func(ctx context.Context, q *wire.EventsRequest, now time.Time) (any, error) {
-			return s.cfg.Store.AppendEvents(ctx, q.AttemptRef, q.Events, now)
+		func(ctx context.Context, wk store.Worker, q *wire.EventsRequest) (any, error) {
+			return s.cfg.Store.AppendEventsAs(ctx, wk, q.AttemptRef, q.Events, time.Time{})
 		})(w, r)
 }
 
@@ -376,7 +376,7 @@ func (s *Server) handleContainer(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleAdmission(w http.ResponseWriter, r *http.Request) {
-	attemptCall(s, wire.OpAdmission,
+	workerCall(s, wire.OpAdmission,
 		func(q *wire.AdmissionRequest) wire.AttemptRef { return q.AttemptRef },
 		func(q *wire.AdmissionRequest) *apiError {
 			if q.ActivationID == "" {
@@ -384,13 +384,13 @@ func (s *Server) handleAdmission(w http.ResponseWriter, r *http.Request) {
 			}
 			return nil
 		},
-		func(ctx context.Context, q *wire.AdmissionRequest, now time.Time) (any, error) {
-			return s.cfg.Store.Admit(ctx, q.AttemptRef, q.ActivationID, now)
+		func(ctx context.Context, wk store.Worker, q *wire.AdmissionRequest) (any, error) {
+			return s.cfg.Store.AdmitAs(ctx, wk, q.AttemptRef, q.ActivationID, time.Time{})
 		})(w, r)
 }
 
 func (s *Server) handleSettlement(w http.ResponseWriter, r *http.Request) {
-	attemptCall(s, wire.OpSettlement,
+	workerCall(s, wire.OpSettlement,
 		func(q *wire.SettlementRequest) wire.AttemptRef { return q.AttemptRef },
 		func(q *wire.SettlementRequest) *apiError {
 			switch {
@@ -405,8 +405,8 @@ func (s *Server) handleSettlement(w http.ResponseWriter, r *http.Request) {
 			}
 			return nil
 		},
-		func(ctx context.Context, q *wire.SettlementRequest, now time.Time) (any, error) {
-			return s.cfg.Store.Settle(ctx, q.AttemptRef, *q, now)
+		func(ctx context.Context, wk store.Worker, q *wire.SettlementRequest) (any, error) {
+			return s.cfg.Store.SettleAs(ctx, wk, q.AttemptRef, *q, time.Time{})
 		})(w, r)
 }
 
@@ -455,7 +455,7 @@ func (s *Server) handleRelease(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleFinish(w http.ResponseWriter, r *http.Request) {
-	attemptCall(s, wire.OpFinish,
+	workerCall(s, wire.OpFinish,
 		func(q *wire.FinishRequest) wire.AttemptRef { return q.AttemptRef },
 		func(q *wire.FinishRequest) *apiError {
 			switch q.Outcome {
@@ -464,7 +464,7 @@ func (s *Server) handleFinish(w http.ResponseWriter, r *http.Request) {
 			}
 			return invalid(`outcome must be "succeeded", "failed", "cancelled" or "worker_lost".`)
 		},
-		func(ctx context.Context, q *wire.FinishRequest, now time.Time) (any, error) {
-			return s.cfg.Store.Finish(ctx, q.AttemptRef, *q, now)
+		func(ctx context.Context, wk store.Worker, q *wire.FinishRequest) (any, error) {
+			return s.cfg.Store.FinishAs(ctx, wk, q.AttemptRef, *q, time.Time{})
 		})(w, r)
 }

@@ -288,6 +288,17 @@ type Store interface {
 	// when the token is another attempt's, or Renew's.
 	RenewAs(ctx context.Context, w Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error)
 	AppendEvents(ctx context.Context, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
+	// AppendEventsAs, AdmitAs, SettleAs and FinishAs are AppendEvents,
+	// Admit, Settle and Finish for the worker w, as RenewAs is Renew: the
+	// authorization in the guarded statement, the zero now the store's
+	// own clock. On PostgreSQL each is one round trip in its common case
+	// (events whose seqs are new, a first admission, a first settlement
+	// not interrupted), a succeeded finish two; the same refusals as
+	// RenewAs's.
+	AppendEventsAs(ctx context.Context, w Worker, ref wire.AttemptRef, events []wire.Event, now time.Time) (wire.EventsResponse, error)
+	AdmitAs(ctx context.Context, w Worker, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error)
+	SettleAs(ctx context.Context, w Worker, ref wire.AttemptRef, req wire.SettlementRequest, now time.Time) (wire.Boundary, error)
+	FinishAs(ctx context.Context, w Worker, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error)
 	// RecordContainer records the retained sandbox on the attempt and the
 	// conversation, and the attempt's host as the sandbox's host. For a
 	// quarantined conversation it needs req.Resumed, the exact recorded

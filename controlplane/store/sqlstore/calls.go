@@ -63,10 +63,22 @@ func (s *Store) refusedAs(ctx context.Context, w store.Worker, ref wire.AttemptR
 	return now, nil
 }
 
-// RenewAs is Renew with the worker's authorization in its statement.
+// RenewAs is Renew with the worker's authorization in its statement; on
+// PostgreSQL concurrent renewals share one statement (renewBatcher).
 func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
 	if ttl <= 0 {
 		ttl = s.cfg.leaseTTL
+	}
+	if s.d == postgres {
+		nowA, err := s.nowArg(ctx, now)
+		if err != nil {
+			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+		}
+		a := s.renewCoalesced(ctx, w, ref, ttl, nowA)
+		if a.err != nil || a.ok {
+			return a.resp, wrapErr("renew", a.err)
+		}
+		return s.renewRefused(ctx, w, ref, ttl, now)
 	}
 	at, arg, err := s.nowSQL(ctx, now)
 	if err != nil {
@@ -79,15 +91,22 @@ func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef
 	var exp, cancel int64
 	err = s.one(ctx, func(tx txn) error { return tx.QueryRowContext(ctx, q, qa...).Scan(&exp, &cancel) })
 	if errors.Is(err, sql.ErrNoRows) {
-		if now, err = s.refusedAs(ctx, w, ref, now); err != nil {
-			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-		}
-		return s.Renew(ctx, ref, ttl, now)
+		return s.renewRefused(ctx, w, ref, ttl, now)
 	}
 	if err != nil {
 		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
 	}
 	return wire.RenewResponse{LeaseExpiresAt: fromNS(exp), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}, nil
+}
+
+// renewRefused is the ordinary path of a renewal its statement did not
+// renew: the token's refusal, or Renew's verdict in a transaction.
+func (s *Store) renewRefused(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
+	now, err := s.refusedAs(ctx, w, ref, now)
+	if err != nil {
+		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+	}
+	return s.Renew(ctx, ref, ttl, now)
 }
 
 // ConversationStates reads many conversations' states in one query: on

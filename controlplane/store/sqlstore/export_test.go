@@ -21,3 +21,21 @@ func WriterSynchronous(ctx context.Context, s *Store) (int, error) {
 	})
 	return n, err
 }
+
+// RenewStatements is how many coalesced renewal statements PostgreSQL's
+// batcher has run.
+func RenewStatements(s *Store) int64 { return s.rb.statements.Load() }
+
+// HoldRenewals takes the renewal batcher's turn, as a running batch
+// would, so that renewals queue behind it; queued says how many wait;
+// release gives the turn back.
+func HoldRenewals(s *Store) (queued func() int, release func()) {
+	s.rb.turn <- struct{}{}
+	return func() int {
+			s.rb.mu.Lock()
+			defer s.rb.mu.Unlock()
+			return len(s.rb.queue)
+		}, func() {
+			<-s.rb.turn
+		}
+}

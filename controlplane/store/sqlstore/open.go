@@ -84,7 +84,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Option) (*Store, erro
 		db.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
-	s := &Store{w: db, r: db, d: postgres, cfg: cfg}
+	s := &Store{w: db, r: db, d: postgres, cfg: cfg, rb: newRenewBatcher()}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)

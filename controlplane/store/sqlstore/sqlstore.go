@@ -162,6 +162,7 @@ type Store struct {
 	d   dialect
 	cfg config
 	sw  *sqliteWriter // SQLite only
+	rb  *renewBatcher // PostgreSQL only
 }
 
 var _ store.Store = (*Store)(nil)
