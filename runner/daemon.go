@@ -214,11 +214,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		go waitAttempts()
 	}
 	if ctx.Err() == nil {
-		d.Drain() // claiming stops in every case; a handover's ctx stops it without a drain
-	}
-	if ctx.Err() == nil {
-		// Stopped turns end within StopGrace+KillGrace; a handover
-		// (ctx, even now) does not wait for them.
+		// Claiming stops in every case (a handover's ctx stops it without
+		// a drain). Stopped turns end within StopGrace+KillGrace; a
+		// handover (ctx, even now) does not wait for them.
+		d.Drain()
 		select {
 		case <-allDone:
 		case <-ctx.Done():
