@@ -113,9 +113,8 @@ type readResult struct {
 }
 
 func (t *Turn) readLoop(frames chan<- readResult) {
-	buf := newReadBuffer()
 	for {
-		f, err := readFrame(t.conn, buf)
+		f, err := readFrameWhenReady(t.conn)
 		frames <- readResult{f, err}
 		if err != nil {
 			return
