@@ -357,8 +357,7 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		}
 	}
 
-	kctx, kill := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(kctx, cfg.Path, cfg.Args...)
+	cmd := exec.Command(cfg.Path, cfg.Args...)
 	cmd.Env = childEnv(cfg.Env, lis != nil)
 	cmd.Dir = cfg.Dir
 	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
@@ -370,17 +369,12 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	// re-attach socket, waits for the next one (P5). Its own group, so
 	// that a signal to the daemon's group does not reach it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	// kill() starts the end: SIGTERM to the group now, SIGKILL to the child
-	// KillGrace later (WaitDelay), SIGKILL to the group once it is reaped.
-	cmd.Cancel = func() error {
-		if err := unix.Kill(-cmd.Process.Pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
-			return err
-		}
-		return nil
-	}
+	// WaitDelay bounds the copy of a non-file Stdout or Stderr once the
+	// child has exited (a grandchild may hold the pipe).
 	cmd.WaitDelay = cfg.KillGrace
 
 	t := newTurn(cfg, p.Echo, conn)
+	kill := t.killer(cmd)
 	t.keep = lis != nil
 	started := make(chan error, 1)
 	go t.run(cmd, started)
@@ -407,6 +401,36 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		return nil, t.notAccepted
 	}
 	return t, nil
+}
+
+// killer returns the kill of a launched child: SIGTERM to its process
+// group now, SIGKILL to the child KillGrace later, SIGKILL to the group
+// once it is reaped (run). Before Start, and once the child has exited, it
+// does nothing. It is what exec.CommandContext's Cancel and WaitDelay did,
+// without the goroutine exec keeps per child to watch the context: a
+// timer waits instead, and only once the end has begun (issue 12 §6).
+func (t *Turn) killer(cmd *exec.Cmd) (kill func()) {
+	var once sync.Once
+	return func() {
+		select {
+		case <-t.exited:
+			return
+		default:
+		}
+		if cmd.Process == nil {
+			return // never started: run closes exited without a child
+		}
+		once.Do(func() {
+			_ = unix.Kill(-cmd.Process.Pid, unix.SIGTERM)
+			time.AfterFunc(t.cfg.KillGrace, func() {
+				select {
+				case <-t.exited:
+				default:
+					_ = cmd.Process.Kill() // by pidfd: never another process
+				}
+			})
+		})
+	}
 }
 
 func newTurn(cfg Config, echo Echo, conn *net.UnixConn) *Turn {
