@@ -31,7 +31,24 @@ type record struct {
 
 // stateDir is the daemon's state directory: one file per live attempt under
 // attempts/, written atomically.
-type stateDir struct{ root string }
+type stateDir struct {
+	root string
+	// busy admits stateIOWidth writers (save, remove) at a time. Each one
+	// blocks its OS thread in fsync, rename or unlink, all of them queued on
+	// the one directory's lock in the kernel: without a bound, a thousand
+	// turns ending together (a mass cancel, a drain) would make the runtime
+	// start a thread for each (issue 12 §6). Waiting here parks a goroutine.
+	busy chan struct{}
+}
+
+// stateIOWidth is how many state-directory writes run at once: enough to
+// overlap one write's fsync with the next one's rename.
+const stateIOWidth = 4
+
+func (s stateDir) acquire() (release func()) {
+	s.busy <- struct{}{}
+	return func() { <-s.busy }
+}
 
 func openStateDir(root string) (stateDir, error) {
 	if root == "" {
@@ -45,7 +62,7 @@ func openStateDir(root string) (stateDir, error) {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return stateDir{}, fmt.Errorf("state directory: %w", err)
 	}
-	return stateDir{root: root}, nil
+	return stateDir{root: root, busy: make(chan struct{}, stateIOWidth)}, nil
 }
 
 func (s stateDir) path(attemptID string) string {
@@ -58,6 +75,7 @@ func (s stateDir) save(r record) error {
 	if r.Claim.AttemptID == "" || strings.ContainsAny(r.Claim.AttemptID, `/\`) {
 		return errors.New("persist attempt: bad attempt id")
 	}
+	defer s.acquire()()
 	if err := s.write(r); err != nil {
 		return fmt.Errorf("persist attempt %s: %w", r.Claim.AttemptID, err)
 	}
@@ -104,6 +122,7 @@ func (s stateDir) socket(attemptID string) string {
 // forgotten then, nothing is sent or run again — while a sync here would
 // cost every turn one more flush (issue 14 §4).
 func (s stateDir) remove(attemptID string) error {
+	defer s.acquire()()
 	_ = os.Remove(s.socket(attemptID)) // a dead child's, if any
 	if err := os.Remove(s.path(attemptID)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("forget attempt %s: %w", attemptID, err)
