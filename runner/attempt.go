@@ -144,37 +144,19 @@ func (a *attempt) lastFacts() settlement.Facts {
 
 // runAttempt is one attempt's life, from the claim to the forgotten state
 // file. runCtx is Run's: its end is the handover.
+//
+// Its goroutine waits in superviseTurn for the whole turn, so the work
+// with large temporaries is in functions of their own (newAttempt,
+// claimed, launch, turnOver): the frames left on the stack while the turn
+// is held then fit the runtime's 4 KB stack instead of 8 KB, a tenth of
+// what the daemon paid per held turn (issue 12 §6).
 func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
-	a := &attempt{
-		d:          d,
-		claim:      claim,
-		claimedAt:  time.Now(),
-		id:         diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
-		ref:        wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		leases:     make(chan handover.Lease, 1),
-		hostCancel: make(chan struct{}),
-	}
-	a.fenced, a.fence = context.WithCancel(context.Background())
+	a := d.newAttempt(&claim)
 	defer a.fence()
-	a.reporter = d.newReporter(claim)
 	defer d.watchCancel(a)()
-
-	// 1. Persist before anything else: a restart must find every lease we
-	// hold (P5). This is the launch's one flush — the record's file and its
-	// directory (stateDir.save) — and the only one P5 needs before the
-	// child's ACCEPT: the payload goes over the socketpair, not a file, and
-	// nothing else on the way to ACCEPT syncs (issue 14 §4).
-	if err := d.state.save(record{Claim: claim, ClaimedAt: a.claimedAt}); err != nil {
-		// Nothing was launched and nothing is renewed: the lease runs out and
-		// the reaper requeues the never-admitted job without counting it (P6).
-		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist", err)
-		d.launchFailed(a.id, "not_launched", ClassStateUnwritable)
+	if !d.claimed(a, sent) {
 		return
 	}
-	// 2. The claim record, 3. the renewer.
-	d.rec.AttemptClaimed(context.Background(), a.id, claim.LeaseGeneration, d.workerID, d.cfg.HostName)
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease},
-		heartbeat.AttemptFromClaim(claim, sent))
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 
@@ -196,26 +178,72 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	}()
 	defer func() { close(over); <-watched }()
 
-	// 4. Launch. The child gets the lease as it stands and the execution
-	// deadline, counted from now on CLOCK_BOOTTIME; the daemon's own timer
-	// counts from the same launch, ExecTimeoutMargin later (K6).
-	lease := a.renewer.Lease()
-	t, err := handover.Launch(launchCtx, d.handoverConfig(a), handover.Payload{
-		Echo:         handover.Echo{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		Lease:        d.bootLease(lease),
-		ExecDeadline: boottime.Now().Add(d.cfg.ExecTimeout),
-		Data:         d.payload(claim),
-	})
+	t, err := d.launch(launchCtx, a)
 	if err != nil {
 		d.notAccepted(runCtx, a, err)
 		return
+	}
+	handedOver = d.superviseTurn(runCtx, a, t)
+}
+
+func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
+	a := &attempt{
+		d:          d,
+		claim:      *claim,
+		claimedAt:  time.Now(),
+		id:         diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
+		ref:        wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		leases:     make(chan handover.Lease, 1),
+		hostCancel: make(chan struct{}),
+	}
+	a.fenced, a.fence = context.WithCancel(context.Background())
+	a.reporter = d.newReporter(a.claim)
+	return a
+}
+
+// claimed persists the claim, records it and starts its renewer (steps
+// 1–3). False: nothing was launched and nothing is renewed.
+func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
+	// 1. Persist before anything else: a restart must find every lease we
+	// hold (P5). This is the launch's one flush — the record's file and its
+	// directory (stateDir.save) — and the only one P5 needs before the
+	// child's ACCEPT: the payload goes over the socketpair, not a file, and
+	// nothing else on the way to ACCEPT syncs (issue 14 §4).
+	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt}); err != nil {
+		// Nothing was launched and nothing is renewed: the lease runs out and
+		// the reaper requeues the never-admitted job without counting it (P6).
+		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist", err)
+		d.launchFailed(a.id, "not_launched", ClassStateUnwritable)
+		return false
+	}
+	// 2. The claim record, 3. the renewer.
+	d.rec.AttemptClaimed(context.Background(), a.id, a.claim.LeaseGeneration, d.workerID, d.cfg.HostName)
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease},
+		heartbeat.AttemptFromClaim(a.claim, sent))
+	return true
+}
+
+// launch starts the child and waits for its answer (step 4). The child
+// gets the lease as it stands and the execution deadline, counted from now
+// on CLOCK_BOOTTIME; the daemon's own timer counts from the same launch,
+// ExecTimeoutMargin later (K6).
+func (d *Daemon) launch(ctx context.Context, a *attempt) (*handover.Turn, error) {
+	lease := a.renewer.Lease()
+	t, err := handover.Launch(ctx, d.handoverConfig(a), handover.Payload{
+		Echo:         handover.Echo{AttemptID: a.claim.AttemptID, LeaseGeneration: a.claim.LeaseGeneration},
+		Lease:        d.bootLease(lease),
+		ExecDeadline: boottime.Now().Add(d.cfg.ExecTimeout),
+		Data:         d.payload(a.claim),
+	})
+	if err != nil {
+		return nil, err
 	}
 	d.gate.success()
 	sinceClaim := time.Since(a.claimedAt) // from the answer, not the long poll's start
 	d.m.ClaimToAccept.Observe(sinceClaim.Seconds())
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
 		slog.Float64("since_claim_ms", float64(sinceClaim.Microseconds())/1000), slog.String(keyScope, a.scope))
-	handedOver = d.superviseTurn(runCtx, a, t)
+	return t, nil
 }
 
 // superviseTurn runs an accepted turn — launched by this daemon or
@@ -237,7 +265,13 @@ func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.T
 			return true
 		}
 	}
-	ended := t.Wait()
+	d.turnOver(runCtx, a, t)
+	return false
+}
+
+// turnOver reports an accepted turn that has ended.
+func (d *Daemon) turnOver(runCtx context.Context, a *attempt, t *handover.Turn) {
+	ended := t.Wait() // done: at once
 	d.turnEnded(a, ended)
 	if childSawLeaseRejected(ended) {
 		// The child's own write was refused for the lease before the renewer
@@ -257,7 +291,6 @@ func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.T
 		d.rec.TurnFailed(context.Background(), a.id, diagnostics.StageTurn, class)
 	}
 	d.finish(runCtx, a, rep, outcome)
-	return false
 }
 
 // watch stops the child when the lease is lost, the user cancels or the
