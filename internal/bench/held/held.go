@@ -112,13 +112,13 @@ func (r Result) WriteTable(w io.Writer) error {
 	n := float64(r.Turns)
 	fmt.Fprintf(w, "%d held turns, CPU over %v, load average %.2f %.2f %.2f\n", r.Turns, r.Window, r.LoadAvg[0], r.LoadAvg[1], r.LoadAvg[2])
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\tprocesses\tthreads\tRSS MB\tPSS MB\tfds\tCPU ms/turn/min\t")
+	fmt.Fprintln(tw, "\tprocesses\tthreads\tRSS MB\tPSS MB\tfds (tcp)\tCPU ms/turn/min\t")
 	row := func(name string, u Usage, cpu bool) {
 		c := "-"
 		if cpu {
 			c = fmt.Sprintf("%.2f", r.CPUMsPerTurnMinute(u))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%d\t%s\t\n", name, u.Processes, u.Threads, float64(u.RSSKB)/1024, float64(u.PSSKB)/1024, u.FDs, c)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.1f\t%d (%d)\t%s\t\n", name, u.Processes, u.Threads, float64(u.RSSKB)/1024, float64(u.PSSKB)/1024, u.FDs, u.TCP, c)
 	}
 	row("daemon idle", r.Idle, false)
 	row("daemon held", r.Daemon, true)
@@ -424,13 +424,15 @@ func leftovers(ctx context.Context, snap func() (snapshot, error), metrics *scra
 		if ents, _ := os.ReadDir(filepath.Join(stateDir, "attempts")); len(ents) > 0 {
 			leaks = append(leaks, fmt.Sprintf("%d entries left in the attempts directory", len(ents)))
 		}
-		// A few goroutines and descriptors come and go with the control
-		// plane's long poll and pooled connections.
-		if goroutines > r.IdleGoroutines+10 {
-			leaks = append(leaks, fmt.Sprintf("%d goroutines, %d when idle", goroutines, r.IdleGoroutines))
+		// Pooled connections to the control plane stay open a while (a
+		// descriptor and two goroutines each); a few goroutines come and go
+		// with the long poll and the host heartbeat.
+		conns := max(daemon.TCP-r.Idle.TCP, 0)
+		if goroutines > r.IdleGoroutines+2*conns+10 {
+			leaks = append(leaks, fmt.Sprintf("%d goroutines, %d when idle (%d more pooled connections)", goroutines, r.IdleGoroutines, conns))
 		}
-		if daemon.FDs > r.Idle.FDs+10 {
-			leaks = append(leaks, fmt.Sprintf("%d descriptors, %d when idle", daemon.FDs, r.Idle.FDs))
+		if other, idle := daemon.FDs-daemon.TCP, r.Idle.FDs-r.Idle.TCP; other > idle+2 {
+			leaks = append(leaks, fmt.Sprintf("%d descriptors besides TCP connections, %d when idle", other, idle))
 		}
 		if len(leaks) == 0 || time.Now().After(deadline) {
 			return leaks, daemon, goroutines, nil

@@ -27,6 +27,7 @@ type Usage struct {
 	RSSKB     int `json:"rss_kb"`    // smaps_rollup Rss, summed: counts shared pages once per process
 	PSSKB     int `json:"pss_kb"`    // smaps_rollup Pss, summed: the host's real share
 	FDs       int `json:"fds"`       // open descriptors, summed
+	TCP       int `json:"tcp"`       // of which TCP sockets (pooled connections to the control plane)
 	CPUTicks  int `json:"cpu_ticks"` // utime+stime in clock ticks (USER_HZ), summed; a window's delta in Result
 }
 
@@ -36,6 +37,7 @@ func (u *Usage) add(o Usage) {
 	u.RSSKB += o.RSSKB
 	u.PSSKB += o.PSSKB
 	u.FDs += o.FDs
+	u.TCP += o.TCP
 	u.CPUTicks += o.CPUTicks
 }
 
@@ -74,10 +76,49 @@ func readProc(pid int) (p proc, ok bool) {
 	p.use.Threads, _ = strconv.Atoi(f[17])
 	p.use.Processes = 1
 	p.use.RSSKB, p.use.PSSKB = smapsRollup(pid)
-	if ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid)); err == nil {
-		p.use.FDs = len(ents)
-	}
+	p.use.FDs, p.use.TCP = countFDs(pid)
 	return p, true
+}
+
+// countFDs counts pid's descriptors and, among them, its TCP sockets.
+func countFDs(pid int) (fds, tcp int) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, 0
+	}
+	var inodes map[string]bool
+	for _, e := range ents {
+		l, err := os.Readlink(dir + "/" + e.Name())
+		if err != nil || !strings.HasPrefix(l, "socket:[") {
+			continue
+		}
+		if inodes == nil {
+			inodes = tcpInodes(pid)
+		}
+		if inodes[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] {
+			tcp++
+		}
+	}
+	return len(ents), tcp
+}
+
+// tcpInodes is the set of socket inodes of TCP connections in pid's
+// network namespace.
+func tcpInodes(pid int) map[string]bool {
+	out := map[string]bool{}
+	for _, f := range []string{"tcp", "tcp6"} {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+		if err != nil {
+			continue
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if fields := strings.Fields(line); i > 0 && len(fields) > 9 {
+				out[fields[9]] = true
+			}
+		}
+	}
+	return out
 }
 
 // smapsRollup reads Rss and Pss (KB) of /proc/PID/smaps_rollup.

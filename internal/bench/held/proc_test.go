@@ -1,6 +1,7 @@
 package held
 
 import (
+	"net"
 	"os"
 	"os/exec"
 	"testing"
@@ -23,12 +24,29 @@ func TestSnapshotFindsTheTree(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
+	// A TCP connection to itself: two TCP descriptors of this process.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+
 	s, err := takeSnapshot(os.Getpid(), dir, os.Args[0], sleep)
 	if err != nil {
 		t.Fatal(err)
 	}
 	self, ok := s.procs[os.Getpid()]
-	if !ok || self.use.Threads < 1 || self.use.RSSKB <= 0 || self.use.PSSKB <= 0 || self.use.FDs < 3 {
+	if !ok || self.use.Threads < 1 || self.use.RSSKB <= 0 || self.use.PSSKB <= 0 || self.use.FDs < 6 || self.use.TCP < 3 || self.use.TCP >= self.use.FDs {
 		t.Fatalf("this process: %+v (found %v)", self.use, ok)
 	}
 	child, ok := s.procs[cmd.Process.Pid]
