@@ -122,6 +122,25 @@ func (s *Store) leadRenewals() {
 			nows[i] = r.now.(int64)
 		}
 	}
+	var answers []renewAnswer
+	var err error
+	// The statement locks its rows in the order of its join: against
+	// another statement locking many (ResumeAfterAbsence) PostgreSQL may
+	// end one of them as a deadlock, after which it simply runs again.
+	for try := 0; try == 0 || (err != nil && s.retryable(err) && try < 8); try++ {
+		answers, err = s.renewBatch(batch, ids, gens, hashes, jobs, ttls, nows, ks)
+	}
+	for i, r := range batch {
+		if err != nil {
+			answers[i] = renewAnswer{err: err}
+		}
+		r.done <- answers[i]
+	}
+}
+
+// renewBatch runs one batch's statement and returns each renewal's answer.
+func (s *Store) renewBatch(batch []*renewReq, ids []string, gens []int64, hashes, jobs []string, ttls, nows, ks []int64) ([]renewAnswer, error) {
+	b, n := s.rb, len(batch)
 	answers := make([]renewAnswer, n)
 	err := s.one(context.Background(), func(tx txn) error {
 		b.statements.Add(1)
@@ -144,10 +163,5 @@ func (s *Store) leadRenewals() {
 		}
 		return rows.Err()
 	})
-	for i, r := range batch {
-		if err != nil {
-			answers[i] = renewAnswer{err: err}
-		}
-		r.done <- answers[i]
-	}
+	return answers, err
 }
