@@ -99,17 +99,17 @@ type ClaimParams struct {
 	// the store picks one.
 	AttemptID string
 	// KeyHash is the hash of the host's idempotency key, or nil. The same
-	// key again from the same host, while that attempt runs and its lease
-	// holds, gets the same attempt back (wire.Claim.Replayed) instead of
-	// another one: a claim whose answer was lost is not an orphan.
+	// key again from the same host, while the attempts it made run and
+	// their leases hold, gets the same attempts back (wire.Claim.Replayed)
+	// instead of others: a claim whose answer was lost makes no orphans.
 	KeyHash []byte
 	// Held is how long the server held the request before this claim
 	// (K4); it is kept with the attempt for a replayed answer.
 	Held time.Duration
 	// More are the turns after the first that the claim may take (batched
 	// claims): ClaimMany takes up to 1+len(More) turns, each its own
-	// attempt, worker token and lease. Not with a KeyHash: a key names one
-	// attempt.
+	// attempt, worker token and lease. With a KeyHash the same key again
+	// gets the whole batch back, as it gets one attempt back.
 	More []ClaimSlot
 }
 
@@ -260,9 +260,20 @@ type Store interface {
 	Claim(ctx context.Context, p ClaimParams) (wire.Claim, bool, error)
 	// ClaimMany is Claim for up to 1+len(p.More) turns at once, in queue
 	// order, the first with p's attempt id and worker token hash, the
-	// others with p.More's in order: one statement on PostgreSQL. None
-	// runnable is no error.
+	// others with p.More's in order: one statement on PostgreSQL. Each
+	// keeps what Claim keeps — never two of one conversation, each past
+	// its backoff, on its route, for an open host. None runnable is no
+	// error. A replay (p.KeyHash) answers every live attempt of the key.
 	ClaimMany(ctx context.Context, p ClaimParams) ([]wire.Claim, error)
+	// WorkSignal returns a channel that is closed once a job may have
+	// become claimable since the call — queued as the head of its
+	// conversation (enqueued, released, requeued, its conversation's
+	// previous turn ended), a host resumed or its labels changed — by any
+	// replica sharing the store: PostgreSQL's LISTEN/NOTIFY, or an
+	// in-process signal on SQLite. It may close for nothing; it does not
+	// close when a release backoff (K7) ends, which a waiter finds by
+	// trying again now and then.
+	WorkSignal() <-chan struct{}
 	// CancelsRequested returns those of attemptIDs that are running
 	// attempts of hostID whose job's cancel was requested (K10: the host's
 	// fast path to a cancel; the renewal answer is the other).

@@ -60,8 +60,14 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error
 		r.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
-	sw := &sqliteWriter{turn: make(chan struct{}, 1), conn: conn, stmts: map[string]*sql.Stmt{}}
-	s := &Store{w: w, r: r, d: sqlite, cfg: cfg, sw: sw}
+	sw := &sqliteWriter{turn: make(chan struct{}, 1), conn: conn, stmts: map[string]*sql.Stmt{}, work: newSignal()}
+	if err := sw.watchWork(); err != nil {
+		conn.Close()
+		w.Close()
+		r.Close()
+		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	s := &Store{w: w, r: r, d: sqlite, cfg: cfg, sw: sw, work: sw.work}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
@@ -84,7 +90,13 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Option) (*Store, erro
 		db.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
-	s := &Store{w: db, r: db, d: postgres, cfg: cfg, rb: newRenewBatcher()}
+	work := newSignal()
+	l, err := newListener(dsn, work, cfg.listenObs)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	s := &Store{w: db, r: db, d: postgres, cfg: cfg, rb: newRenewBatcher(), work: work, listen: l}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)

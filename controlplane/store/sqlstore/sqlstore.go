@@ -16,9 +16,11 @@
 // (K3), and calls ResumeAfterAbsence before serving and before each reaper
 // sweep (P4).
 //
-// Only the controlplane packages import sqlstore. It starts no goroutines of
-// its own (database/sql keeps one per pool, ended by Close), so a store
-// opened and closed inside a testing/synctest bubble does not outlive it.
+// Only the controlplane packages import sqlstore. On SQLite it starts no
+// goroutines of its own (database/sql keeps one per pool, ended by Close),
+// so a store opened and closed inside a testing/synctest bubble does not
+// outlive it; on PostgreSQL the first WorkSignal starts one more, the
+// listener, ended by Close as well.
 package sqlstore
 
 import (
@@ -73,6 +75,7 @@ type config struct {
 	releaseWait   time.Duration                  // K7: the first release backoff
 	clock         func(base time.Time) time.Time // nil: the base clock as it is
 	txObserver    func(time.Duration, error)     // nil: none
+	listenObs     func(error)                    // nil: none
 }
 
 // Option changes one setting of Open*.
@@ -119,6 +122,14 @@ func WithTxObserver(f func(d time.Duration, err error)) Option {
 	return func(c *config) { c.txObserver = f }
 }
 
+// WithWorkListenObserver is told, on PostgreSQL, each time the store's
+// listener (WorkSignal) begins listening (nil) and each time its
+// connection failed (the error): while it is down, long polls find new
+// work only by their own re-check.
+func WithWorkListenObserver(f func(err error)) Option {
+	return func(c *config) { c.listenObs = f }
+}
+
 func newConfig(opts []Option) config {
 	c := config{}
 	for _, o := range opts {
@@ -163,6 +174,10 @@ type Store struct {
 	cfg config
 	sw  *sqliteWriter // SQLite only
 	rb  *renewBatcher // PostgreSQL only
+	// work wakes the claim long polls (WorkSignal): fired by sw on
+	// SQLite, by listen on PostgreSQL.
+	work   *signal
+	listen *listener // PostgreSQL only
 }
 
 var _ store.Store = (*Store)(nil)
@@ -170,6 +185,9 @@ var _ store.Store = (*Store)(nil)
 // Close closes the pools.
 func (s *Store) Close() error {
 	var err error
+	if s.listen != nil {
+		s.listen.close()
+	}
 	if s.sw != nil {
 		err = s.sw.close()
 	}

@@ -41,14 +41,14 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 // slot. The claim indexes hold only queued heads of their conversations,
 // so this is the first entries of two partial indexes, each in the order
 // of its ORDER BY (TestQueryPlansUseIndexes). With an idempotency key it
-// first looks for the host's live attempt of that key and answers it
-// again (Replayed). On PostgreSQL an unkeyed claim, or a keyed one with no
+// first looks for the host's live attempts of that key (every slot's,
+// slotKey) and answers them again (Replayed), the whole batch. On PostgreSQL an unkeyed claim, or a keyed one with no
 // live attempt of its key, is one statement (claimPG); the transaction
 // below is SQLite's way, and PostgreSQL's for a replay, a paused or
 // unknown host, and a keyed claim that raced its own retry.
 func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Claim, error) {
-	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) || (len(p.KeyHash) > 0 && len(p.More) > 0) {
-		return nil, fmt.Errorf("claim: %w: a worker token hash is required, a key hash of at least 8 bytes, and a key claims one turn", store.ErrInvalid)
+	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) || len(p.More) >= maxBatchClaims {
+		return nil, fmt.Errorf("claim: %w: a worker token hash is required, a key hash of at least 8 bytes, and at most %d turns", store.ErrInvalid, maxBatchClaims)
 	}
 	slots := append([]store.ClaimSlot{{AttemptID: p.AttemptID, WorkerTokenHash: p.WorkerTokenHash}}, p.More...)
 	for i := range slots {
@@ -90,19 +90,16 @@ func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Clai
 					return err
 				}
 			}
-			c, found, err := s.replayClaim(ctx, tx, p.HostID, key.(string), p.Now)
-			if found {
-				cs = append(cs, c)
-			}
-			if err != nil || found {
-				return err // a replay is the turn given before, not a new one: no pause stops it
+			var err error
+			if cs, err = s.replayClaims(ctx, tx, p.HostID, key.(string), p.Now); err != nil || len(cs) > 0 {
+				return err // a replay is the turns given before, not new ones: no pause stops it
 			}
 		}
 		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
 			return err
 		}
-		for _, slot := range slots {
-			c, found, err := s.claimOne(ctx, tx, p, slot, ttl, key)
+		for i, slot := range slots {
+			c, found, err := s.claimOne(ctx, tx, p, slot, ttl, slotKey(key, i))
 			if err != nil || !found {
 				return err
 			}
@@ -110,11 +107,27 @@ func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Clai
 		}
 		return nil
 	}
-	// attempts_claim_key holds one running attempt per host and key.
+	// attempts_claim_key holds one running attempt per host and slot key.
 	if err := s.write(ctx, claim); err != nil {
 		return nil, fmt.Errorf("claim: %w", err)
 	}
 	return cs, nil
+}
+
+// maxBatchClaims bounds the turns of one claim (wire.MaxClaimsPerRequest
+// is less), so that slot keys keep two digits.
+const maxBatchClaims = 100
+
+// slotKey is the claim key of the i-th turn of a keyed claim: the key's
+// hash for the first, as a claim of one turn always had, and the hash, a
+// dot and two digits for the others, so that one key's attempts are the
+// range [key, key+"/") of the attempts_claim_key index, in slot order
+// (claimPGStatement spells the same). NULL (nil) without a key.
+func slotKey(key any, i int) any {
+	if key == nil || i == 0 {
+		return key
+	}
+	return fmt.Sprintf("%s.%02d", key, i)
 }
 
 // claimOne takes one turn for slot inside a claim's transaction.
@@ -217,7 +230,7 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 // the claim's transaction in the same statement. Arguments: $1 host id,
 // $2 now, $3 how many turns, $4 and $5 the slots' attempt ids and worker
 // token hashes (hex) in order, $6 the lease TTL, $7 the lease's expiry,
-// $8 the key hash (hex) or NULL, $9 the hold, $10 the claimed event's
+// $8 the key hash (hex) or NULL (each slot's claim key is slotKey's), $9 the hold, $10 the claimed event's
 // data up to its generation. Each walk reads at most $3 rows of its index
 // range, locked SKIP LOCKED (those not taken stay locked until the
 // statement ends); the oldest $3 of them are taken, numbered in queue
@@ -226,7 +239,8 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 const claimPGStatement = `WITH h AS (
 	SELECT id, name FROM hosts WHERE id = $1 AND paused_at IS NULL AND removed_at IS NULL FOR SHARE
 ), live AS (
-	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key = $8 AND state = 'running' AND lease_expires_at > $2
+	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key >= CAST($8 AS TEXT) AND claim_key < CAST($8 AS TEXT) || '/'
+		AND state = 'running' AND lease_expires_at > $2
 ), pick AS (
 	SELECT pos, row_number() OVER (ORDER BY pos) AS k FROM (
 		SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND sandbox_host_id = $1
@@ -243,11 +257,12 @@ const claimPGStatement = `WITH h AS (
 		attempt_count = jobs.attempt_count + 1, live_attempt_id = sl.a
 	FROM pick JOIN unnest(CAST($4 AS TEXT[]), CAST($5 AS TEXT[])) WITH ORDINALITY AS sl(a, t, k) ON sl.k = pick.k
 	WHERE jobs.pos = pick.pos AND jobs.state = 'queued' AND EXISTS (SELECT 1 FROM h) AND NOT EXISTS (SELECT 1 FROM live)
-	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, sl.a, sl.t
+	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, sl.a, sl.t, sl.k
 ), att AS (
 	INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
 		lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
-	SELECT j.a, j.id, j.generation, 'running', h.id, h.name, $6, $7, $2, j.t, $8, $9 FROM j, h
+	SELECT j.a, j.id, j.generation, 'running', h.id, h.name, $6, $7, $2, j.t,
+		CASE WHEN j.k = 1 THEN $8 ELSE CAST($8 AS TEXT) || '.' || lpad(CAST(j.k - 1 AS TEXT), 2, '0') END, $9 FROM j, h
 ), cnt AS (
 	INSERT INTO job_event_counts (job_id, last) SELECT id, 1 FROM j
 	ON CONFLICT (job_id) DO UPDATE SET last = job_event_counts.last + excluded.last RETURNING job_id, last
@@ -264,32 +279,48 @@ SELECT EXISTS (SELECT 1 FROM live), j.id, j.a, j.conversation_id, j.seq, j.promp
 FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
 ORDER BY j.pos`
 
-// replayClaim finds the host's running attempt claimed with key, its lease
-// not expired at now, and rebuilds its claim answer (the worker token is
-// the caller's to derive again).
-func (s *Store) replayClaim(ctx context.Context, tx txn, hostID, key string, now time.Time) (wire.Claim, bool, error) {
-	var c wire.Claim
-	var exp, ttl, held int64
-	err := tx.QueryRowContext(ctx, s.q(`SELECT a.id, a.job_id, a.generation, a.lease_expires_at, a.lease_ttl, a.claim_held,
+// replayClaims finds the host's running attempts claimed with key (every
+// slot key of it), their leases not expired at now, and rebuilds their
+// claim answers in slot order (the worker tokens are the caller's to
+// derive again).
+func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, now time.Time) ([]wire.Claim, error) {
+	rows, err := tx.QueryContext(ctx, s.q(`SELECT a.id, a.job_id, a.generation, a.lease_expires_at, a.lease_ttl, a.claim_held,
 		j.conversation_id, j.seq, j.prompt
 		FROM attempts a JOIN jobs j ON j.id = a.job_id
-		WHERE a.host_id = ? AND a.claim_key = ? AND a.state = 'running' AND a.lease_expires_at > ?`),
-		hostID, key, ns(now)).Scan(&c.AttemptID, &c.JobID, &c.LeaseGeneration, &exp, &ttl, &held,
-		&c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt)
-	if errors.Is(err, sql.ErrNoRows) {
-		return c, false, nil
-	}
+		WHERE a.host_id = ? AND a.claim_key >= ? AND a.claim_key < ? AND a.state = 'running' AND a.lease_expires_at > ?
+		ORDER BY a.claim_key`), hostID, key, key+"/", ns(now))
 	if err != nil {
-		return c, false, err
+		return nil, err
 	}
-	c.LeaseExpiresAt = fromNS(exp)
-	c.LeaseTTLMS = time.Duration(ttl).Milliseconds()
-	c.HeldMS = time.Duration(held).Milliseconds()
-	c.Replayed = true
-	if err := s.claimTurn(ctx, tx, &c); err != nil {
-		return c, false, err
+	var cs []wire.Claim
+	for rows.Next() {
+		var c wire.Claim
+		var exp, ttl, held int64
+		if err := rows.Scan(&c.AttemptID, &c.JobID, &c.LeaseGeneration, &exp, &ttl, &held,
+			&c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		c.LeaseExpiresAt = fromNS(exp)
+		c.LeaseTTLMS = time.Duration(ttl).Milliseconds()
+		c.HeldMS = time.Duration(held).Milliseconds()
+		c.Replayed = true
+		cs = append(cs, c)
 	}
-	return c, true, s.event(ctx, tx, c.JobID, c.AttemptID, now, "claim_replayed", map[string]any{"lease_generation": c.LeaseGeneration})
+	rows.Close() // before the statements below, on SQLite's one connection
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range cs {
+		c := &cs[i]
+		if err := s.claimTurn(ctx, tx, c); err != nil {
+			return nil, err
+		}
+		if err := s.event(ctx, tx, c.JobID, c.AttemptID, now, "claim_replayed", map[string]any{"lease_generation": c.LeaseGeneration}); err != nil {
+			return nil, err
+		}
+	}
+	return cs, nil
 }
 
 // claimTurn fills in the turn's conversation: its sandbox and boundary,

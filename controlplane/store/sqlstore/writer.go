@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	msqlite "modernc.org/sqlite"
 )
 
 // maxBatch bounds the writes of one group commit, so that the first of
@@ -38,6 +40,33 @@ type sqliteWriter struct {
 	stmts map[string]*sql.Stmt // only touched while holding turn
 
 	commits atomic.Int64 // transactions committed, for the tests that count them
+
+	// worked: a statement of the running transaction changed work_signal
+	// (the 0012 triggers: a job may have become claimable); the commit
+	// fires work. Set by the pre-update hook, which SQLite calls on the
+	// leader's goroutine.
+	worked atomic.Bool
+	work   *signal
+}
+
+// watchWork has SQLite tell the writer of every change to work_signal on
+// its connection (a pre-update hook), so that the commit can wake the
+// claim long polls without anyone polling the table.
+func (w *sqliteWriter) watchWork() error {
+	return w.conn.Raw(func(dc any) error {
+		h, ok := dc.(interface {
+			RegisterPreUpdateHook(msqlite.PreUpdateHookFn)
+		})
+		if !ok {
+			return errors.New("the SQLite driver has no pre-update hook")
+		}
+		h.RegisterPreUpdateHook(func(d msqlite.SQLitePreUpdateData) {
+			if d.TableName == "work_signal" {
+				w.worked.Store(true)
+			}
+		})
+		return nil
+	})
 }
 
 // writeReq is one caller's write, waiting in the queue or running in a batch.
@@ -132,6 +161,9 @@ func (w *sqliteWriter) lead() {
 		}
 	} else {
 		w.commits.Add(1)
+		if w.worked.Swap(false) {
+			w.work.fire()
+		}
 	}
 	w.answer(batch, answers)
 }
@@ -186,6 +218,7 @@ func (w *sqliteWriter) requeue(rs []*writeReq) {
 
 func (w *sqliteWriter) rollback() {
 	_, _ = w.conn.ExecContext(context.Background(), "ROLLBACK")
+	w.worked.Store(false) // nothing of it committed
 }
 
 func (w *sqliteWriter) stmt(ctx context.Context, query string) (*sql.Stmt, error) {
