@@ -21,6 +21,7 @@ type dropFirstAnswer struct {
 	next    http.Handler
 	mu      sync.Mutex
 	dropped *wire.Claim // the answer the host never saw
+	body    []byte      // the same, as it was written
 }
 
 func (d *dropFirstAnswer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -46,7 +47,7 @@ func (d *dropFirstAnswer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		panic(err)
 	}
 	d.mu.Lock()
-	d.dropped = &c
+	d.dropped, d.body = &c, rec.Body.Bytes()
 	d.mu.Unlock()
 	conn, _, err := w.(http.Hijacker).Hijack()
 	if err != nil {

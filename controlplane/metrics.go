@@ -22,6 +22,9 @@ import (
 type Metrics struct {
 	requests     *prometheus.HistogramVec // route, status
 	claims       *prometheus.CounterVec   // result
+	claimedTurns prometheus.Counter
+	claimPolls   prometheus.Gauge
+	claimWakes   *prometheus.CounterVec   // by (signal, recheck)
 	renewals     *prometheus.CounterVec   // status
 	finishes     *prometheus.CounterVec   // op (finish, abandon), status
 	releases     *prometheus.CounterVec   // status
@@ -53,6 +56,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		claims: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "controlplane_claims_total", Help: "Claim answers: granted, empty (the long poll ended with nothing), refused (4xx), failed (5xx).",
 		}, []string{"result"}),
+		claimedTurns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controlplane_claimed_turns_total", Help: "Turns handed out by claims: one per attempt of a granted claim or batch, replays included.",
+		}),
+		claimPolls: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "controlplane_claim_polls_waiting", Help: "Claim long polls of this replica waiting for work now.",
+		}),
+		claimWakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "controlplane_claim_wakes_total", Help: "Waiting claim long polls that asked the store again: by the store's signal of new work, or by the slow re-check.",
+		}, []string{"by"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "controlplane_renewals_total", Help: "Lease renewal answers by status.",
 		}, []string{"status"}),
@@ -75,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.claims, m.renewals, m.finishes, m.releases, m.staleReports, m.reaped, m.storeTx, storeCollector{m})
+		reg.MustRegister(m.requests, m.claims, m.claimedTurns, m.claimPolls, m.claimWakes, m.renewals, m.finishes, m.releases, m.staleReports, m.reaped, m.storeTx, storeCollector{m})
 	}
 	return m
 }

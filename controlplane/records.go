@@ -1,5 +1,10 @@
 package controlplane
 
+import (
+	"context"
+	"log/slog"
+)
+
 // Record names of the control plane. Like the runner's they carry ids,
 // counts, classes and statuses, never a token, a body or an error's text.
 const (
@@ -12,4 +17,19 @@ const (
 	MsgLostByOperator  = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
 	MsgStopping        = "controlplane_stopping"                      // shutdown began
 	MsgHostChanged     = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
+	MsgWorkListen      = "controlplane_work_listen"                   // PostgreSQL: the store began listening for new work (listening) or its connection failed (class); claims then wake by the re-check
 )
+
+// WorkListenObserver records the PostgreSQL store's listener for new work
+// (sqlstore.WithWorkListenObserver): listening again, or its connection
+// failed (class), after which waiting claims wake by the re-check alone
+// until it listens again.
+func WorkListenObserver(log *slog.Logger) func(error) {
+	return func(err error) {
+		if err != nil {
+			log.LogAttrs(context.Background(), slog.LevelWarn, MsgWorkListen, slog.Bool("listening", false), slog.String("class", errorClass(err)))
+			return
+		}
+		log.LogAttrs(context.Background(), slog.LevelInfo, MsgWorkListen, slog.Bool("listening", true))
+	}
+}

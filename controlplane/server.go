@@ -25,6 +25,7 @@ const (
 	DefaultMinLeaseTTL    = 40 * time.Second // one renewal interval plus one request timeout (R12)
 	DefaultMaxLeaseTTL    = 15 * time.Minute
 	DefaultClaimWaitMax   = 30 * time.Second
+	DefaultClaimRecheck   = 2 * time.Second
 	DefaultReaperInterval = 5 * time.Second
 	DefaultReaperGrace    = 30 * time.Second // at least the runner's SIGTERM→SIGKILL grace (P3)
 	DefaultMaxWorkerLost  = 3
@@ -52,6 +53,10 @@ type Config struct {
 	MaxLeaseTTL time.Duration
 	// ClaimWaitMax caps the long poll of a claim and of an event follow.
 	ClaimWaitMax time.Duration
+	// ClaimRecheck is how often a waiting claim asks the store again
+	// without its signal (Store.WorkSignal): the safety net for what no
+	// signal announces, such as a release backoff (K7) that ended.
+	ClaimRecheck time.Duration
 
 	// ReaperInterval is the period of RunReaper's sweep. A gap in the
 	// database's record of sweeps longer than three intervals (and at
@@ -97,6 +102,7 @@ func New(cfg Config) *Server {
 	setDefault(&cfg.MinLeaseTTL, DefaultMinLeaseTTL)
 	setDefault(&cfg.MaxLeaseTTL, DefaultMaxLeaseTTL)
 	setDefault(&cfg.ClaimWaitMax, DefaultClaimWaitMax)
+	setDefault(&cfg.ClaimRecheck, DefaultClaimRecheck)
 	setDefault(&cfg.ReaperInterval, DefaultReaperInterval)
 	setDefault(&cfg.ReaperGrace, DefaultReaperGrace)
 	if cfg.Retention == 0 {

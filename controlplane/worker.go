@@ -11,8 +11,9 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Long polls ask the store again after pollMin, doubling up to pollMax.
-// Polling, not a wake-up channel: the store may be shared by replicas.
+// The other long polls (a host's cancels, a follow of a job's events) ask
+// the store again after pollMin, doubling up to pollMax; the claim's waits
+// for the store's signal (waitForWork).
 const (
 	pollMin = 20 * time.Millisecond
 	pollMax = 250 * time.Millisecond
@@ -78,8 +79,12 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	if req.WaitMS < 0 {
+	switch {
+	case req.WaitMS < 0:
 		writeError(w, invalid("wait_ms must not be negative."))
+		return
+	case req.MaxClaims < 0 || req.MaxClaims > wire.MaxClaimsPerRequest:
+		writeError(w, invalid("max_claims must be between 0 and %d.", wire.MaxClaimsPerRequest))
 		return
 	}
 	ttl, e := s.leaseTTL(req.LeaseTTLMS)
@@ -94,27 +99,33 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	}
 	wait := s.longPoll(req.WaitMS)
 
-	// The token is handed out in this answer; the store keeps its hash. A
-	// keyed claim's token derives from the key, so that a replay can hand
-	// the same one out again without any store keeping it.
-	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl}
-	token := NewToken(WorkerTokenPrefix)
-	if key := req.IdempotencyKey; key != "" {
-		p.AttemptID = newAttemptID()
-		p.KeyHash = HashToken(key)
-		token = WorkerTokenFor(key, p.AttemptID)
+	// The tokens are handed out in this answer; the store keeps their
+	// hashes. A keyed claim's tokens derive from the key, so that a replay
+	// can hand the same ones out again without any store keeping them.
+	slots := make([]store.ClaimSlot, max(req.MaxClaims, 1))
+	tokens := make([]string, len(slots)) // the i-th claim's, unless replayed
+	for i := range slots {
+		tokens[i] = NewToken(WorkerTokenPrefix)
+		if key := req.IdempotencyKey; key != "" {
+			slots[i].AttemptID = newAttemptID()
+			tokens[i] = WorkerTokenFor(key, slots[i].AttemptID)
+		}
+		slots[i].WorkerTokenHash = HashToken(tokens[i])
 	}
-	p.WorkerTokenHash = HashToken(token)
-	var c wire.Claim
-	found, err := poll(r.Context(), wait, func(ctx context.Context) (bool, error) {
+	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl,
+		AttemptID: slots[0].AttemptID, WorkerTokenHash: slots[0].WorkerTokenHash, More: slots[1:]}
+	if key := req.IdempotencyKey; key != "" {
+		p.KeyHash = HashToken(key)
+	}
+	var claims []wire.Claim
+	found, err := s.waitForWork(r.Context(), wait, func(ctx context.Context) (bool, error) {
 		p.Held = time.Since(arrived)
-		var ok bool
 		var err error
 		if p.Now, err = s.cfg.Store.Now(ctx); err != nil {
 			return false, err
 		}
-		c, ok, err = s.cfg.Store.Claim(ctx, p)
-		return ok, err
+		claims, err = s.cfg.Store.ClaimMany(ctx, p)
+		return len(claims) > 0, err
 	})
 	if err != nil {
 		s.fail(w, r, op, err)
@@ -125,20 +136,66 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
-	c.WorkerToken = token
-	if c.Replayed {
-		// The first answer's attempt: its token, its hold (the store
-		// kept it, rounded down like this one: a hair early, never late).
-		c.WorkerToken = WorkerTokenFor(req.IdempotencyKey, c.AttemptID)
+	for i := range claims {
+		c := &claims[i]
+		c.WorkerToken = tokens[i]
+		if c.Replayed {
+			// The first answer's attempt: its token, its hold (the store
+			// kept it, rounded down like this one: a hair early, never late).
+			c.WorkerToken = WorkerTokenFor(req.IdempotencyKey, c.AttemptID)
+		}
+		if c.LeaseTTLMS == 0 {
+			c.LeaseTTLMS = ttl.Milliseconds()
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgAttemptClaimed,
+			slog.String("job_id", c.JobID), slog.String("attempt_id", c.AttemptID),
+			slog.String("host", h.Name), slog.Int64("lease_generation", c.LeaseGeneration),
+			slog.Time("lease_expires_at", c.LeaseExpiresAt), slog.Bool("replayed", c.Replayed))
 	}
-	if c.LeaseTTLMS == 0 {
-		c.LeaseTTLMS = ttl.Milliseconds()
+	s.cfg.Metrics.claimedTurns.Add(float64(len(claims)))
+	if req.MaxClaims <= 1 {
+		writeJSON(w, http.StatusOK, claims[0]) // the one claim's shape, as every control plane answers
+		return
 	}
-	s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgAttemptClaimed,
-		slog.String("job_id", c.JobID), slog.String("attempt_id", c.AttemptID),
-		slog.String("host", h.Name), slog.Int64("lease_generation", c.LeaseGeneration),
-		slog.Time("lease_expires_at", c.LeaseExpiresAt), slog.Bool("replayed", c.Replayed))
-	writeJSON(w, http.StatusOK, c)
+	writeJSON(w, http.StatusOK, wire.ClaimBatch{Claims: claims})
+}
+
+// waitForWork is the claim's long poll: it calls try until it reports
+// true or an error, or until wait has passed or ctx is done (which is not
+// an error: the answer is "nothing"). It tries again when the store
+// signals that work may have come (Store.WorkSignal: NOTIFY on PostgreSQL
+// from any replica, an in-process signal on SQLite), never on a timer of
+// its own but the slow ClaimRecheck, for what no signal announces (a
+// release backoff ending, a listener reconnecting).
+func (s *Server) waitForWork(ctx context.Context, wait time.Duration, try func(context.Context) (bool, error)) (bool, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		var wake <-chan struct{}
+		if wait > 0 {
+			wake = s.cfg.Store.WorkSignal() // before the try, so that no signal falls between
+		}
+		if ok, err := try(ctx); ok || err != nil {
+			return ok, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return false, nil
+		}
+		t := time.NewTimer(min(s.cfg.ClaimRecheck, left))
+		s.cfg.Metrics.claimPolls.Inc()
+		select {
+		case <-ctx.Done():
+		case <-wake:
+			s.cfg.Metrics.claimWakes.WithLabelValues("signal").Inc()
+		case <-t.C:
+			s.cfg.Metrics.claimWakes.WithLabelValues("recheck").Inc()
+		}
+		s.cfg.Metrics.claimPolls.Dec()
+		t.Stop()
+		if ctx.Err() != nil {
+			return false, nil
+		}
+	}
 }
 
 // validClaimKey: empty, or wire's bounds of base32/base64url characters.

@@ -131,6 +131,32 @@ func (c *Client) Claim(ctx context.Context, hostToken string, req ClaimRequest) 
 	return out, err
 }
 
+// Claims long-polls for up to req.MaxClaims turns with the host token: a
+// batch answer for MaxClaims above 1, else the one claim (asked for
+// without max_claims) as a batch of one. ErrNoClaim when the long poll
+// ended with 204.
+func (c *Client) Claims(ctx context.Context, hostToken string, req ClaimRequest) ([]Claim, error) {
+	if req.MaxClaims <= 1 {
+		req.MaxClaims = 0 // the request of one turn every control plane reads
+		one, err := c.Claim(ctx, hostToken, req)
+		if err != nil {
+			return nil, err
+		}
+		return []Claim{one}, nil
+	}
+	var out ClaimBatch
+	// Every claim of the batch carries its prompt: the answer may be as
+	// large as that many single ones.
+	status, err := c.send(ctx, "claim", http.MethodPost, PathClaim, hostToken, req, &out, int64(req.MaxClaims)*maxAnswerBytes)
+	if err == nil && status == http.StatusNoContent {
+		return nil, ErrNoClaim
+	}
+	if err == nil && len(out.Claims) == 0 {
+		return nil, &TransportError{Op: "claim", Err: errors.New("decode answer: a batch of no claims")}
+	}
+	return out.Claims, err
+}
+
 // HostHeartbeat reports the host's status with the host token.
 func (c *Client) HostHeartbeat(ctx context.Context, hostToken string, req HostHeartbeat) (HostHeartbeatResponse, error) {
 	var out HostHeartbeatResponse
@@ -222,14 +248,18 @@ func (c *Client) Finish(ctx context.Context, workerToken, jobID string, req Fini
 // bearer token, a JSON body (nil for none) and where to decode the answer
 // (nil to discard it). It returns the status of a 2xx answer.
 func (c *Client) Do(ctx context.Context, method, path, token string, body, out any) (int, error) {
-	return c.send(ctx, strings.TrimPrefix(path, "/"), method, path, token, body, out)
+	return c.send(ctx, strings.TrimPrefix(path, "/"), method, path, token, body, out, maxAnswerBytes)
 }
 
 func (c *Client) do(ctx context.Context, op, path, token string, body, out any) (int, error) {
-	return c.send(ctx, op, http.MethodPost, path, token, body, out)
+	return c.send(ctx, op, http.MethodPost, path, token, body, out, maxAnswerBytes)
 }
 
-func (c *Client) send(ctx context.Context, op, method, path, token string, body, out any) (int, error) {
+// maxAnswerBytes bounds the answer decoded of one call (a batch of claims:
+// that many times).
+const maxAnswerBytes = 16 * MaxBodyBytes
+
+func (c *Client) send(ctx context.Context, op, method, path, token string, body, out any, limit int64) (int, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -271,7 +301,7 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBodyBytes))
 		return resp.StatusCode, nil
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 16*MaxBodyBytes)).Decode(out); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, limit)).Decode(out); err != nil {
 		return resp.StatusCode, &TransportError{Op: op, Err: fmt.Errorf("decode answer: %w", err)}
 	}
 	return resp.StatusCode, nil

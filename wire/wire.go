@@ -327,6 +327,25 @@ type ClaimRequest struct {
 	// It is a secret like the host token (the worker token derives from
 	// it): never logged. Empty: every 200 is a new attempt.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// MaxClaims is how many turns the host takes at most in this one
+	// request: its free slots. 0 (omitted) or 1 asks for one turn,
+	// answered with one Claim, the shape every control plane answers; 2
+	// to MaxClaimsPerRequest ask for a batch, answered with a ClaimBatch.
+	// A control plane older than batches refuses the field with 400
+	// unknown_field.
+	MaxClaims int `json:"max_claims,omitempty"`
+}
+
+// MaxClaimsPerRequest bounds ClaimRequest.MaxClaims.
+const MaxClaimsPerRequest = 64
+
+// ClaimBatch is the 200 answer to a claim with max_claims above 1: one to
+// max_claims claims, each its own attempt of its own job — never two of
+// one conversation — with its own worker token, lease, generation and
+// held_ms. With an idempotency key, the whole batch is what a retry with
+// the same key gets again.
+type ClaimBatch struct {
+	Claims []Claim `json:"claims"`
 }
 
 // Bounds of ClaimRequest.IdempotencyKey: at least 128 bits of base32.

@@ -96,6 +96,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	minLeaseTTL := f.fs.Duration("min-lease-ttl", controlplane.DefaultMinLeaseTTL, "shortest lease a runner may ask for: one renewal interval plus one request timeout (lower only for tests)")
 	maxLeaseTTL := f.fs.Duration("max-lease-ttl", controlplane.DefaultMaxLeaseTTL, "longest lease a runner may ask for")
 	claimWait := f.fs.Duration("claim-wait-max", controlplane.DefaultClaimWaitMax, "longest hold of a claim or event long poll")
+	claimRecheck := f.fs.Duration("claim-recheck", controlplane.DefaultClaimRecheck, "how often a waiting claim asks the store again without its signal of new work (for what no signal announces: a release backoff that ended)")
 	reaperInterval := f.fs.Duration("reaper-interval", controlplane.DefaultReaperInterval, "period of the reaper's sweep")
 	reaperGrace := f.fs.Duration("reaper-grace", controlplane.DefaultReaperGrace, "time past a lease's expiry before its attempt is superseded; at least the runner's stop grace")
 	maxWorkerLost := f.fs.Int("max-worker-lost", controlplane.DefaultMaxWorkerLost, "host losses a job may suffer before it fails instead of being queued again")
@@ -129,8 +130,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case *leaseTTL < *minLeaseTTL || *leaseTTL > *maxLeaseTTL:
 		return usagef("--lease-ttl %v must be between --min-lease-ttl %v (one renewal interval plus one request timeout) and --max-lease-ttl %v",
 			*leaseTTL, *minLeaseTTL, *maxLeaseTTL)
-	case *claimWait <= 0 || *reaperInterval <= 0 || *reaperGrace <= 0:
-		return usagef("--claim-wait-max, --reaper-interval and --reaper-grace must be positive")
+	case *claimWait <= 0 || *claimRecheck <= 0 || *reaperInterval <= 0 || *reaperGrace <= 0:
+		return usagef("--claim-wait-max, --claim-recheck, --reaper-interval and --reaper-grace must be positive")
 	case *maxWorkerLost < 1:
 		return usagef("--max-worker-lost must be at least 1")
 	case *maxReleases < 1:
@@ -163,7 +164,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return fmt.Errorf("create the data directory: %w", err)
 	}
 	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff), sqlstore.WithMaxWorkerLost(*maxWorkerLost),
-		sqlstore.WithTxObserver(metrics.ObserveTx))
+		sqlstore.WithTxObserver(metrics.ObserveTx), sqlstore.WithWorkListenObserver(controlplane.WorkListenObserver(log)))
 	if err != nil {
 		return err
 	}
@@ -178,7 +179,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 
 	srv := controlplane.New(controlplane.Config{
-		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait,
+		Store: st, Logger: log, LeaseTTL: *leaseTTL, MinLeaseTTL: *minLeaseTTL, MaxLeaseTTL: *maxLeaseTTL, ClaimWaitMax: *claimWait, ClaimRecheck: *claimRecheck,
 		ReaperInterval: *reaperInterval, ReaperGrace: *reaperGrace, MaxWorkerLost: *maxWorkerLost, Retention: *retention,
 		Metrics: metrics,
 	})
