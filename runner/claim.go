@@ -30,13 +30,19 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
 	failures := 0
 	failing := false
-	// The claim in progress: its idempotency key and the send of its first
-	// request. A claim whose answer never came is asked again with the
-	// same key, so the attempt it may have made is resumed, not orphaned.
+	// The claim in progress: its idempotency key, the send of its first
+	// request and how many turns it asked for. A claim whose answer never
+	// came is asked again, the same request with the same key, so the
+	// attempts it may have made are resumed, not orphaned.
 	var pending struct {
 		key  string
 		sent time.Time
+		n    int
 	}
+	// batches: the control plane takes max_claims. One that predates
+	// batched claims refuses the field (400 unknown_field); from then on
+	// this daemon claims one turn per request.
+	batches := true
 	idle := func() bool {
 		d.health.expect(loopClaim, idleCheck+healthSlack)
 		t := time.NewTimer(idleCheck)
@@ -66,51 +72,52 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			}
 			continue
 		}
-		if !d.takeSlot() {
+		limit := 1 // every free slot, in one request (issue 14 §3)
+		if batches {
+			limit = wire.MaxClaimsPerRequest
+		}
+		sent := time.Now()
+		if pending.key != "" && sent.Sub(pending.sent) < d.cfg.Timings.LeaseTTL {
+			limit = pending.n // a retry asks for what the first request did
+		}
+		n := d.takeSlots(limit)
+		if n == 0 {
 			if !idle() {
 				return
 			}
 			continue
 		}
 		d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
-		sent := time.Now()
 		if pending.key == "" || sent.Sub(pending.sent) >= d.cfg.Timings.LeaseTTL {
-			// A new claim (or one so old that its attempt's lease is over).
-			pending.key, pending.sent = rand.Text(), sent
+			// A new claim (or one so old that its attempts' leases are over).
+			pending.key, pending.sent, pending.n = rand.Text(), sent, n
 		}
 		ctx, cancelClaim := context.WithTimeout(claimCtx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
-		claim, err := d.control.Claim(ctx, d.cfg.HostToken, wire.ClaimRequest{
+		got, err := d.control.Claims(ctx, d.cfg.HostToken, wire.ClaimRequest{
 			WaitMS:         d.cfg.ClaimWait.Milliseconds(),
 			LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
 			IdempotencyKey: pending.key,
+			MaxClaims:      pending.n,
 		})
 		cancelClaim()
 		first := pending.sent
 		if missing := err != nil && !errors.Is(err, wire.ErrNoClaim) && wire.Classify(err) == wire.Transient; !missing || claimCtx.Err() != nil {
 			pending.key = "" // answered (or given up): the next claim is a new one
 		}
+		var se *wire.StatusError
 		switch status := diagnostics.Status(err); {
 		case err == nil:
-			d.claimDone(true)
+			d.claimDone(len(got))
 			failing = false
 			failures = 0
-			d.attempts.Add(1)
-			conv := claim.Turn.ConversationID
-			d.holdConversation(conv) // before the sweep can look again
-			// From the first request's send: a replayed answer's lease
-			// began with that request (K4, R10).
-			start := leaseStart(first, claim.Held(), time.Now())
-			go func() {
-				defer d.attempts.Done()
-				defer d.freeSlot()
-				defer d.releaseConversation(conv)
-				d.runAttempt(runCtx, claim, start)
-			}()
+			for _, claim := range got {
+				d.launch(runCtx, claim, first)
+			}
 		case claimCtx.Err() != nil:
-			d.claimDone(false)
+			d.claimDone(0)
 			return
 		case errors.Is(err, wire.ErrNoClaim):
-			d.claimDone(false)
+			d.claimDone(0)
 			if failing {
 				failing = false
 				d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
@@ -122,11 +129,15 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 				return
 			}
 		case wire.Classify(err) == wire.CredentialRefused:
-			d.claimDone(false)
+			d.claimDone(0)
 			d.m.claimFailed(err)
 			d.refuseHost("claim", status)
+		case batches && pending.n > 1 && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
+			d.claimDone(0)
+			batches = false
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimBatchRefused, slog.String(diagnostics.KeyOp, "claim"))
 		default:
-			d.claimDone(false)
+			d.claimDone(0)
 			d.m.claimFailed(err)
 			if !failing {
 				failing = true
@@ -137,6 +148,22 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			}
 		}
 	}
+}
+
+// launch runs a claimed turn on its own goroutine. Its lease counts from
+// the first request's send: a replayed answer's lease began with that
+// request (K4, R10).
+func (d *Daemon) launch(runCtx context.Context, claim wire.Claim, sent time.Time) {
+	d.attempts.Add(1)
+	conv := claim.Turn.ConversationID
+	d.holdConversation(conv) // before the sweep can look again
+	start := leaseStart(sent, claim.Held(), time.Now())
+	go func() {
+		defer d.attempts.Done()
+		defer d.freeSlot()
+		defer d.releaseConversation(conv)
+		d.runAttempt(runCtx, claim, start)
+	}()
 }
 
 // leaseStart is when the runner counts a claimed lease from (K4): the

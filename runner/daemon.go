@@ -44,8 +44,8 @@ type Daemon struct {
 	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
 
 	mu          sync.Mutex
-	busy        int  // attempts held plus a claim in flight
-	claiming    bool // a claim is in flight (counted in busy)
+	busy        int // attempts held plus the slots of a claim in flight
+	claiming    int // the slots the claim in flight reserved (counted in busy)
 	hostRefused bool
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
@@ -283,26 +283,27 @@ func (d *Daemon) logStarted() {
 
 // ---- capacity ----
 
-// takeSlot reserves capacity for a claim; false when all slots are busy.
-func (d *Daemon) takeSlot() bool {
+// takeSlots reserves the free slots, up to limit, for a claim of that
+// many turns; 0 when all slots are busy.
+func (d *Daemon) takeSlots(limit int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.busy >= d.cfg.Capacity {
-		return false
+	n := min(d.cfg.Capacity-d.busy, limit)
+	if n <= 0 {
+		return 0
 	}
-	d.busy++
-	d.claiming = true
-	return true
+	d.busy += n
+	d.claiming = n
+	return n
 }
 
-// claimDone ends the claim in flight; kept says whether its slot now holds
-// an attempt.
-func (d *Daemon) claimDone(kept bool) {
+// claimDone ends the claim in flight; kept is how many of its slots now
+// hold an attempt (a replayed answer may hold more than were reserved:
+// they are this host's turns all the same, and count).
+func (d *Daemon) claimDone(kept int) {
 	d.mu.Lock()
-	d.claiming = false
-	if !kept {
-		d.busy--
-	}
+	d.busy += kept - d.claiming
+	d.claiming = 0
 	d.mu.Unlock()
 }
 
@@ -327,10 +328,7 @@ func (d *Daemon) freeSlot() {
 func (d *Daemon) running() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.claiming {
-		return d.busy - 1
-	}
-	return d.busy
+	return d.busy - d.claiming
 }
 
 // ---- host credential ----

@@ -30,10 +30,7 @@ type status struct {
 
 func (d *Daemon) status(now time.Time) status {
 	d.mu.Lock()
-	s := status{capacity: d.cfg.Capacity, busy: d.busy, running: d.busy}
-	if d.claiming {
-		s.running--
-	}
+	s := status{capacity: d.cfg.Capacity, busy: d.busy, running: d.busy - d.claiming}
 	refused, backend := d.hostRefused, d.backend
 	d.mu.Unlock()
 	s.draining = d.draining()
