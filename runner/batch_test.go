@@ -91,7 +91,7 @@ func TestDaemonClaimsAsManyTurnsAsFreeSlots(t *testing.T) {
 		cfg.Capacity = 4
 	})
 	for _, j := range jobs {
-		waitFor(t, "every turn to end", 20*time.Second, ended(c, j.ID))
+		waitFor(t, "every turn to end", time.Minute, ended(c, j.ID))
 	}
 	asked, given := rec.claims()
 	if len(asked) == 0 || asked[0] != 4 || given[0] != 4 {
@@ -117,7 +117,7 @@ func TestDaemonClaimsOneAtATimeFromAnOlderControlPlane(t *testing.T) {
 		cfg.ControlPlaneURL = hs.URL
 		cfg.Capacity = 2
 	})
-	waitFor(t, "both turns to end", 20*time.Second, func() bool { return ended(c, j1.ID)() && ended(c, j2.ID)() })
+	waitFor(t, "both turns to end", time.Minute, func() bool { return ended(c, j1.ID)() && ended(c, j2.ID)() })
 	asked, given := rec.claims()
 	if len(asked) < 3 || asked[0] != 2 || given[0] != 0 || asked[1] > 1 || given[1] != 1 || asked[2] > 1 {
 		t.Fatalf("claims asked for %v and were given %v; want one refused batch, then single claims", asked, given)

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/stdlib"
-
-	"github.com/runnerd/runnerd/internal/retry"
 )
 
 // WorkSignal returns a channel closed once a job may have become claimable
@@ -96,9 +94,16 @@ func (l *listener) close() {
 	<-l.done
 }
 
-// listenRetry paces reconnections after the listening connection failed;
-// long polls meanwhile find work by their own re-check.
-var listenRetry = retry.Policy{Name: "listen", Wait: 100 * time.Millisecond, MaxWait: 10 * time.Second}
+// listenPause paces reconnections after the listening connection failed
+// for the n-th time in a row (from 1): 100 ms, doubling up to 10 s. Long
+// polls meanwhile find work by their own re-check.
+func listenPause(n int) time.Duration {
+	d := 100 * time.Millisecond
+	for i := 1; i < n && d < 10*time.Second; i++ {
+		d *= 2
+	}
+	return min(d, 10*time.Second)
+}
 
 func (l *listener) run(ctx context.Context) {
 	defer close(l.done)
@@ -115,7 +120,7 @@ func (l *listener) run(ctx context.Context) {
 		if l.observe != nil {
 			l.observe(err)
 		}
-		t := time.NewTimer(listenRetry.Pause(failures))
+		t := time.NewTimer(listenPause(failures))
 		select {
 		case <-ctx.Done():
 			t.Stop()
