@@ -111,7 +111,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			failing = false
 			failures = 0
 			for _, claim := range got {
-				d.launch(runCtx, claim, first)
+				d.startAttempt(runCtx, claim, first)
 			}
 		case claimCtx.Err() != nil:
 			d.claimDone(0)
@@ -150,10 +150,10 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	}
 }
 
-// launch runs a claimed turn on its own goroutine. Its lease counts from
+// startAttempt runs a claimed turn on its own goroutine. Its lease counts from
 // the first request's send: a replayed answer's lease began with that
 // request (K4, R10).
-func (d *Daemon) launch(runCtx context.Context, claim wire.Claim, sent time.Time) {
+func (d *Daemon) startAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
 	d.attempts.Add(1)
 	conv := claim.Turn.ConversationID
 	d.holdConversation(conv) // before the sweep can look again
