@@ -487,6 +487,22 @@ func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duratio
 	}
 	exp := now.Add(ttl)
 	var resp wire.RenewResponse
+	if s.d == postgres {
+		// One statement outside any transaction; only a renewal it
+		// refuses takes the transaction below, which words the refusal.
+		var cancel int64
+		err := s.one(ctx, func(tx txn) error {
+			return tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+`
+				RETURNING (SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)`),
+				args([]any{int64(ttl), ns(exp)}, guardArgs(ref, now)...)...).Scan(&cancel)
+		})
+		if err == nil {
+			return wire.RenewResponse{LeaseExpiresAt: fromNS(ns(exp)), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
+		}
+	}
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+` RETURNING job_id`),
