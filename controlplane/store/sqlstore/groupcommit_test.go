@@ -11,6 +11,7 @@ import (
 
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/controlplane/store/storetest"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -273,4 +274,56 @@ func TestGroupCommitWithdrawnWriteNeverRuns(t *testing.T) {
 			t.Fatalf("hosts %v: the withdrawn write ran, or the kept one did not", names)
 		}
 	})
+}
+
+// The work signal is specific (issue 14 §3): on SQLite it fires, before
+// the write that made work returns, for an enqueue, and not for writes
+// that make nothing claimable — a claim, a renewal, a heartbeat with the
+// labels of the one before — so waiting long polls are not woken by every
+// commit.
+func TestWorkSignalOnlyForNewWork(t *testing.T) {
+	ctx := context.Background()
+	st := sqltest.SQLite(t)
+	now := time.Now()
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("h"), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beat := wire.HostHeartbeat{Capacity: 1, Labels: wire.Labels{"os": "linux"}}
+	if err := st.RecordHostHeartbeat(ctx, h.ID, beat, now); err != nil {
+		t.Fatal(err)
+	}
+	closed := func(ch <-chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	conv, err := st.CreateConversation(ctx, wire.CreateConversationRequest{AgentCommand: []string{"a"}}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := st.WorkSignal()
+	if _, err := st.EnqueueTurn(ctx, conv.ID, "p", now); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(ch) {
+		t.Fatal("no signal when the enqueue returned")
+	}
+	ch = st.WorkSignal()
+	c, ok, err := st.Claim(ctx, store.ClaimParams{HostID: h.ID, WorkerTokenHash: storetest.Hash("w"), Now: now})
+	if err != nil || !ok {
+		t.Fatalf("Claim = %v, %v", ok, err)
+	}
+	if _, err := st.Renew(ctx, wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}, time.Minute, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.RecordHostHeartbeat(ctx, h.ID, beat, now); err != nil {
+		t.Fatal(err)
+	}
+	if closed(ch) {
+		t.Fatal("a claim, a renewal or a heartbeat with unchanged labels signalled new work")
+	}
 }
