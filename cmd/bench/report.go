@@ -16,7 +16,7 @@ type row struct {
 	ID     string    `json:"id"`
 	Store  storeKind `json:"store,omitempty"`
 	What   string    `json:"what"`
-	Value  float64   `json:"value,omitempty"`
+	Value  float64   `json:"value"` // 0 is a figure too (a share of none); NotRun says when there is none
 	Unit   string    `json:"unit,omitempty"`
 	Detail string    `json:"detail,omitempty"`
 	NotRun string    `json:"not_run,omitempty"`
