@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -33,14 +35,20 @@ const (
 type campaign struct {
 	turns     int
 	faults    int
+	minLength time.Duration // the shortest fault
 	maxLength time.Duration // the longest fault
+	only      []string      // the fault kinds drawn from; all when empty
 	seed      uint64
 	long      bool
 	build     string // the broken build's tag, "" for the product
+	process   int    // conversations on the process backend
+	docker    int    // conversations on the docker backend
+	script    string // every turn's directives; "" draws them from scripts
 }
 
 func campaignFromEnv(t *testing.T) campaign {
-	c := campaign{turns: shortTurns, faults: shortFaults, maxLength: 3 * time.Second}
+	c := campaign{turns: shortTurns, faults: shortFaults, minLength: 200 * time.Millisecond, maxLength: 3 * time.Second,
+		process: 9, docker: 3}
 	if v := os.Getenv(envTurns); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 12 {
@@ -55,11 +63,15 @@ func campaignFromEnv(t *testing.T) campaign {
 		}
 		c.seed = s
 	} else {
-		var b [8]byte
-		_, _ = rand.Read(b[:])
-		c.seed = binary.BigEndian.Uint64(b[:]) % 1_000_000_000
+		c.seed = randomSeed()
 	}
 	return c
+}
+
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) % 1_000_000_000
 }
 
 // dockerEngine is the real Docker engine, or a skip (a failure under
@@ -94,11 +106,54 @@ func TestChaos(t *testing.T) {
 		t.Skip("the chaos campaign takes minutes; -short skips it")
 	}
 	t.Logf("chaos: seed %d, %d turns, at most %d faults (rerun: %s=%d %s=%d)", c.seed, c.turns, c.faults, envSeed, c.seed, envTurns, c.turns)
-	runCampaign(t, eng, c)
+	runCampaign(t, eng, c, bins.ControlPlane)
 }
 
-func runCampaign(t *testing.T, eng *client.Client, c campaign) {
-	w := newWorld(t, c.seed, fleetOpts{hosts: 3, dockerHosts: 1, keep: c.long || os.Getenv("CHAOS_KEEP") != ""})
+// TestChaosBrokenFenceIsCaught runs a short campaign against replicas
+// built with -tags chaos_broken_fence (controlplane/store/sqlstore's
+// fence_broken.go: every fenced write matches its attempt whatever its
+// generation, P1 broken) under the faults that make hosts write for
+// attempts the reaper already superseded — whole hosts frozen and cut
+// off for longer than a lease and the reaper's grace — and asserts that
+// the checker reports stale writes: the campaign proves it can fail.
+func TestChaosBrokenFenceIsCaught(t *testing.T) {
+	requireFleet(t)
+	eng := dockerEngine(t)
+	if testing.Short() {
+		t.Skip("the chaos campaign takes minutes; -short skips it")
+	}
+	if os.Getenv(envTurns) != "" {
+		t.Skip("make chaos runs the long campaign only")
+	}
+	const tag = "chaos_broken_fence"
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := filepath.Join(t.TempDir(), "controlplane-broken")
+	cmd := exec.Command("go", "build", "-tags", tag, "-trimpath", "-o", broken, "./cmd/controlplane")
+	cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the broken control plane: %v\n%s", err, out)
+	}
+	c := campaign{turns: 24, faults: 8, minLength: 4 * time.Second, maxLength: 7 * time.Second,
+		only: []string{"stop_host", "partition_host"}, seed: randomSeed(), build: tag, process: 4,
+		script: "!events 2\n!silent 2500ms\n!events 2"}
+	if v := os.Getenv(envSeed); v != "" {
+		c.seed, _ = strconv.ParseUint(v, 10, 64)
+	}
+	t.Logf("chaos (broken build %s): seed %d, %d turns", tag, c.seed, c.turns)
+	rep := runCampaign(t, eng, c, broken)
+	if n := rep.Count(checker.StaleWrite); n == 0 {
+		t.Errorf("the checker found no stale write against the broken fence (seed %d):\n%s", c.seed, rep.Summary())
+	} else {
+		t.Logf("chaos (broken build): the checker found %d stale writes", n)
+	}
+}
+
+func runCampaign(t *testing.T, eng *client.Client, c campaign, controlPlane string) checker.Report {
+	w := newWorld(t, c.seed, fleetOpts{hosts: 3, dockerHosts: 1, controlPlane: controlPlane,
+		keep: c.long || os.Getenv("CHAOS_KEEP") != ""})
 	ctx := w.ctx
 	if err := docker.BuildScratchImage(ctx, eng, docker.ScratchImage{
 		Tag:   dockerImage,
@@ -159,27 +214,31 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign) {
 	}
 
 	wl := &workload{w: w}
-	if err := wl.create(ctx, 9, convSpec{sandbox: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent}}); err != nil {
+	wl.script = c.script
+	if err := wl.create(ctx, c.process, convSpec{sandbox: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := wl.create(ctx, 3, convSpec{sandbox: wire.SandboxDocker, image: dockerImage, agent: []string{"/demoagent"}}); err != nil {
+	if err := wl.create(ctx, c.docker, convSpec{sandbox: wire.SandboxDocker, image: dockerImage, agent: []string{"/demoagent"}}); err != nil {
 		t.Fatal(err)
 	}
 
 	started := time.Now()
-	f := newFaults(w, c.seed)
+	f := newFaults(w, c.seed, c.only...)
 	fctx, stopFaults := context.WithCancel(ctx)
 	faultsDone := make(chan struct{})
-	go func() { defer close(faultsDone); f.run(fctx, c.faults, c.maxLength) }()
+	go func() { defer close(faultsDone); f.run(fctx, c.faults, c.minLength, c.maxLength) }()
 	wl.run(ctx, c.turns, 3*time.Minute)
 	stopFaults()
 	<-faultsDone
 	t.Logf("chaos: %d turns sent in %v; faults: %s", len(wl.sent), time.Since(started).Round(time.Second), f.mix())
 
 	// Every fault is healed: every turn must end now.
-	for _, s := range wl.sent {
-		if _, ok := w.waitEnded(ctx, s.job, 2*time.Minute); !ok {
-			t.Errorf("job %s did not end within 2 minutes of the last fault", s.job)
+	w.jobsMu.Lock()
+	enqueued := slices.Clone(w.jobs)
+	w.jobsMu.Unlock()
+	for _, id := range enqueued {
+		if _, ok := w.waitEnded(ctx, id, 2*time.Minute); !ok {
+			t.Errorf("job %s did not end within 2 minutes of the last fault", id)
 		}
 	}
 	jobs, _, err := wl.final(ctx)
@@ -198,5 +257,5 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign) {
 		t.Fatal(err)
 	}
 	t.Logf("chaos: history of %d records in %s", len(recs), w.dir)
-	judge(t, c, w, time.Since(started), recs)
+	return judge(t, c, w, time.Since(started), recs)
 }

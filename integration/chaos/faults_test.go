@@ -26,8 +26,9 @@ type faultKind struct {
 }
 
 type faults struct {
-	w   *world
-	rng *rand.Rand
+	w     *world
+	rng   *rand.Rand
+	kinds []faultKind // the mix drawn from
 
 	mu     sync.Mutex // guards busy and counts
 	busy   map[string]bool
@@ -46,6 +47,7 @@ var kinds = []faultKind{
 	{"drop_response", 10, (*faults).dropResponse},
 	{"partition_host", 6, (*faults).partitionHost},
 	{"partition_replica", 5, (*faults).partitionReplica},
+	{"stop_host", 4, (*faults).stopHost},
 	{"kill_daemon", 6, (*faults).killDaemon},
 	{"stop_daemon", 5, (*faults).stopDaemon},
 	{"kill_child", 6, (*faults).killChild},
@@ -59,22 +61,29 @@ var kinds = []faultKind{
 	{"postgres_restart", 3, (*faults).postgresRestart},
 }
 
-func newFaults(w *world, seed uint64) *faults {
-	return &faults{w: w, rng: rand.New(rand.NewPCG(seed, 0xfa17)), busy: map[string]bool{}, counts: map[string]int{}}
+// newFaults draws from the kinds named in only, or from every kind.
+func newFaults(w *world, seed uint64, only ...string) *faults {
+	f := &faults{w: w, rng: rand.New(rand.NewPCG(seed, 0xfa17)), busy: map[string]bool{}, counts: map[string]int{}}
+	for _, k := range kinds {
+		if len(only) == 0 || slices.Contains(only, k.name) {
+			f.kinds = append(f.kinds, k)
+		}
+	}
+	return f
 }
 
-// run injects faults until ctx ends or maxFaults were injected, then
-// waits for every one to heal.
-func (f *faults) run(ctx context.Context, maxFaults int, maxLength time.Duration) {
+// run injects faults until ctx ends or maxFaults were injected, each
+// lasting from minLength to maxLength, then waits for every one to heal.
+func (f *faults) run(ctx context.Context, maxFaults int, minLength, maxLength time.Duration) {
 	defer f.wg.Wait()
 	total := 0
-	for _, k := range kinds {
+	for _, k := range f.kinds {
 		total += k.weight
 	}
 	sem := make(chan struct{}, 2)
 	for n := 0; n < maxFaults; {
 		gap := time.Duration(200+f.rng.IntN(1800)) * time.Millisecond
-		d := time.Duration(200+f.rng.Int64N(int64(maxLength/time.Millisecond-200))) * time.Millisecond
+		d := minLength + time.Duration(f.rng.Int64N(int64(maxLength-minLength)/int64(time.Millisecond)+1))*time.Millisecond
 		pick := f.rng.IntN(total)
 		sub := rand.New(rand.NewPCG(f.rng.Uint64(), 0))
 		select {
@@ -88,7 +97,7 @@ func (f *faults) run(ctx context.Context, maxFaults int, maxLength time.Duration
 		case sem <- struct{}{}:
 		}
 		var k faultKind
-		for _, k = range kinds {
+		for _, k = range f.kinds {
 			if pick < k.weight {
 				break
 			}
@@ -318,6 +327,37 @@ func (f *faults) stopDaemon(rng *rand.Rand, _ time.Duration) (checker.Record, fu
 	rec := fault(checker.FaultStop, checker.RoleDaemon, fmt.Sprintf("pid %d", d.Pid()))
 	rec.Host = h.name
 	return rec, func() { d.Signal(syscall.SIGCONT); f.release(target) }, true
+}
+
+// stopHost freezes a whole host, as a paused VM: its daemon and every
+// process of it the observer knows (turn children, supervisors, agents)
+// get SIGSTOP, and SIGCONT together at the end.
+func (f *faults) stopHost(rng *rand.Rand, _ time.Duration) (checker.Record, func(), bool) {
+	h := f.w.hosts[rng.IntN(len(f.w.hosts))]
+	target := "daemon " + h.name
+	if !f.claim(target) {
+		return checker.Record{}, nil, false
+	}
+	d := h.daemon()
+	pids := []int{d.Pid()}
+	f.w.obs.mu.Lock()
+	for pid, ob := range f.w.obs.live {
+		if ob.host == h.name {
+			pids = append(pids, pid)
+		}
+	}
+	f.w.obs.mu.Unlock()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	rec := fault(checker.FaultStop, checker.RoleHost, fmt.Sprintf("%d processes", len(pids)))
+	rec.Host = h.name
+	return rec, func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+		f.release(target)
+	}, true
 }
 
 // pickObserved chooses a live observed process of role, in pid order.

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,16 @@ type world struct {
 	users    []*fleet.User // one per replica, through its user recorder
 	dataDir  string        // the replicas' shared data directory (the user token)
 	image    string        // the docker agent's image
+
+	jobsMu sync.Mutex // guards jobs
+	jobs   []string   // every job a replica said it enqueued, in order
+}
+
+// enqueued notes a job a replica's send_message answer named.
+func (w *world) enqueued(id string) {
+	w.jobsMu.Lock()
+	w.jobs = append(w.jobs, id)
+	w.jobsMu.Unlock()
 }
 
 // replica is one control-plane replica in its own namespace.
@@ -129,10 +140,11 @@ func (w *prefixWriter) Write(b []byte) (int, error) {
 }
 
 type fleetOpts struct {
-	hosts       int // at least 3; the last one runs the docker backend
-	capacity    int
-	dockerHosts int
-	keep        bool // keep the campaign directory (the history) after a pass
+	hosts        int // at least 3; the last one runs the docker backend
+	capacity     int
+	dockerHosts  int
+	keep         bool   // keep the campaign directory (the history) after a pass
+	controlPlane string // the replicas' executable; default bins.ControlPlane
 }
 
 // newWorld starts the fleet: PostgreSQL, two replicas, the hosts with
@@ -166,7 +178,7 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 	}
 
 	w.nw = newNetwork(t)
-	w.pg = startPostgres(t, w.nw.gw, w.nw.prefix+"0/24", 5441+int(seed%50), w.log.prefixed("postgres"))
+	w.pg = startPostgres(t, w.nw.gw, w.nw.prefix+"0/24", freePort(t, w.nw.gw), w.log.prefixed("postgres"))
 	w.process(checker.RolePostgres, checker.ProcessStart, "", "", w.pg.pid(), nil)
 	w.toxi = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 
@@ -178,7 +190,7 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		n := w.nw.add(fmt.Sprintf("r%d", i+1), 21+i)
 		r := &replica{name: n.name, node: n, url: fmt.Sprintf("http://%s:%d", n.ip, replicaPort)}
 		r.cfg = fleet.ControlPlaneConfig{
-			Bin: bins.ControlPlane, DataDir: w.dataDir, DB: w.pg.dsn(), Wrap: n.wrap(),
+			Bin: cmp.Or(o.controlPlane, bins.ControlPlane), DataDir: w.dataDir, DB: w.pg.dsn(), Wrap: n.wrap(),
 			Listen:   fmt.Sprintf("%s:%d", n.ip, replicaPort),
 			LeaseTTL: leaseTTL, MinLeaseTTL: renewEvery + renewTimeout, ReaperInterval: reaperInterval,
 			ReaperGrace: reaperGrace, ClaimWaitMax: time.Second, ReleaseBackoff: 200 * time.Millisecond,
@@ -200,6 +212,7 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		if err != nil {
 			t.Fatal(err)
 		}
+		rec.onJob = w.enqueued
 		t.Cleanup(rec.close)
 		u := fleet.NewUser("http://"+rec.addr(), strings.TrimSpace(string(tok)))
 		t.Cleanup(u.Close)
@@ -245,6 +258,16 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		w.hosts = append(w.hosts, h)
 	}
 	return w
+}
+
+// freePort is a port free on ip now.
+func freePort(t *testing.T, ip string) int {
+	ln, err := net.Listen("tcp", ip+":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // process records a process's start or exit.
@@ -392,6 +415,25 @@ func (w *world) user(ctx context.Context, f func(*fleet.User) error) error {
 		}
 	}
 	return err
+}
+
+// userOnce is user for a call that must not be repeated (a message: the
+// user API has no idempotency key for it): it moves to the other replica
+// only when the request could not even be sent (its dial failed).
+// ambiguous says the call may have been applied although it failed.
+func (w *world) userOnce(ctx context.Context, f func(*fleet.User) error) (ambiguous bool, err error) {
+	for _, u := range w.users {
+		err = f(u)
+		var te *wire.TransportError
+		var oe *net.OpError
+		if err == nil || !errors.As(err, &te) {
+			return false, err
+		}
+		if !errors.As(err, &oe) || oe.Op != "dial" || ctx.Err() != nil {
+			return true, err
+		}
+	}
+	return false, err
 }
 
 // ---- balancer ----

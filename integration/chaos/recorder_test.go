@@ -35,6 +35,9 @@ type recorder struct {
 	ln            net.Listener
 	srv           *http.Server
 	closed        chan struct{}
+	// onJob is told every job a 2xx send_message answer names, whether
+	// or not the answer reached the client.
+	onJob func(id string)
 
 	mu   sync.Mutex // guards drop and rng
 	drop float64    // probability that a worker call's answer is withheld
@@ -144,6 +147,9 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		if json.Unmarshal(answer, &j) == nil {
 			if call == checker.CallSendMessage {
 				rec.JobID, rec.ConversationID = j.ID, j.ConversationID
+				if r.onJob != nil && resp.StatusCode < 300 && j.ID != "" {
+					r.onJob(j.ID)
+				}
 			} else {
 				rec.ConversationID = j.ID
 			}

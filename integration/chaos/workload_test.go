@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,8 +50,9 @@ type sentTurn struct {
 // workload drives conversations, one turn at a time each, until turns
 // have been sent in all; it returns the conversations and the turns.
 type workload struct {
-	w     *world
-	convs []conv // the conversations the turns start in
+	w      *world
+	convs  []conv // the conversations the turns start in
+	script string // every turn's directives; "" draws them
 
 	mu   sync.Mutex // guards sent and all
 	sent []sentTurn
@@ -124,17 +126,27 @@ func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *ra
 	id := c.ID
 	for k := 1; k <= n && ctx.Err() == nil; k++ {
 		name, body := drawScript(rng)
+		if wl.script != "" {
+			name, body = "fixed", wl.script
+		}
 		// Every prompt is unique: the checker finds its job by its text.
 		prompt := fmt.Sprintf("chaos seed %d conversation %d turn %d (%s)\n%s", wl.w.seed, ci, k, name, body)
 		var j wire.Job
-		err := wl.w.user(ctx, func(u *fleet.User) error {
+		ambiguous, err := wl.w.userOnce(ctx, func(u *fleet.User) error {
 			var err error
 			j, err = u.Send(ctx, id, prompt)
 			return err
 		})
 		var se *wire.StatusError
-		if errors.As(err, &se) && se.Status == http.StatusConflict && se.Code == wire.CodeConversationLost {
-			// LOST: it takes no new message; a new conversation goes on.
+		lost := errors.As(err, &se) && se.Status == http.StatusConflict && se.Code == wire.CodeConversationLost
+		if lost || ambiguous {
+			// LOST: it takes no new message. Ambiguous: the message may
+			// be queued, and sending it again would be a second turn of
+			// the same prompt (the history knows the job if the replica
+			// answered). Either way a new conversation goes on.
+			if ambiguous {
+				wl.w.t.Logf("conversation %s: the send of turn %d got no answer (%v); going on in a new conversation", id, k, err)
+			}
 			nc, err := wl.open(ctx, c.spec)
 			if err != nil {
 				wl.w.t.Logf("after conversation %s was lost: %v", id, err)
@@ -178,17 +190,24 @@ func (w *world) waitEnded(ctx context.Context, id string, bound time.Duration) (
 // final records every job (with its events) and every conversation as the
 // user API shows them now.
 func (wl *workload) final(ctx context.Context) (jobs []wire.Job, convs []wire.Conversation, err error) {
+	wl.w.jobsMu.Lock()
+	ids := slices.Clone(wl.w.jobs)
+	wl.w.jobsMu.Unlock()
 	wl.mu.Lock()
-	sent := append([]sentTurn(nil), wl.sent...)
+	for _, s := range wl.sent {
+		if !slices.Contains(ids, s.job) {
+			ids = append(ids, s.job)
+		}
+	}
 	wl.mu.Unlock()
-	for _, s := range sent {
+	for _, id := range ids {
 		var j wire.Job
 		if err := wl.w.user(ctx, func(u *fleet.User) error {
 			var err error
-			j, err = u.Job(ctx, s.job)
+			j, err = u.Job(ctx, id)
 			return err
 		}); err != nil {
-			return nil, nil, fmt.Errorf("read job %s: %w", s.job, err)
+			return nil, nil, fmt.Errorf("read job %s: %w", id, err)
 		}
 		jobs = append(jobs, j)
 		for _, ev := range j.Events {
