@@ -401,6 +401,10 @@ func (f *faults) signalProc(rng *rand.Rand, role string, stop bool) (checker.Rec
 	}
 	rec := fault(kind, role, target)
 	rec.Host, rec.ConversationID = ob.host, ob.conv
+	if role == checker.RoleChild {
+		c := f.w.child(pid)
+		rec.JobID, rec.AttemptID = c.job, c.attempt
+	}
 	return rec, func() {
 		if stop {
 			_ = syscall.Kill(pid, syscall.SIGCONT)

@@ -1,13 +1,16 @@
 package chaos
 
 import (
+	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,8 +63,47 @@ type world struct {
 	dataDir  string        // the replicas' shared data directory (the user token)
 	image    string        // the docker agent's image
 
-	jobsMu sync.Mutex // guards jobs
+	jobsMu sync.Mutex // guards jobs and children
 	jobs   []string   // every job a replica said it enqueued, in order
+	// children are the turn children by pid, from the daemons'
+	// runnerd_turn_accepted records: which attempt each one runs.
+	children map[int]childRef
+}
+
+type childRef struct{ job, attempt string }
+
+// acceptTap reads a daemon's records on their way to the log and notes
+// which attempt each turn child runs.
+type acceptTap struct {
+	w    *world
+	next io.Writer
+}
+
+func (a *acceptTap) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte(`"runnerd_turn_accepted"`)) {
+		var r struct {
+			Msg     string `json:"msg"`
+			PID     int    `json:"pid"`
+			Job     string `json:"job_id"`
+			Attempt string `json:"attempt_id"`
+		}
+		if json.Unmarshal(b, &r) == nil && r.PID != 0 {
+			a.w.jobsMu.Lock()
+			if a.w.children == nil {
+				a.w.children = map[int]childRef{}
+			}
+			a.w.children[r.PID] = childRef{r.Job, r.Attempt}
+			a.w.jobsMu.Unlock()
+		}
+	}
+	return a.next.Write(b)
+}
+
+// child is the attempt turn child pid runs, if its daemon said.
+func (w *world) child(pid int) childRef {
+	w.jobsMu.Lock()
+	defer w.jobsMu.Unlock()
+	return w.children[pid]
 }
 
 // enqueued notes a job a replica's send_message answer named.
@@ -362,7 +404,7 @@ func (w *world) startDaemon(h *host) error {
 		StopGrace: stopGrace, KillGrace: killGrace, DrainTimeout: 10 * time.Second,
 		ClaimWait: claimWait, ClaimBackoff: 100 * time.Millisecond, ClaimBackoffMax: time.Second,
 		ControlTimeout: time.Second, HostHeartbeat: 300 * time.Millisecond,
-		Log: w.log.prefixed(h.node.name),
+		Log: &acceptTap{w: w, next: w.log.prefixed(h.node.name)},
 	}
 	if h.sandbox == "docker" {
 		cfg.StopGrace = 2 * time.Second // a container's supervisor answers slower
@@ -403,35 +445,40 @@ func (w *world) stopDaemons() {
 }
 
 // user calls the user API on the first replica that answers: a transport
-// failure (a replica down or cut off) moves on to the other; an answer,
-// even a refusal, is the answer.
+// failure (a replica down or cut off) or the recorder's word that the
+// request never left moves on to the other; an answer, even a refusal, is
+// the answer. Only for calls that may be repeated (reads, creating a
+// conversation); userOnce for a message.
 func (w *world) user(ctx context.Context, f func(*fleet.User) error) error {
 	var err error
 	for i := range 2 * len(w.users) {
 		err = f(w.users[i%len(w.users)])
 		var te *wire.TransportError
-		if err == nil || !errors.As(err, &te) || ctx.Err() != nil {
+		if err == nil || !(errors.As(err, &te) || unreached(err)) || ctx.Err() != nil {
 			return err
 		}
 	}
 	return err
 }
 
+func unreached(err error) bool {
+	var se *wire.StatusError
+	return errors.As(err, &se) && se.Status == http.StatusBadGateway && se.Code == codeUnreached
+}
+
 // userOnce is user for a call that must not be repeated (a message: the
 // user API has no idempotency key for it): it moves to the other replica
-// only when the request could not even be sent (its dial failed).
-// ambiguous says the call may have been applied although it failed.
+// only when the request provably never reached one. ambiguous says the
+// call may have been applied although it failed: no answer, or a 5xx.
 func (w *world) userOnce(ctx context.Context, f func(*fleet.User) error) (ambiguous bool, err error) {
 	for _, u := range w.users {
 		err = f(u)
+		if unreached(err) {
+			continue
+		}
 		var te *wire.TransportError
-		var oe *net.OpError
-		if err == nil || !errors.As(err, &te) {
-			return false, err
-		}
-		if !errors.As(err, &oe) || oe.Op != "dial" || ctx.Err() != nil {
-			return true, err
-		}
+		var se *wire.StatusError
+		return errors.As(err, &te) || errors.As(err, &se) && se.Status >= 500, err
 	}
 	return false, err
 }

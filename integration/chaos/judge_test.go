@@ -72,14 +72,90 @@ const (
 	// removes only the sandboxes of LOST or deleted conversations (K8),
 	// and this one is usable — on another host.
 	exForeignSandbox = "foreign-sandbox"
+	// exAnswerPastRecorder: a conversation LOST as an ambiguous admission
+	// (R30) although a 2xx admission answer left the replica — the
+	// recorder sits before the fault proxy and the turn child, and the
+	// answer was lost after it: a network fault on that host→replica path
+	// (or the host cut off or frozen) while it travelled, or the
+	// attempt's turn child killed or stopped before it could read it.
+	// R30 demands LOST then; the checker, which cannot see past the
+	// recorder, calls it avoidable.
+	exAnswerPastRecorder = "answer-lost-past-recorder"
 )
 
-// tracked names the tracked exception a violation is, or "". The
+// pathFaults are the fault kinds that can lose an answer between the
+// recorder and the host.
+var pathFaults = map[string]bool{
+	checker.FaultLatency: true, checker.FaultBandwidth: true, checker.FaultTimeout: true, checker.FaultReset: true,
+	checker.FaultLoss: true, checker.FaultPartition: true, checker.FaultStop: true,
+}
+
+// answerLost says every 2xx admission try among the finding's lines may
+// have been lost after the recorder.
+func answerLost(recs []checker.Record, f checker.Finding) bool {
+	if f.Property != checker.LostAvoidable || !strings.Contains(f.Detail, "an admission answer reached the host") {
+		return false
+	}
+	var tries []checker.Record
+	var end time.Time
+	for _, l := range f.Lines {
+		if l < 1 || l > len(recs) {
+			return false
+		}
+		r := recs[l-1]
+		switch {
+		case r.HTTP != nil && r.HTTP.Call == wire.OpAdmission && r.HTTP.Status/100 == 2 && !r.HTTP.Withheld:
+			tries = append(tries, r)
+		case r.Event != nil && r.Event.Type == "finished":
+			end = r.Event.Time // the store's clock; only a bound for the child's window below
+		}
+	}
+	if len(tries) == 0 {
+		return false
+	}
+	for _, try := range tries {
+		if !lostAfter(recs, try, end) {
+			return false
+		}
+	}
+	return true
+}
+
+func lostAfter(recs []checker.Record, try checker.Record, finished time.Time) bool {
+	from, to := try.HTTP.Sent, try.HTTP.Answered.Add(time.Second)
+	for _, r := range recs {
+		ft := r.Fault
+		if ft == nil || r.Host != try.Host || ft.End == nil {
+			continue
+		}
+		switch {
+		case ft.Role == checker.RoleChild && (ft.Kind == checker.FaultKill || ft.Kind == checker.FaultStop) &&
+			(r.AttemptID == try.AttemptID || r.AttemptID == "") && !ft.Start.Before(from) &&
+			(finished.IsZero() || ft.Start.Before(finished.Add(2*time.Second))):
+			return true
+		case pathFaults[ft.Kind] && (r.Replica == try.Replica || r.Replica == "") && ft.Role != checker.RoleChild &&
+			ft.Role != checker.RoleSupervisor && ft.Role != checker.RoleDaemon &&
+			ft.Start.Before(to) && !ft.End.Before(from):
+			return true
+		}
+	}
+	return false
+}
+
+// tracked names the tracked exception a violation is, or "".
+func tracked(recs []checker.Record, f checker.Finding) string {
+	if answerLost(recs, f) {
+		return exAnswerPastRecorder
+	}
+	return foreignSandbox(recs, f)
+}
+
+// foreignSandbox matches exForeignSandbox. The
 // checker flags whichever of a conversation's two supervisors (or
 // sandboxes) it meets second, so the pair is judged: one on the
 // conversation's sandbox host, one on a host whose attempt of it was
 // superseded before it recorded a container.
-func tracked(recs []checker.Record, f checker.Finding) string {
+func foreignSandbox(recs []checker.Record, f checker.Finding) string {
 	if f.Property != checker.Leak || len(f.Lines) != 1 || f.Lines[0] < 1 || f.Lines[0] > len(recs) {
 		return ""
 	}

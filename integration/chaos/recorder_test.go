@@ -20,6 +20,10 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
+// codeUnreached is the user recorder's own answer to a request it could
+// not even send to its replica.
+const codeUnreached = "chaos_unreached"
+
 // recorder is the HTTP hop between one host's fault proxy and one
 // replica: it forwards every request, records it with its answer in the
 // history, and can withhold answers (drop_response: the request reaches
@@ -56,6 +60,12 @@ func startRecorder(host, replica, target string, hist *checker.Writer, seed uint
 	r := &recorder{host: host, replica: replica, target: u, hist: hist, ln: ln, closed: make(chan struct{}),
 		tr:  &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 30 * time.Second, DialContext: (&net.Dialer{Timeout: 2 * time.Second}).DialContext},
 		rng: rand.New(rand.NewPCG(seed, 0x5eed))}
+	if host == "" {
+		// The campaign's user: a fresh connection per request, so that a
+		// replica's restart never turns a kept connection into a lost
+		// answer (a message must not be sent twice, and has no key).
+		r.tr.DisableKeepAlives = true
+	}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = r.srv.Serve(ln) }()
 	return r, nil
@@ -129,6 +139,16 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		// drop, as it would on the network; nothing is made up for it.
 		rec.HTTP.Error = errClass(err)
 		r.write(rec)
+		var oe *net.OpError
+		if r.host == "" && errors.As(err, &oe) && oe.Op == "dial" {
+			// The campaign's user is told the request never left, as a
+			// load balancer with no backend says, so that it may send
+			// it to the other replica.
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadGateway)
+			_ = json.NewEncoder(w).Encode(wire.ErrorBody{Code: codeUnreached, Message: "the replica could not be reached"})
+			return
+		}
 		hangUp(w)
 		return
 	}
