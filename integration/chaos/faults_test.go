@@ -30,8 +30,11 @@ type faults struct {
 	rng   *rand.Rand
 	kinds []faultKind // the mix drawn from
 
-	mu     sync.Mutex // guards busy and counts
-	busy   map[string]bool
+	// busy: host faults hit hosts that run turns now.
+	busy bool
+
+	mu     sync.Mutex // guards held and counts
+	held   map[string]bool
 	counts map[string]int
 	wg     sync.WaitGroup
 }
@@ -63,7 +66,7 @@ var kinds = []faultKind{
 
 // newFaults draws from the kinds named in only, or from every kind.
 func newFaults(w *world, seed uint64, only ...string) *faults {
-	f := &faults{w: w, rng: rand.New(rand.NewPCG(seed, 0xfa17)), busy: map[string]bool{}, counts: map[string]int{}}
+	f := &faults{w: w, rng: rand.New(rand.NewPCG(seed, 0xfa17)), held: map[string]bool{}, counts: map[string]int{}}
 	for _, k := range kinds {
 		if len(only) == 0 || slices.Contains(only, k.name) {
 			f.kinds = append(f.kinds, k)
@@ -146,16 +149,16 @@ func (f *faults) mix() string {
 func (f *faults) claim(target string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.busy[target] {
+	if f.held[target] {
 		return false
 	}
-	f.busy[target] = true
+	f.held[target] = true
 	return true
 }
 
 func (f *faults) release(target string) {
 	f.mu.Lock()
-	delete(f.busy, target)
+	delete(f.held, target)
 	f.mu.Unlock()
 }
 
@@ -265,8 +268,26 @@ func (f *faults) dropResponse(rng *rand.Rand, _ time.Duration) (checker.Record, 
 
 // ---- partitions ----
 
+// pickHost chooses a host; with busy set, one that runs a turn child now
+// (the broken build's campaign wants its faults where turns are).
+func (f *faults) pickHost(rng *rand.Rand) *host {
+	if !f.busy {
+		return f.w.hosts[rng.IntN(len(f.w.hosts))]
+	}
+	var busy []*host
+	for _, h := range f.w.hosts {
+		if _, ob, ok := f.pickObservedOn(rng, checker.RoleChild, h.name); ok && ob.host == h.name {
+			busy = append(busy, h)
+		}
+	}
+	if len(busy) == 0 {
+		return f.w.hosts[rng.IntN(len(f.w.hosts))]
+	}
+	return busy[rng.IntN(len(busy))]
+}
+
 func (f *faults) partitionHost(rng *rand.Rand, _ time.Duration) (checker.Record, func(), bool) {
-	h := f.w.hosts[rng.IntN(len(f.w.hosts))]
+	h := f.pickHost(rng)
 	return f.partition(h.node, checker.RoleHost, h.name, "")
 }
 
@@ -333,7 +354,7 @@ func (f *faults) stopDaemon(rng *rand.Rand, _ time.Duration) (checker.Record, fu
 // process of it the observer knows (turn children, supervisors, agents)
 // get SIGSTOP, and SIGCONT together at the end.
 func (f *faults) stopHost(rng *rand.Rand, _ time.Duration) (checker.Record, func(), bool) {
-	h := f.w.hosts[rng.IntN(len(f.w.hosts))]
+	h := f.pickHost(rng)
 	target := "daemon " + h.name
 	if !f.claim(target) {
 		return checker.Record{}, nil, false
@@ -362,11 +383,16 @@ func (f *faults) stopHost(rng *rand.Rand, _ time.Duration) (checker.Record, func
 
 // pickObserved chooses a live observed process of role, in pid order.
 func (f *faults) pickObserved(rng *rand.Rand, role string) (int, observed, bool) {
+	return f.pickObservedOn(rng, role, "")
+}
+
+// pickObservedOn is pickObserved on one host ("": any).
+func (f *faults) pickObservedOn(rng *rand.Rand, role, host string) (int, observed, bool) {
 	o := f.w.obs
 	o.mu.Lock()
 	var pids []int
 	for pid, ob := range o.live {
-		if ob.role == role {
+		if ob.role == role && (host == "" || ob.host == host) {
 			pids = append(pids, pid)
 		}
 	}

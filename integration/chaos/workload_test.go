@@ -53,6 +53,7 @@ type workload struct {
 	w      *world
 	convs  []conv // the conversations the turns start in
 	script string // every turn's directives; "" draws them
+	fresh  bool   // every turn in a conversation of its own (none is pinned to a host)
 
 	mu   sync.Mutex // guards sent and all
 	sent []sentTurn
@@ -167,6 +168,14 @@ func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *ra
 		wl.mu.Unlock()
 		if _, ended := wl.w.waitEnded(ctx, j.ID, bound); !ended {
 			return
+		}
+		if wl.fresh && k < n {
+			nc, err := wl.open(ctx, c.spec)
+			if err != nil {
+				wl.w.t.Logf("open a conversation: %v", err)
+				return
+			}
+			id = nc.ID
 		}
 	}
 }
