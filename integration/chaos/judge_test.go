@@ -14,10 +14,6 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// reportSection is the section of docs/reliability.md the long run
-// rewrites (between checker.SectionBegin and SectionEnd).
-const reportSection = "long"
-
 // judge hands the history to the checker, prints its table with the seed
 // and the fault mix, writes it to CHAOS_REPORT for a long run, and fails
 // on any violation (an avoidable LOST is one).
@@ -32,7 +28,7 @@ func judge(t *testing.T, c campaign, w *world, took time.Duration, recs []checke
 	md := rep.Markdown(run)
 	t.Logf("chaos: seed %d\n%s", c.seed, md)
 	if path := os.Getenv(envReport); path != "" && c.long && c.build == "" {
-		if err := checker.UpdateSection(path, reportSection, md); err != nil {
+		if err := checker.UpdateSection(path, checker.LongRun, md); err != nil {
 			t.Errorf("write the table: %v", err)
 		} else {
 			t.Logf("chaos: table written to %s", path)
