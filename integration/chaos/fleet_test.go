@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -109,7 +110,9 @@ func (w *world) child(pid int) childRef {
 // enqueued notes a job a replica's send_message answer named.
 func (w *world) enqueued(id string) {
 	w.jobsMu.Lock()
-	w.jobs = append(w.jobs, id)
+	if !slices.Contains(w.jobs, id) {
+		w.jobs = append(w.jobs, id)
+	}
 	w.jobsMu.Unlock()
 }
 
@@ -284,6 +287,7 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 			if err != nil {
 				t.Fatal(err)
 			}
+			rec.onJob = w.enqueued
 			t.Cleanup(rec.close)
 			px := toxiproxy.NewProxy(w.toxi, n.name+"-"+r.name, "127.0.0.1:0", rec.addr())
 			if err := px.Start(); err != nil {

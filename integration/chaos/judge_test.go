@@ -62,8 +62,8 @@ func judge(t *testing.T, c campaign, w *world, took time.Duration, recs []checke
 // listed in docs/reliability.md.
 const (
 	// exForeignSandbox: an attempt on host A ensures the conversation's
-	// sandbox (its supervisor starts) and is superseded before it records
-	// the container; the turn then runs on host B, which becomes the
+	// sandbox (its supervisor starts) and ends — superseded, released —
+	// before it records the container; the turn then runs on host B, which becomes the
 	// conversation's sandbox host. A's sandbox is never removed: A's sweep
 	// removes only the sandboxes of LOST or deleted conversations (K8),
 	// and this one is usable — on another host.
@@ -149,8 +149,8 @@ func tracked(recs []checker.Record, f checker.Finding) string {
 // foreignSandbox matches exForeignSandbox. The
 // checker flags whichever of a conversation's two supervisors (or
 // sandboxes) it meets second, so the pair is judged: one on the
-// conversation's sandbox host, one on a host whose attempt of it was
-// superseded before it recorded a container.
+// conversation's sandbox host, one on a host whose attempt of it ended
+// before it recorded a container.
 func foreignSandbox(recs []checker.Record, f checker.Finding) string {
 	if f.Property != checker.Leak || len(f.Lines) != 1 || f.Lines[0] < 1 || f.Lines[0] > len(recs) {
 		return ""
@@ -187,7 +187,7 @@ func foreignSandbox(recs []checker.Record, f checker.Finding) string {
 			continue
 		}
 		for _, a := range r.Job.Attempts {
-			if a.LeaseOwner == foreign && a.State == wire.AttemptSuperseded && a.ContainerID == "" {
+			if a.LeaseOwner == foreign && a.ContainerID == "" && a.State != "running" {
 				return exForeignSandbox
 			}
 		}

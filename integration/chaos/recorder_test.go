@@ -178,6 +178,9 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		var c wire.Claim // its worker token is read and forgotten: never recorded
 		if json.Unmarshal(answer, &c) == nil {
 			rec.JobID, rec.AttemptID, rec.LeaseGeneration, rec.ConversationID = c.JobID, c.AttemptID, c.LeaseGeneration, c.Turn.ConversationID
+			if r.onJob != nil && c.JobID != "" {
+				r.onJob(c.JobID) // a job whose enqueuing answer was lost is known from its claim
+			}
 		}
 	}
 	if r.dropNow(call) {
