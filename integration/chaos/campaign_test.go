@@ -23,7 +23,7 @@ import (
 // The campaign's lengths. make test runs the short one; `make chaos`
 // sets CHAOS_TURNS (and CHAOS_SEED, CHAOS_REPORT) for the long one.
 const (
-	shortTurns  = 120
+	shortTurns  = 140
 	shortFaults = 40
 	// shortSeed is the short run's seed in make test: a regression check
 	// on one fault sequence seen clean (the interleaving still varies).
