@@ -174,22 +174,22 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 				rec.ConversationID = j.ID
 			}
 		}
-	} else if call == checker.CallClaim && resp.StatusCode == http.StatusOK {
-		var c wire.Claim // its worker token is read and forgotten: never recorded
-		if json.Unmarshal(answer, &c) == nil {
-			rec.JobID, rec.AttemptID, rec.LeaseGeneration, rec.ConversationID = c.JobID, c.AttemptID, c.LeaseGeneration, c.Turn.ConversationID
-			if r.onJob != nil && c.JobID != "" {
-				r.onJob(c.JobID) // a job whose enqueuing answer was lost is known from its claim
-			}
-		}
+	}
+	recs := []checker.Record{rec}
+	if call == checker.CallClaim && resp.StatusCode == http.StatusOK {
+		recs = r.claimRecords(rec, answer)
 	}
 	if r.dropNow(call) {
-		rec.HTTP.Withheld = true
-		r.write(rec)
+		for _, rec := range recs {
+			rec.HTTP.Withheld = true
+			r.write(rec)
+		}
 		r.silence(w)
 		return
 	}
-	r.write(rec)
+	for _, rec := range recs {
+		r.write(rec)
+	}
 	for k, vs := range resp.Header {
 		for _, v := range vs {
 			w.Header().Add(k, v)
@@ -197,6 +197,38 @@ func (r *recorder) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(answer)
+}
+
+// claimRecords is the record of a claim's answer, one per claimed turn: a
+// daemon with several free slots takes a batch ({"claims": […]}) in one
+// answer, and each of its turns is its own attempt the checker must know.
+// The worker tokens are read and forgotten: never recorded.
+func (r *recorder) claimRecords(rec checker.Record, answer []byte) []checker.Record {
+	var body struct {
+		wire.Claim
+		Claims []wire.Claim `json:"claims"`
+	}
+	if json.Unmarshal(answer, &body) != nil {
+		return []checker.Record{rec}
+	}
+	claims := body.Claims
+	if len(claims) == 0 {
+		claims = []wire.Claim{body.Claim}
+	}
+	recs := make([]checker.Record, 0, len(claims))
+	for _, c := range claims {
+		one := rec
+		if rec.HTTP != nil {
+			h := *rec.HTTP
+			one.HTTP = &h
+		}
+		one.JobID, one.AttemptID, one.LeaseGeneration, one.ConversationID = c.JobID, c.AttemptID, c.LeaseGeneration, c.Turn.ConversationID
+		if r.onJob != nil && c.JobID != "" {
+			r.onJob(c.JobID) // a job whose enqueuing answer was lost is known from its claim
+		}
+		recs = append(recs, one)
+	}
+	return recs
 }
 
 func (r *recorder) write(rec checker.Record) {
