@@ -241,3 +241,29 @@ func stopSupervisor(t *testing.T, pid int) {
 		t.Fatal(err)
 	}
 }
+
+// TestK13SupervisorKilledMidTurn: the supervisor dies while an admitted
+// turn runs, its prompt already with the agent — no sandbox changed, only
+// a process gone. The conversation is quarantined, and the next message
+// resumes it on a new supervisor over the same state: the record of the
+// interrupted activation was written before the prompt reached the agent,
+// so the restarted supervisor presents that one, not the turn before it
+// (the chaos campaign's avoidable LOST with retained_receipt_mismatch).
+func TestK13SupervisorKilledMidTurn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.startDaemon(nil)
+	c := e.conversation("supervisor killed mid-turn")
+	e.waitEnded(e.send(c.ID, "a settled turn\n!events 1").ID)
+	j := e.send(c.ID, "a turn whose supervisor dies\n!events 1\n!sleep 10m")
+	e.waitPrompts(c.ID, 2) // the prompt is with the agent
+	sup, err := fleet.SupervisorPid(e.stateDir, c.ID)
+	if err != nil || !alive(sup) {
+		t.Fatalf("the conversation's supervisor is not running: %d, %v", sup, err)
+	}
+	stopSupervisor(t, sup)
+	e.quarantined(c.ID, j.ID)
+	// The killed turn reached the agent, whose session counted it: the
+	// next turn is its third.
+	e.resumes(c.ID, "the message after it", 0, 3)
+}

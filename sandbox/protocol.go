@@ -197,7 +197,8 @@ type Activation struct {
 type Retained struct {
 	Activation string `json:"activation"`
 	NativeTurn int64  `json:"native_turn"`
-	// Ended is how: EndedNotRun, EndedCompleted, EndedInterruptSettled, or
+	// Ended is how: EndedNotRun, EndedCompleted, EndedInterruptSettled,
+	// EndedUnfinished (its supervisor died during the turn), or
 	// the reason it was stopped without a receipt (connection_dropped,
 	// fenced, lease_deadline, shutdown).
 	Ended string `json:"ended"`
@@ -208,10 +209,14 @@ const (
 	EndedNotRun           = "not_run"   // no prompt reached the agent
 	EndedCompleted        = "completed" // the agent ended on its own
 	EndedInterruptSettled = "interrupted_on_request"
+	// EndedUnfinished: the record written as the turn started, still there
+	// when its supervisor died before the turn ended.
+	EndedUnfinished = "unfinished"
 )
 
 // RetainedFile is the name, in the supervisor's state directory, of the
-// record of the last activation that ran a turn (Retained, JSON).
+// record of the last activation that ran a turn (Retained, JSON), written
+// before the prompt is handed (EndedUnfinished) and again as the turn ends.
 const RetainedFile = "retained.json"
 
 // Started says the agent process runs and the prompt was handed to it.

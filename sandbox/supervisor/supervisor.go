@@ -168,7 +168,8 @@ type server struct {
 	nativeTurn int64
 	running    *agentTurn // the one agent turn that may be alive
 	// retained is the record of the last activation that ran a turn, as
-	// stored in RetainedFile; nil if the state holds none.
+	// stored in RetainedFile (as its turn starts, and as it ends); nil if
+	// the state holds none.
 	retained *sandbox.Retained
 }
 

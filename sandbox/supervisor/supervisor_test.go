@@ -864,3 +864,38 @@ func TestActivationCarriesTheRetainedRecord(t *testing.T) {
 		t.Fatalf("over another state: %+v, %v; want native turn 2 and no record", fresh, err)
 	}
 }
+
+// A supervisor killed while its turn runs leaves the record of that turn's
+// activation, written before the prompt reached the agent: the restarted
+// supervisor's next activation names it at the boundary the turn started
+// from, not the turn before it (K13: the chaos campaign's avoidable LOST).
+func TestSupervisorKilledMidTurnRetainsItsActivation(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock, "--state", state)
+	runTurn(t, c, "!events 1")
+	act, err := c.Activate(ctx, 0)
+	if err != nil || act.NativeTurn != 1 {
+		t.Fatalf("activation %+v, %v: want native turn 1", act, err)
+	}
+	turn, err := c.Run(ctx, act.ID, []string{demoAgent}, "!hang")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	pid := eventField[int](t, nextEvent(t, turn), "pid")
+	p.kill()
+	if err := testbin.WaitGone(pid, waitLimit); err != nil {
+		t.Fatalf("agent outlived its supervisor: %v", err)
+	}
+
+	startProc(t, ws, sock, "--state", state)
+	after, err := c.Activate(ctx, 0)
+	want := sandbox.Retained{Activation: act.ID, NativeTurn: 1, Ended: sandbox.EndedUnfinished}
+	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
+		t.Fatalf("after a kill mid-turn: %+v, %v; want previous %+v at native turn 1", after, err, want)
+	}
+}

@@ -306,6 +306,11 @@ func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) 
 	}
 	// Spent from here on, whatever happens next: one prompt per activation.
 	a.state = actStartFailed
+	// Recorded before the agent can read the prompt (K13): a supervisor
+	// killed before this turn ends leaves a record naming this activation
+	// at the boundary it started from, not the previous turn's, which the
+	// next activation would otherwise present as if this one never ran.
+	s.retainTurn(a, s.nativeTurn, sandbox.EndedUnfinished)
 
 	tctx, cancel := context.WithCancel(ctx)
 	stdinR, stdinW, err := os.Pipe()
