@@ -77,13 +77,6 @@ const (
 	// R30 demands LOST then; the checker, which cannot see past the
 	// recorder, calls it avoidable.
 	exAnswerPastRecorder = "answer-lost-past-recorder"
-	// exReceiptMismatch: a conversation LOST as context_unrecoverable
-	// with class retained_receipt_mismatch — K13's verification of the
-	// retained receipt failed — with no fault on its sandbox recorded.
-	// Seen in short and long runs (seeds 20261201, 144736322); not yet
-	// analysed: a product violation until shown otherwise, tracked so
-	// that every other avoidable LOST still fails the campaign.
-	exReceiptMismatch = "retained-receipt-mismatch"
 )
 
 // pathFaults are the fault kinds that can lose an answer between the
@@ -149,9 +142,6 @@ func lostAfter(recs []checker.Record, try checker.Record, finished time.Time) bo
 func tracked(recs []checker.Record, f checker.Finding) string {
 	if answerLost(recs, f) {
 		return exAnswerPastRecorder
-	}
-	if f.Property == checker.LostAvoidable && strings.Contains(f.Detail, `class "retained_receipt_mismatch"`) {
-		return exReceiptMismatch
 	}
 	return foreignSandbox(recs, f)
 }
