@@ -232,6 +232,26 @@ func (r *Renewer) run() {
 	r.mu.Unlock()
 }
 
+// renew sends one renewal and waits for its answer, exactly as a call
+// would; only the request runs on a goroutine of its own. An HTTP round trip
+// grows a stack to 8–16 KB, and the runtime halves a parked goroutine's
+// stack at most once a collection, so the loop's goroutine, parked 30 s
+// between renewals on every held turn, would keep most of that growth: it
+// stays at its small starting stack instead (issue 12 §6).
+func (r *Renewer) renew(ctx context.Context, req wire.RenewRequest) (wire.RenewResponse, error) {
+	type answer struct {
+		resp wire.RenewResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, req)
+		answered <- answer{resp, err}
+	}()
+	a := <-answered
+	return a.resp, a.err
+}
+
 func (r *Renewer) loop() Verdict {
 	var (
 		bg        = context.Background()
@@ -267,7 +287,7 @@ func (r *Renewer) loop() Verdict {
 		// The request may not outlive the lease: an answer after the
 		// deadline would come too late to count.
 		ctx, cancel := context.WithTimeout(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline).Sub(sent))
-		resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, req)
+		resp, err := r.renew(ctx, req)
 		cancel()
 		if err == nil {
 			if failures > 0 {
