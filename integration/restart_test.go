@@ -53,7 +53,9 @@ func TestKill9MidTurnThenRestart(t *testing.T) {
 	}
 
 	admitted := e.conversation("admitted")
-	const admittedPrompt = "a long turn the restart does not cut short\n!sleep 3s"
+	// Long enough to be running still when the daemon is killed after the
+	// preparing turn below is set up, on a loaded machine too.
+	const admittedPrompt = "a long turn the restart does not cut short\n!sleep 8s"
 	admittedJob := e.send(admitted.ID, admittedPrompt)
 	e.waitPrompts(admitted.ID, 1)
 	admittedAgents := e.agents(admitted.ID)

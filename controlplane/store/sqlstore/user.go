@@ -170,13 +170,24 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 	return s.GetJob(ctx, id)
 }
 
-// GetJob returns the job with its attempts and events.
+// GetJob returns the job with its attempts and events, all read from one
+// snapshot: read statement by statement, a reader could see the reaper's
+// superseded attempt beside the job row from before it, still running.
 func (s *Store) GetJob(ctx context.Context, id string) (wire.Job, error) {
-	j, err := s.getJob(ctx, s.r, id)
+	opts := &sql.TxOptions{ReadOnly: true}
+	if s.d == postgres {
+		opts.Isolation = sql.LevelRepeatableRead // one snapshot for the whole transaction
+	} // SQLite: a read transaction in WAL mode reads one snapshot
+	tx, err := s.r.BeginTx(ctx, opts)
+	if err != nil {
+		return wire.Job{}, fmt.Errorf("get job: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // read only: nothing to keep
+	j, err := s.getJob(ctx, tx, id)
 	if err != nil {
 		return j, err
 	}
-	j.Events, err = s.JobEvents(ctx, id, 0, 0)
+	j.Events, err = s.jobEvents(ctx, tx, id, 0, 0)
 	return j, err
 }
 
@@ -243,8 +254,12 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 // JobEvents returns events numbered above after, in the order of their
 // numbers, at most limit (0: all). ErrNotFound if the job does not exist.
 func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit int) ([]wire.JobEvent, error) {
+	return s.jobEvents(ctx, s.r, jobID, after, limit)
+}
+
+func (s *Store) jobEvents(ctx context.Context, db querier, jobID string, after int64, limit int) ([]wire.JobEvent, error) {
 	var n int
-	if err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
+	if err := db.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
 		return nil, fmt.Errorf("job events: %w", err)
 	}
 	if n == 0 {
@@ -256,7 +271,7 @@ func (s *Store) JobEvents(ctx context.Context, jobID string, after int64, limit 
 		query += ` LIMIT ?`
 		args = append(args, limit)
 	}
-	rows, err := s.r.QueryContext(ctx, s.q(query), args...)
+	rows, err := db.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
 		return nil, fmt.Errorf("job events: %w", err)
 	}

@@ -17,7 +17,7 @@ func TestSnapshotFindsTheTree(t *testing.T) {
 	}
 	// Started by this process, so it is also a descendant; a second one
 	// started elsewhere is not looked at.
-	cmd := exec.Command(sleep, "30")
+	cmd := exec.Command(sleep, "3600") // killed below; must outlive a snapshot on a loaded machine
 	cmd.Dir = dir
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
