@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/client"
 
 	"github.com/runnerd/runnerd/internal/fleet"
@@ -59,7 +60,23 @@ func nativeTurnOf(j wire.Job, typ string) int64 {
 // conversation's container: the prompts it received, in order.
 func containerTranscript(t *testing.T, eng *client.Client, containerID string) []string {
 	t.Helper()
+	prompts, gone := containerTranscriptUnlessGone(t, eng, containerID)
+	if gone {
+		t.Fatalf("read the transcript from container %s: no such container", containerID)
+	}
+	return prompts
+}
+
+// containerTranscriptUnlessGone is containerTranscript for a container the
+// daemon may be removing: gone says it no longer exists.
+func containerTranscriptUnlessGone(t *testing.T, eng *client.Client, containerID string) (prompts []string, gone bool) {
+	t.Helper()
 	rc, _, err := eng.CopyFromContainer(context.Background(), containerID, docker.DefaultWorkspace+"/.demoagent/transcript.jsonl")
+	if cerrdefs.IsNotFound(err) {
+		if _, ierr := eng.ContainerInspect(context.Background(), containerID); cerrdefs.IsNotFound(ierr) {
+			return nil, true
+		}
+	}
 	if err != nil {
 		t.Fatalf("read the transcript from container %s: %v", containerID, err)
 	}
@@ -72,7 +89,6 @@ func containerTranscript(t *testing.T, eng *client.Client, containerID string) [
 	if err != nil {
 		t.Fatal(err)
 	}
-	var prompts []string
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		var e struct {
 			Prompt string `json:"prompt"`
@@ -82,7 +98,7 @@ func containerTranscript(t *testing.T, eng *client.Client, containerID string) [
 		}
 		prompts = append(prompts, e.Prompt)
 	}
-	return prompts
+	return prompts, false
 }
 
 // TestCancelKeepsConversationDocker is K10 on the Docker backend against

@@ -142,8 +142,14 @@ func TestK13Docker(t *testing.T) {
 				t.Fatalf("containers %v, want one made anew over the workspace", ids)
 			}
 			// The new container sees the same workspace volume: the
-			// transcript holds the first prompt, never the second.
-			if got := containerTranscript(t, e.eng, ids[0]); !slices.Equal(got, []string{first}) {
+			// transcript holds the first prompt, never the second. The
+			// daemon removes a LOST conversation's sandbox once its report
+			// is answered, so the container may be gone by now; then the
+			// unadmitted job (unrecoverable above: no admission, so no
+			// prompt, R25) is the evidence that stands.
+			if got, gone := containerTranscriptUnlessGone(t, e.eng, ids[0]); gone {
+				t.Logf("container %s already removed as LOST; its transcript cannot be read", ids[0])
+			} else if !slices.Equal(got, []string{first}) {
 				t.Errorf("the agent's transcript %q, want only the interrupted turn's prompt", got)
 			}
 		})
