@@ -13,9 +13,14 @@ import (
 // the one it pinned (K8); a LOST conversation never becomes usable again
 // (R31), so the answer cannot turn stale in the dangerous direction.
 // "Unknown" removes nothing: a new or wrong database knows nothing.
+// Each answer says whether the conversation's sandbox is recorded on the
+// asking host or another: a host removes its own copy of a sandbox
+// recorded elsewhere, since turns go only to the recorded host and the
+// record moves only with a turn that host runs.
 func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request) {
 	const op = "conversation_states"
-	if _, ok := s.host(w, r, op); !ok {
+	h, ok := s.host(w, r, op)
+	if !ok {
 		return
 	}
 	var req wire.ConversationStatesRequest
@@ -52,11 +57,20 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 			continue
 		}
 		seen[id] = true
-		state, ok := states[id]
+		c, ok := states[id]
 		if !ok {
-			state = wire.ConversationUnknown
+			out.Conversations = append(out.Conversations, wire.ConversationState{ID: id, State: wire.ConversationUnknown})
+			continue
 		}
-		out.Conversations = append(out.Conversations, wire.ConversationState{ID: id, State: state})
+		st := wire.ConversationState{ID: id, State: c.State, SandboxHost: c.SandboxHost}
+		switch {
+		case c.SandboxHostID == "":
+		case c.SandboxHostID == h.ID:
+			st.Sandbox = wire.SandboxThisHost
+		default:
+			st.Sandbox = wire.SandboxOtherHost
+		}
+		out.Conversations = append(out.Conversations, st)
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -65,8 +65,32 @@ func TestConversationStates(t *testing.T) {
 		t.Fatalf("another host: %+v, %v", got2, err)
 	}
 
+	// A sandbox recorded on the asking host is "this_host"; on another,
+	// "other_host", with that host's name. Nothing recorded: no field.
+	c := f.turn()
+	if err := f.wc.Container(context.Background(), c.WorkerToken, c.JobID, wire.ContainerRequest{AttemptRef: ref(c), Backend: "process", ContainerID: "ws-1"}); err != nil {
+		t.Fatal(err)
+	}
+	conv := c.Turn.ConversationID
+	for _, tc := range []struct {
+		token string
+		want  wire.ConversationState
+	}{
+		{f.hostToken, wire.ConversationState{ID: conv, State: wire.ConversationUsable, Sandbox: wire.SandboxThisHost, SandboxHost: "host-a"}},
+		{other, wire.ConversationState{ID: conv, State: wire.ConversationUsable, Sandbox: wire.SandboxOtherHost, SandboxHost: "host-a"}},
+	} {
+		got, err := f.wc.ConversationStates(context.Background(), tc.token, wire.ConversationStatesRequest{ConversationIDs: []string{conv}})
+		if err != nil || !slices.Equal(got.Conversations, []wire.ConversationState{tc.want}) {
+			t.Fatalf("recorded sandbox: %+v, %v; want %+v", got.Conversations, err, tc.want)
+		}
+	}
+	raw := f.expect(http.MethodPost, wire.PathConversations, other, `{"conversation_ids":["`+conv+`"]}`, http.StatusOK, "")
+	if !strings.Contains(string(raw), `"sandbox":"other_host","sandbox_host":"host-a"`) {
+		t.Fatalf("recorded sandbox answered %s", raw)
+	}
+
 	// No ids: an empty list, not null.
-	raw := f.expect(http.MethodPost, wire.PathConversations, f.hostToken, `{"conversation_ids":[]}`, http.StatusOK, "")
+	raw = f.expect(http.MethodPost, wire.PathConversations, f.hostToken, `{"conversation_ids":[]}`, http.StatusOK, "")
 	cluster, _ := f.st.ClusterID(context.Background())
 	if strings.TrimSpace(string(raw)) != `{"conversations":[],"cluster_id":"`+cluster+`"}` {
 		t.Fatalf("empty request answered %s", raw)
@@ -152,7 +176,7 @@ func TestConversationStatesRefusesBadBodies(t *testing.T) {
 // the way a lost database connection does.
 type failingReads struct{ store.Store }
 
-func (failingReads) ConversationStates(context.Context, []string) (map[string]string, error) {
+func (failingReads) ConversationStates(context.Context, []string) (map[string]store.ConversationState, error) {
 	return nil, errors.New("connection reset")
 }
 

@@ -20,7 +20,8 @@ type sandboxLister interface {
 }
 
 // sweepLoop removes the retained sandboxes of conversations that will
-// never run here again — LOST (R31: never cleared) — once at start, after
+// never run here again — LOST (R31: never cleared), or recorded on another
+// host (sweepReason) — once at start, after
 // the restart decisions, and every Config.SandboxSweep (issues 6, 7). Only
 // a positive tombstone removes (K8): a LOST answer from the cluster this
 // host pinned at first contact (cluster.go). "Unknown" removes nothing: a
@@ -100,17 +101,45 @@ func (s *sweeper) round(ctx context.Context) {
 			asked[c] = true
 		}
 		for _, st := range resp.Conversations {
-			if !asked[st.ID] || st.State != wire.ConversationLost {
+			if !asked[st.ID] || ctx.Err() != nil {
 				continue
 			}
 			// A turn claimed meanwhile keeps its sandbox. (None can be: a
-			// LOST conversation is never claimed.)
-			if d.turnRunsIn(st.ID) || ctx.Err() != nil {
-				continue
+			// LOST conversation is never claimed, nor one recorded on
+			// another host.)
+			if why := sweepReason(st, d.turnRunsIn(st.ID)); why != "" {
+				s.remove(st, why)
 			}
-			s.remove(st.ID, st.State)
 		}
 	}
+}
+
+// Why the sweep removes a sandbox (its records' reason).
+const (
+	sweptLost              = "lost"
+	sweptRecordedElsewhere = "recorded_elsewhere"
+)
+
+// sweepReason says why the sweep removes the local sandbox of the
+// conversation the pinned cluster answered st for, or "" to keep it. Only
+// positive evidence removes (K8): LOST (R31: never usable again), or the
+// conversation's sandbox recorded on another host — an attempt here
+// started this one and ended before it recorded it (issue foreign
+// sandbox). Turns go only to the recorded host, and the record moves only
+// with a turn that host runs, so this host runs no turn of it again.
+// "Unknown", nothing recorded yet (another host's attempt may be about to
+// record, or this host's next one), recorded here, or a turn held here:
+// kept.
+func sweepReason(st wire.ConversationState, turnHere bool) string {
+	switch {
+	case turnHere || st.State == wire.ConversationUnknown:
+		return ""
+	case st.State == wire.ConversationLost:
+		return sweptLost
+	case st.Sandbox == wire.SandboxOtherHost:
+		return sweptRecordedElsewhere
+	}
+	return ""
 }
 
 // ask asks the control plane about one batch; false ends the round.
@@ -146,19 +175,20 @@ func (s *sweeper) ask(ctx context.Context, ids []string) (wire.ConversationState
 }
 
 // remove removes one conversation's sandbox, with one record either way.
-func (s *sweeper) remove(conv, state string) {
+func (s *sweeper) remove(st wire.ConversationState, why string) {
 	d := s.d
 	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ControlTimeout+d.cfg.StopGrace)
 	defer cancel()
-	if err := d.cfg.Backend.Remove(ctx, conv); err != nil {
+	attrs := []slog.Attr{slog.String(keyConversation, st.ID), slog.String(keyConvState, st.State), slog.String(keyReason, why)}
+	if why == sweptRecordedElsewhere {
+		attrs = append(attrs, slog.String(keySandboxHost, st.SandboxHost))
+	}
+	if err := d.cfg.Backend.Remove(ctx, st.ID); err != nil {
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSandboxKept,
-			slog.String(keyConversation, conv), slog.String(keyConvState, state),
-			slog.String(keyDecision, "sweep"), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
+			append(attrs, slog.String(keyDecision, "sweep"), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))...)
 		return
 	}
-	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgSandboxSwept,
-		slog.String(keyConversation, conv), slog.String(keyConvState, state),
-		slog.String(keyBackend, d.cfg.Backend.Name()))
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgSandboxSwept, append(attrs, slog.String(keyBackend, d.cfg.Backend.Name()))...)
 }
 
 // ---- conversations with a turn on this host ----

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/sandbox/process"
@@ -349,4 +350,144 @@ func TestSandboxSweepConfig(t *testing.T) {
 			t.Errorf("SandboxSweep %v: got %v (%v), want %v", tc.in, got.SandboxSweep, err, tc.want)
 		}
 	}
+}
+
+// The sweep's decision for each answer of the pinned cluster: only
+// positive evidence removes (K8) — LOST, or the sandbox recorded on
+// another host — and a turn held here keeps it whatever the answer.
+func TestSweepReason(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		st       wire.ConversationState
+		turnHere bool
+		want     string
+	}{
+		{"lost", wire.ConversationState{State: wire.ConversationLost}, false, sweptLost},
+		{"lost, recorded elsewhere", wire.ConversationState{State: wire.ConversationLost, Sandbox: wire.SandboxOtherHost}, false, sweptLost},
+		{"unknown", wire.ConversationState{State: wire.ConversationUnknown}, false, ""},
+		{"unknown, recorded elsewhere", wire.ConversationState{State: wire.ConversationUnknown, Sandbox: wire.SandboxOtherHost}, false, ""},
+		{"recorded elsewhere", wire.ConversationState{State: wire.ConversationUsable, Sandbox: wire.SandboxOtherHost, SandboxHost: "host-b"}, false, sweptRecordedElsewhere},
+		{"quarantined, recorded elsewhere", wire.ConversationState{State: wire.ConversationQuarantined, Sandbox: wire.SandboxOtherHost}, false, sweptRecordedElsewhere},
+		{"recorded here", wire.ConversationState{State: wire.ConversationUsable, Sandbox: wire.SandboxThisHost}, false, ""},
+		{"quarantined, recorded here", wire.ConversationState{State: wire.ConversationQuarantined, Sandbox: wire.SandboxThisHost}, false, ""},
+		{"nothing recorded", wire.ConversationState{State: wire.ConversationUsable}, false, ""},
+		{"a sandbox value this host does not know", wire.ConversationState{State: wire.ConversationUsable, Sandbox: "somewhere"}, false, ""},
+		{"running turn, recorded elsewhere", wire.ConversationState{State: wire.ConversationUsable, Sandbox: wire.SandboxOtherHost}, true, ""},
+		{"running turn, lost", wire.ConversationState{State: wire.ConversationLost}, true, ""},
+	} {
+		if got := sweepReason(tc.st, tc.turnHere); got != tc.want {
+			t.Errorf("%s: sweepReason(%+v, turn here %v) = %q, want %q", tc.name, tc.st, tc.turnHere, got, tc.want)
+		}
+	}
+}
+
+// sweptWhy lists the (conversation, reason, sandbox host) of the sweep's
+// records.
+func (l *logBuf) sweptWhy(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	for _, line := range strings.Split(strings.TrimSpace(l.String()), "\n") {
+		var r struct {
+			Msg            string `json:"msg"`
+			ConversationID string `json:"conversation_id"`
+			Reason         string `json:"reason"`
+			SandboxHost    string `json:"sandbox_host"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("record %q: %v", line, err)
+		}
+		if r.Msg == MsgSandboxSwept {
+			out = append(out, strings.TrimSpace(r.ConversationID+" "+r.Reason+" "+r.SandboxHost))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The foreign sandbox, two hosts on the real control plane, the real
+// process backend on host-a: host-a's attempt ensures the conversation's
+// sandbox and is released before it records it. While nothing is
+// recorded, host-a's sweep keeps it (host-b may be about to record, or
+// host-a's next attempt); once host-b's attempt records its own, the next
+// round stops host-a's supervisor and deletes its sandbox, one record with
+// reason recorded_elsewhere, and host-a is given no turn of it again. A
+// sandbox recorded on host-a is kept.
+func TestSandboxSweepRemovesRecordedElsewhere(t *testing.T) {
+	c := newCP(t)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) { cfg.StateDir = state; cfg.Backend = b })
+	ctx := context.Background()
+	tokenB := controlplane.NewToken(controlplane.HostTokenPrefix)
+	if _, err := c.st.CreateHost(ctx, "host-b", controlplane.HashToken(tokenB), c.now()); err != nil {
+		t.Fatal(err)
+	}
+	ref := func(cl wire.Claim) wire.AttemptRef {
+		return wire.AttemptRef{AttemptID: cl.AttemptID, LeaseGeneration: cl.LeaseGeneration}
+	}
+	record := func(cl wire.Claim, id string) {
+		t.Helper()
+		if err := c.wc.Container(ctx, cl.WorkerToken, cl.JobID, wire.ContainerRequest{AttemptRef: ref(cl), Backend: "process", ContainerID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Recorded here: host-a's own turn.
+	home := c.enqueue("home")
+	clHome := c.claim(testTimings.LeaseTTL)
+	pidHome := ensureSandbox(t, b, home.ConversationID)
+	record(clHome, "ws-home")
+
+	// The foreign one: host-a ensures, then releases before recording.
+	// (Claimed while home's turn runs, so it is the only turn to take.)
+	j := c.enqueue("foreign")
+	clA := c.claim(testTimings.LeaseTTL)
+	if clA.JobID != j.ID {
+		t.Fatalf("host-a claimed %s, want %s", clA.JobID, j.ID)
+	}
+	pid := ensureSandbox(t, b, j.ConversationID)
+	for _, cl := range []wire.Claim{clA, clHome} {
+		if err := c.wc.Release(ctx, cl.WorkerToken, cl.JobID, wire.ReleaseRequest{AttemptRef: ref(cl), Class: "spawn_failed"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := sweeper{d: d, lister: b}
+	s.round(ctx)
+	if !alive(pid) || !alive(pidHome) || logs.count(MsgSandboxSwept) != 0 {
+		t.Fatalf("nothing recorded elsewhere yet, but the sweep removed a sandbox\n%s", logs)
+	}
+
+	// host-b takes the turn after the release backoff and records its own.
+	c.advance(time.Second)
+	clB, err := c.wc.Claim(ctx, tokenB, wire.ClaimRequest{LeaseTTLMS: testTimings.LeaseTTL.Milliseconds()})
+	if err != nil || clB.JobID != j.ID {
+		t.Fatalf("host-b claimed %+v, %v; want %s", clB, err, j.ID)
+	}
+	record(clB, "ws-b")
+	s.round(ctx)
+	if alive(pid) {
+		t.Errorf("host-a's supervisor of %s (pid %d) still runs", j.ConversationID, pid)
+	}
+	if _, err := os.Stat(b.Dir(j.ConversationID)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("host-a's sandbox of %s is still there: %v", j.ConversationID, err)
+	}
+	if !alive(pidHome) {
+		t.Errorf("the sandbox recorded on host-a was stopped")
+	}
+	if got, want := logs.sweptWhy(t), []string{j.ConversationID + " " + sweptRecordedElsewhere + " host-b"}; !slices.Equal(got, want) {
+		t.Errorf("swept records %v, want %v\n%s", got, want, logs)
+	}
+
+	// Affinity: its turns go to host-b only; host-a is given its own.
+	if err := c.wc.Release(ctx, clB.WorkerToken, clB.JobID, wire.ReleaseRequest{AttemptRef: ref(clB), Class: "spawn_failed"}); err != nil {
+		t.Fatal(err)
+	}
+	c.advance(time.Second)
+	if cl := c.claim(testTimings.LeaseTTL); cl.JobID != home.ID {
+		t.Errorf("host-a claimed %q, want only its own %s; the foreign conversation: %+v; job %+v", cl.JobID, home.ID, c.conversation(j.ConversationID), c.job(cl.JobID))
+	}
+	if cl, err := c.wc.Claim(ctx, c.hostToken, wire.ClaimRequest{LeaseTTLMS: testTimings.LeaseTTL.Milliseconds()}); !errors.Is(err, wire.ErrNoClaim) {
+		t.Errorf("host-a claimed %+v, %v; want nothing (the foreign turn waits for host-b)", cl, err)
+	}
+	logs.noSecrets(t, c.hostToken, tokenB)
 }

@@ -456,7 +456,21 @@ type ConversationStatesRequest struct {
 type ConversationState struct {
 	ID    string `json:"id"`
 	State string `json:"state"` // usable | quarantined | lost | unknown
+	// Sandbox says where the conversation's retained sandbox is recorded,
+	// as seen from the asking host: SandboxThisHost, SandboxOtherHost, or
+	// "" while none is recorded (and from a control plane older than the
+	// field). Turns go to the recorded host only, so a host told
+	// SandboxOtherHost runs no turn of the conversation again.
+	Sandbox string `json:"sandbox,omitempty"`
+	// SandboxHost names the host the sandbox is recorded on, for records.
+	SandboxHost string `json:"sandbox_host,omitempty"`
 }
+
+// ConversationState.Sandbox values.
+const (
+	SandboxThisHost  = "this_host"
+	SandboxOtherHost = "other_host"
+)
 
 // ConversationStatesResponse answers with one entry per distinct id asked
 // for, in the order asked.

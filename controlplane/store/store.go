@@ -59,6 +59,15 @@ type Host struct {
 	Paused bool
 }
 
+// ConversationState is a conversation's state and the host its retained
+// sandbox is recorded on (the last RecordContainer's host, which its turns
+// are pinned to); SandboxHostID is "" while none is recorded.
+type ConversationState struct {
+	State         string
+	SandboxHostID string
+	SandboxHost   string // the host's name
+}
+
 // Stats is what the control plane's /metrics shows of the store.
 type Stats struct {
 	JobsByState map[string]int // every job state, zero counts included
@@ -220,9 +229,10 @@ type Store interface {
 	// User API.
 	CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error)
 	GetConversation(ctx context.Context, id string) (wire.Conversation, error)
-	// ConversationStates reads the states of the conversations ids names
-	// in one query; an id the store does not hold has no entry.
-	ConversationStates(ctx context.Context, ids []string) (map[string]string, error)
+	// ConversationStates reads the states of the conversations ids names,
+	// with the host their sandbox is recorded on, in one query; an id the
+	// store does not hold has no entry.
+	ConversationStates(ctx context.Context, ids []string) (map[string]ConversationState, error)
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
 	// EnqueueTurn appends a turn; ErrConversationLost for a LOST conversation (R32).
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)

@@ -111,18 +111,19 @@ func (s *Store) renewRefused(ctx context.Context, w store.Worker, ref wire.Attem
 
 // ConversationStates reads many conversations' states in one query: on
 // PostgreSQL the ids as one array parameter, on SQLite as one JSON array.
-func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[string]string, error) {
-	out := make(map[string]string, len(ids))
+func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[string]store.ConversationState, error) {
+	out := make(map[string]store.ConversationState, len(ids))
 	if len(ids) == 0 {
 		return out, nil
 	}
-	q, arg := `SELECT id, state FROM conversations WHERE id = ANY($1)`, any(ids)
+	const cols = `SELECT c.id, c.state, COALESCE(c.sandbox_host_id, ''), COALESCE(h.name, '')` + conversationFrom
+	q, arg := cols+` WHERE c.id = ANY($1)`, any(ids)
 	if s.d == sqlite {
 		b, err := json.Marshal(ids)
 		if err != nil {
 			return nil, fmt.Errorf("conversation states: %w", err)
 		}
-		q, arg = `SELECT id, state FROM conversations WHERE id IN (SELECT value FROM json_each(?))`, string(b)
+		q, arg = cols+` WHERE c.id IN (SELECT value FROM json_each(?))`, string(b)
 	}
 	rows, err := s.r.QueryContext(ctx, q, arg)
 	if err != nil {
@@ -130,11 +131,12 @@ func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[strin
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id, state string
-		if err := rows.Scan(&id, &state); err != nil {
+		var id string
+		var c store.ConversationState
+		if err := rows.Scan(&id, &c.State, &c.SandboxHostID, &c.SandboxHost); err != nil {
 			return nil, fmt.Errorf("conversation states: %w", err)
 		}
-		out[id] = state
+		out[id] = c
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("conversation states: %w", err)

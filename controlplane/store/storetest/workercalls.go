@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"maps"
 	"testing"
 	"time"
 
@@ -67,7 +68,11 @@ func testRenewAs(t *testing.T, st store.Store) {
 }
 
 // testConversationStates: many conversations' states in one read, the
-// unknown ones absent, a repeated id answered once.
+// unknown ones absent, a repeated id answered once, each with the host its
+// sandbox is recorded on. The foreign sandbox: host-a's attempt ends
+// before it records a container, host-b's records one; the state names
+// host-b, and host-a is given no later turn of the conversation, so the
+// copy host-a started is garbage.
 func testConversationStates(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	usable, lost := f.conversation(), f.conversation()
@@ -78,11 +83,29 @@ func testConversationStates(t *testing.T, st store.Store) {
 	if err != nil {
 		t.Fatalf("ConversationStates: %v", err)
 	}
-	want := map[string]string{lost.ID: wire.ConversationLost, usable.ID: wire.ConversationUsable}
-	if len(got) != len(want) || got[lost.ID] != want[lost.ID] || got[usable.ID] != want[usable.ID] {
+	want := map[string]store.ConversationState{lost.ID: {State: wire.ConversationLost}, usable.ID: {State: wire.ConversationUsable}}
+	if !maps.Equal(got, want) {
 		t.Fatalf("ConversationStates = %v, want %v", got, want)
 	}
 	if got, err := st.ConversationStates(f.ctx, nil); err != nil || len(got) != 0 {
 		t.Fatalf("ConversationStates(nil) = %v, %v; want nothing", got, err)
 	}
+
+	a, b := f.host, f.newHost("host-b")
+	conv := f.conversation()
+	j := f.enqueue(conv.ID, "one")
+	f.release(f.claimOn(a, at(2*time.Second), j.ID), "spawn_failed", at(3*time.Second))
+	if got, err := st.ConversationStates(f.ctx, []string{conv.ID}); err != nil || got[conv.ID] != (store.ConversationState{State: wire.ConversationUsable}) {
+		t.Fatalf("nothing recorded yet: %v, %v", got, err)
+	}
+	later := at(time.Minute)
+	cb := f.claimOn(b, later, j.ID)
+	f.recordContainer(cb, "ctr-b", later)
+	got, err = st.ConversationStates(f.ctx, []string{conv.ID})
+	if w := (store.ConversationState{State: wire.ConversationUsable, SandboxHostID: b.ID, SandboxHost: b.Name}); err != nil || got[conv.ID] != w {
+		t.Fatalf("recorded on host-b: %v, %v; want %+v", got, err, w)
+	}
+	f.enqueue(conv.ID, "two")
+	f.release(cb, "spawn_failed", later) // turn one queued again, pinned to host-b
+	f.claimOn(a, at(time.Hour), "")
 }
