@@ -408,7 +408,12 @@ func (w *world) startDaemon(h *host) error {
 		StopGrace: stopGrace, KillGrace: killGrace, DrainTimeout: 10 * time.Second,
 		ClaimWait: claimWait, ClaimBackoff: 100 * time.Millisecond, ClaimBackoffMax: time.Second,
 		ControlTimeout: time.Second, HostHeartbeat: 300 * time.Millisecond,
-		Log: &acceptTap{w: w, next: w.log.prefixed(h.node.name)},
+		// The sweep removes a sandbox an attempt here started and ended
+		// before recording once another host records the conversation's:
+		// every second, so that one is gone long before the campaign
+		// judges what is left (the default minute outlasts a short run).
+		Args: []string{"--sandbox-sweep", time.Second.String()},
+		Log:  &acceptTap{w: w, next: w.log.prefixed(h.node.name)},
 	}
 	if h.sandbox == "docker" {
 		cfg.StopGrace = 2 * time.Second // a container's supervisor answers slower

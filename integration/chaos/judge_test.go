@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,13 +60,6 @@ func judge(t *testing.T, c campaign, w *world, took time.Duration, recs []checke
 // other instance of the same property still fails the test; each is
 // listed in docs/reliability.md.
 const (
-	// exForeignSandbox: an attempt on host A ensures the conversation's
-	// sandbox (its supervisor starts) and ends — superseded, released —
-	// before it records the container; the turn then runs on host B, which becomes the
-	// conversation's sandbox host. A's sandbox is never removed: A's sweep
-	// removes only the sandboxes of LOST or deleted conversations (K8),
-	// and this one is usable — on another host.
-	exForeignSandbox = "foreign-sandbox"
 	// exAnswerPastRecorder: a conversation LOST as an ambiguous admission
 	// (R30) although a 2xx admission answer left the replica — the
 	// recorder sits before the fault proxy and the turn child, and the
@@ -142,55 +134,6 @@ func lostAfter(recs []checker.Record, try checker.Record, finished time.Time) bo
 func tracked(recs []checker.Record, f checker.Finding) string {
 	if answerLost(recs, f) {
 		return exAnswerPastRecorder
-	}
-	return foreignSandbox(recs, f)
-}
-
-// foreignSandbox matches exForeignSandbox. The
-// checker flags whichever of a conversation's two supervisors (or
-// sandboxes) it meets second, so the pair is judged: one on the
-// conversation's sandbox host, one on a host whose attempt of it ended
-// before it recorded a container.
-func foreignSandbox(recs []checker.Record, f checker.Finding) string {
-	if f.Property != checker.Leak || len(f.Lines) != 1 || f.Lines[0] < 1 || f.Lines[0] > len(recs) {
-		return ""
-	}
-	left := recs[f.Lines[0]-1]
-	if left.Leftover == nil || (left.Leftover.Role != checker.RoleSupervisor && left.Leftover.Role != checker.RoleSandbox) {
-		return ""
-	}
-	conv, role := left.ConversationID, left.Leftover.Role
-	var home string
-	for _, r := range recs {
-		if r.Conversation != nil && r.Conversation.ID == conv {
-			home = r.Conversation.SandboxHost
-		}
-	}
-	var hosts []string
-	for _, r := range recs {
-		if r.Leftover != nil && r.ConversationID == conv && r.Leftover.Role == role {
-			hosts = append(hosts, r.Host)
-		}
-	}
-	if home == "" || len(hosts) != 2 || !slices.Contains(hosts, home) {
-		return ""
-	}
-	foreign := hosts[0]
-	if foreign == home {
-		foreign = hosts[1]
-	}
-	if foreign == home {
-		return ""
-	}
-	for _, r := range recs {
-		if r.Job == nil || r.Job.ConversationID != conv {
-			continue
-		}
-		for _, a := range r.Job.Attempts {
-			if a.LeaseOwner == foreign && a.ContainerID == "" && a.State != "running" {
-				return exForeignSandbox
-			}
-		}
 	}
 	return ""
 }
