@@ -202,6 +202,11 @@ type Retained struct {
 	// the reason it was stopped without a receipt (connection_dropped,
 	// fenced, lease_deadline, shutdown).
 	Ended string `json:"ended"`
+	// LastRan, on a record that ran nothing (EndedNotRun), names the last
+	// activation that ran a turn in this state, at this same boundary:
+	// an activation that verified and then ran nothing must not hide the
+	// interrupted one before it (K13). Empty if none did.
+	LastRan string `json:"last_ran,omitempty"`
 }
 
 // How a retained activation ended (Retained.Ended), beside the stop reasons.

@@ -524,7 +524,11 @@ func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 	}
 	if tu.Quarantined {
 		p := act.Previous
-		if p == nil || tu.InterruptedActivationID == "" || p.Activation != tu.InterruptedActivationID || p.NativeTurn != act.NativeTurn {
+		// The record names the interrupted activation, or is the record of
+		// a later one that ran nothing since it (LastRan), at this boundary.
+		names := p != nil && tu.InterruptedActivationID != "" && (p.Activation == tu.InterruptedActivationID ||
+			p.Ended == sandbox.EndedNotRun && p.LastRan == tu.InterruptedActivationID)
+		if !names || p.NativeTurn != act.NativeTurn {
 			var retained, ended string
 			var native int64 = -1
 			if p != nil {

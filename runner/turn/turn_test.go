@@ -289,6 +289,11 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 	rec := func(id string, n int64, ended string) *sandbox.Retained {
 		return &sandbox.Retained{Activation: id, NativeTurn: n, Ended: ended}
 	}
+	// notRunAfter is the record of activation id, which ran nothing, the
+	// last one to run a turn before it being last.
+	notRunAfter := func(id string, n int64, last string) *sandbox.Retained {
+		return &sandbox.Retained{Activation: id, NativeTurn: n, Ended: sandbox.EndedNotRun, LastRan: last}
+	}
 	for _, tt := range []struct {
 		name        string
 		quarantined bool
@@ -314,6 +319,11 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 		{"quarantined, restarted supervisor with no record, same boundary", true, ctr, ctr, 5, nil, ClassReceiptMismatch},
 		{"quarantined, record of another activation, same boundary", true, ctr, ctr, 5, rec("inst.6.beef", 5, sandbox.EndedCompleted), ClassReceiptMismatch},
 		{"quarantined, record disagrees with the boundary", true, ctr, ctr, 5, rec(act, 4, sandbox.EndedNotRun), ClassReceiptMismatch},
+		// A later activation that verified and ran nothing names the
+		// interrupted one as the last that ran; one that ran a turn does not.
+		{"quarantined, a later activation ran nothing since", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, act), ""},
+		{"quarantined, a later activation ran nothing since another", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, "inst.6.beef"), ClassReceiptMismatch},
+		{"quarantined, a later activation ran a turn", true, ctr, ctr, 5, &sandbox.Retained{Activation: "inst.8.cafe", NativeTurn: 5, Ended: sandbox.EndedCompleted, LastRan: act}, ClassReceiptMismatch},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tu := &turn{log: slog.New(slog.DiscardHandler)}

@@ -370,7 +370,6 @@ func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	s.mu.Lock()
 	s.gen++
 	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8)), leaseDeadline: leaseDeadline}
-	prev := s.current
 	s.current = a
 	old := s.running
 	s.mu.Unlock()
@@ -381,16 +380,29 @@ func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	recordActivated(s.log, a.gen, old != nil)
-	retained := s.retained
-	if prev != nil && (prev.state == actIdle || prev.state == actStartFailed) {
-		retained = &sandbox.Retained{Activation: prev.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun}
-	}
 	var previous *sandbox.Retained
-	if retained != nil {
-		r := *retained
+	if s.retained != nil {
+		r := *s.retained
 		previous = &r
 	}
+	// This activation's own record, on disk before its token is handed out
+	// (K13): if it is admitted and its supervisor dies before its turn
+	// starts, or it runs nothing, the next activation still finds it — and,
+	// through LastRan, the activation before it that ran a turn. Its turn's
+	// start replaces it (retainTurn, EndedUnfinished).
+	s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun, LastRan: lastRan(s.retained)})
 	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}
+}
+
+// lastRan is the last activation that ran a turn, as record r tells it.
+func lastRan(r *sandbox.Retained) string {
+	switch {
+	case r == nil:
+		return ""
+	case r.Ended == sandbox.EndedNotRun:
+		return r.LastRan
+	}
+	return r.Activation
 }
 
 // lookup returns the current activation for id, or why there is none.
@@ -528,7 +540,13 @@ func (s *server) reapOrphansLocked() {
 // never one that passes for a turn it does not describe. Called with s.mu
 // held.
 func (s *server) retainTurn(a *activation, n int64, ended string) {
-	r := &sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended}
+	s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended})
+	s.setNativeTurn(n)
+}
+
+// retain makes r the retained record, durably (RetainedFile). Called with
+// s.mu held.
+func (s *server) retain(r *sandbox.Retained) {
 	s.retained = r
 	b, err := json.Marshal(r)
 	if err == nil {
@@ -537,7 +555,6 @@ func (s *server) retainTurn(a *activation, n int64, ended string) {
 	if err != nil {
 		recordStateFailure(s.log, "retained_store")
 	}
-	s.setNativeTurn(n)
 }
 
 // setNativeTurn records a new native turn ordinal durably. Called with s.mu held.

@@ -827,7 +827,7 @@ func TestActivationCarriesTheRetainedRecord(t *testing.T) {
 		t.Fatalf("after a completed turn: previous %+v, %v; want %+v", idle.Previous, err, want)
 	}
 	next, err := c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || *next.Previous != want {
+	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); err != nil || next.Previous == nil || *next.Previous != want {
 		t.Fatalf("after an activation that ran nothing: previous %+v, %v; want %+v", next.Previous, err, want)
 	}
 	// A turn cut off by its driving connection: no receipt, a record.
@@ -897,5 +897,38 @@ func TestSupervisorKilledMidTurnRetainsItsActivation(t *testing.T) {
 	want := sandbox.Retained{Activation: act.ID, NativeTurn: 1, Ended: sandbox.EndedUnfinished}
 	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
 		t.Fatalf("after a kill mid-turn: %+v, %v; want previous %+v at native turn 1", after, err, want)
+	}
+}
+
+// K13: an activation that verified and then ran nothing, and one admitted
+// whose supervisor died before its turn started, leave records on disk: the
+// next activation after a restart still finds the interrupted activation,
+// either named or as the last that ran before the ones that ran nothing.
+func TestNotRunActivationsKeepTheInterruptedOne(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock, "--state", state)
+	ran, _, _ := runTurn(t, c, "!events 1")
+	idle, err := c.Activate(ctx, 0) // verified, never admitted: runs nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted, err := c.Activate(ctx, 0) // admitted; its supervisor dies before its turn
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); admitted.Previous == nil || *admitted.Previous != want {
+		t.Fatalf("after an activation that ran nothing: previous %+v, want %+v", admitted.Previous, want)
+	}
+	p.kill()
+
+	startProc(t, ws, sock, "--state", state)
+	after, err := c.Activate(ctx, 0)
+	want := sandbox.Retained{Activation: admitted.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}
+	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
+		t.Fatalf("after a restart: %+v, %v; want previous %+v at native turn 1", after, err, want)
 	}
 }
