@@ -1,7 +1,7 @@
 // Package heartbeat keeps a claimed attempt's lease alive: one Renewer per
-// attempt, on its own goroutine, renewing through wire.Client.Renew with an
-// HTTP client of its own (NewHTTPClient), plus the lease-timing rules the
-// daemon checks at start-up (ResolveTimings).
+// attempt, a timer that renews through wire.Client.Renew on a goroutine that
+// lives for one renewal, with an HTTP client of its own (NewHTTPClient), plus
+// the lease-timing rules the daemon checks at start-up (ResolveTimings).
 //
 // Cadence at the defaults (lease 120 s, interval 30 s, request timeout 10 s,
 // retry 5 s): the first renewal goes 30 s after the claim; after an

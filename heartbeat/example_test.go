@@ -47,6 +47,6 @@ func Example() {
 		// Lost, CredentialRefused or Expired: STOP the child now and write
 		// nothing more about this attempt.
 	}
-	v := r.Verdict() // waits for the renewer's goroutine
+	v := r.Verdict() // waits for the verdict
 	_ = v.Err()
 }

@@ -29,9 +29,11 @@ type Config struct {
 	// machine is suspended. A testing/synctest bubble passes
 	// boottime.Since(time.Now()) to count on its fake time.
 	Clock boottime.Clock
-	// OnRenewed, if set, is called on the renewer's goroutine with the new
-	// lease after every acknowledged renewal (the daemon sends it to the
-	// turn child as a DEADLINE frame, K5). It must not block for long.
+	// OnRenewed, if set, is called with the new lease after every
+	// acknowledged renewal, on the goroutine that made it: one call at a
+	// time, in order, the next renewal waiting for it (the daemon sends it
+	// to the turn child as a DEADLINE frame, K5). It must not block for
+	// long; it may call Lease or Stop.
 	OnRenewed func(Lease)
 }
 
@@ -123,24 +125,51 @@ func (v Verdict) Err() error {
 	return nil
 }
 
-// Renewer renews one attempt's lease on its own goroutine until its verdict.
+// Renewer renews one attempt's lease until its verdict. It keeps no
+// goroutine of its own: between renewals it is a timer (time.AfterFunc), and
+// each renewal's request and answer run on that timer's short-lived
+// goroutine, which arms the timer again and ends. A parked goroutine per
+// held turn would cost its stack for the turn's whole life (issue 12 §6).
 type Renewer struct {
 	cfg     Config
 	a       Attempt
+	req     wire.RenewRequest
 	rec     diagnostics.Recorder
 	id      diagnostics.Attempt
-	ctx     context.Context // canceled by Stop
+	ctx     context.Context // canceled by Stop; the parent of every request's
 	stop    context.CancelFunc
 	done    chan struct{}
 	cancelC chan struct{}
 
-	claimSent boottime.Instant // a.ClaimSent on the Clock
-
-	mu          sync.Mutex // guards the three fields below
+	// mu guards everything below: the phase and the timer, the lease, the
+	// counts the records carry and the verdict. It is never held while a
+	// request is in flight or OnRenewed runs.
+	mu          sync.Mutex
+	phase       phase
+	timer       *time.Timer // calls fire at the next renewal; armed only while waiting
 	lastAckSent boottime.Instant
 	ttl         time.Duration
+	renewals    int   // acknowledged
+	failures    int   // consecutive, since the last acknowledgement
+	lastErr     error // of the last failure
+	cancelSeen  bool  // cancelC is closed or about to be
 	verdict     Verdict
 }
+
+// phase is where a Renewer is: waiting and renewing in turn, until ended.
+type phase int
+
+const (
+	// waiting: the timer is armed for the next renewal (or the deadline);
+	// no goroutine of the renewer exists. Stop ends it at once.
+	waiting phase = iota
+	// renewing: a request is in flight on the timer's goroutine, which
+	// handles its answer; Stop cancels the request and that goroutine
+	// decides Stopped.
+	renewing
+	// ended: the verdict is decided and Done closed.
+	ended
+)
 
 // Start starts renewing a's lease. The first renewal goes one interval after
 // the claim was sent. The caller owns the renewer: it must call Stop when the
@@ -159,19 +188,24 @@ func Start(cfg Config, a Attempt) *Renewer {
 	claimSent := boottime.FromTime(cfg.Clock, a.ClaimSent)
 	ctx, stop := context.WithCancel(context.Background())
 	r := &Renewer{
-		cfg:         cfg,
-		a:           a,
+		cfg: cfg,
+		a:   a,
+		req: wire.RenewRequest{
+			AttemptRef: wire.AttemptRef{AttemptID: a.AttemptID, LeaseGeneration: a.LeaseGeneration},
+			LeaseTTLMS: cfg.LeaseTTL.Milliseconds(),
+		},
 		rec:         diagnostics.NewRecorder(cfg.Logger),
 		id:          diagnostics.Attempt{JobID: a.JobID, AttemptID: a.AttemptID},
 		ctx:         ctx,
 		stop:        stop,
 		done:        make(chan struct{}),
 		cancelC:     make(chan struct{}),
-		claimSent:   claimSent,
 		lastAckSent: claimSent,
 		ttl:         capTTL(a.LeaseTTL, cfg.LeaseTTL, cfg.LeaseTTL),
 	}
-	go r.run()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.timer = time.AfterFunc(r.untilNext(claimSent.Add(r.every(r.ttl))), r.fire)
 	return r
 }
 
@@ -186,7 +220,18 @@ func capTTL(granted, configured, previous time.Duration) time.Duration {
 
 // Stop ends renewal; the verdict is then Stopped unless another came first.
 // It does not wait: the owner waits on Done. Stop may be called many times.
-func (r *Renewer) Stop() { r.stop() }
+// Between renewals the verdict is decided before Stop returns; during a
+// renewal, once its canceled request returns.
+func (r *Renewer) Stop() {
+	r.stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.phase == waiting {
+		// A fire already started finds the phase ended and returns.
+		r.timer.Stop()
+		r.stopped()
+	}
+}
 
 // Done is closed once the verdict is decided.
 func (r *Renewer) Done() <-chan struct{} { return r.done }
@@ -210,7 +255,7 @@ func (r *Renewer) CancelRequested() <-chan struct{} { return r.cancelC }
 func (r *Renewer) Lease() Lease {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return Lease{Sent: r.lastAckSent, Deadline: r.lastAckSent.Add(r.ttl)}
+	return Lease{Sent: r.lastAckSent, Deadline: r.deadline()}
 }
 
 // every is the interval between an acknowledgement and the next renewal. A
@@ -223,120 +268,138 @@ func (r *Renewer) every(ttl time.Duration) time.Duration {
 	return r.cfg.Interval
 }
 
-func (r *Renewer) run() {
-	defer close(r.done)
-	v := r.loop()
+// deadline is when the lease is no longer valid locally. r.mu is held.
+func (r *Renewer) deadline() boottime.Instant { return r.lastAckSent.Add(r.ttl) }
+
+// untilNext is how long from now the timer waits for a renewal due at next:
+// never past the deadline, where fire gives the lease up. r.mu is held.
+func (r *Renewer) untilNext(next boottime.Instant) time.Duration {
+	return earlier(next, r.deadline()).Sub(r.cfg.Clock.Now())
+}
+
+// wait goes back to waiting for a renewal due at next, unless Stop came
+// meanwhile. r.mu is held.
+func (r *Renewer) wait(next boottime.Instant) {
+	if r.ctx.Err() != nil {
+		r.stopped()
+		return
+	}
+	r.phase = waiting
+	r.timer.Reset(r.untilNext(next))
+}
+
+// end decides the verdict. r.mu is held.
+func (r *Renewer) end(v Verdict) {
+	v.Renewals, v.LastAckSent = r.renewals, r.lastAckSent
+	r.verdict, r.phase = v, ended
+	close(r.done)
+}
+
+// stopped ends with Stopped. r.mu is held.
+func (r *Renewer) stopped() {
+	r.rec.HeartbeatStopped(context.Background(), r.id, r.renewals)
+	r.end(Verdict{Outcome: Stopped})
+}
+
+// fire is the timer's callback, on a goroutine of its own that lives for one
+// renewal: it gives the lease up at the deadline, or sends the renewal and
+// handles its answer. An HTTP round trip grows a stack to 8–16 KB; a
+// goroutine that ends after it keeps none of that (issue 12 §6).
+func (r *Renewer) fire() {
 	r.mu.Lock()
-	v.LastAckSent = r.lastAckSent
-	r.verdict = v
+	if r.phase != waiting { // Stop came first
+		r.mu.Unlock()
+		return
+	}
+	if r.ctx.Err() != nil { // Stop is waiting for r.mu
+		r.stopped()
+		r.mu.Unlock()
+		return
+	}
+	sent, deadline := r.cfg.Clock.Now(), r.deadline()
+	if !sent.Before(deadline) {
+		r.rec.LeaseExpired(context.Background(), r.id, r.failures, sent.Sub(r.lastAckSent), r.lastErr)
+		r.end(Verdict{Outcome: Expired})
+		r.mu.Unlock()
+		return
+	}
+	r.phase = renewing
 	r.mu.Unlock()
+
+	// The request may not outlive the lease: an answer after the deadline
+	// would come too late to count.
+	ctx, cancel := context.WithTimeout(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline).Sub(sent))
+	resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, r.req)
+	cancel()
+	if err == nil {
+		r.acknowledged(sent, resp)
+	} else {
+		r.failed(err)
+	}
 }
 
-// renew sends one renewal and waits for its answer, exactly as a call
-// would; only the request runs on a goroutine of its own. An HTTP round trip
-// grows a stack to 8–16 KB, and the runtime halves a parked goroutine's
-// stack at most once a collection, so the loop's goroutine, parked 30 s
-// between renewals on every held turn, would keep most of that growth: it
-// stays at its small starting stack instead (issue 12 §6).
-func (r *Renewer) renew(ctx context.Context, req wire.RenewRequest) (wire.RenewResponse, error) {
-	type answer struct {
-		resp wire.RenewResponse
-		err  error
+// acknowledged takes the answer to the renewal sent at sent.
+func (r *Renewer) acknowledged(sent boottime.Instant, resp wire.RenewResponse) {
+	r.mu.Lock()
+	if r.failures > 0 {
+		r.rec.HeartbeatRecovered(context.Background(), r.id, r.failures, r.cfg.Clock.Now().Sub(r.lastAckSent))
 	}
-	answered := make(chan answer, 1)
-	go func() {
-		resp, err := r.cfg.Client.Renew(ctx, r.a.WorkerToken, r.a.JobID, req)
-		answered <- answer{resp, err}
-	}()
-	a := <-answered
-	return a.resp, a.err
+	r.lastAckSent, r.ttl = sent, capTTL(time.Duration(resp.LeaseTTLMS)*time.Millisecond, r.cfg.LeaseTTL, r.ttl)
+	r.renewals, r.failures, r.lastErr = r.renewals+1, 0, nil
+	lease := Lease{Sent: r.lastAckSent, Deadline: r.deadline()}
+	cancelNow := resp.CancelRequested && !r.cancelSeen
+	r.cancelSeen = r.cancelSeen || cancelNow
+	r.mu.Unlock()
+
+	// Still renewing: no other goroutine calls OnRenewed or closes cancelC.
+	if r.cfg.OnRenewed != nil {
+		r.cfg.OnRenewed(lease)
+	}
+	if cancelNow {
+		close(r.cancelC)
+	}
+
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.wait(sent.Add(r.every(r.ttl)))
 }
 
-func (r *Renewer) loop() Verdict {
-	var (
-		bg        = context.Background()
-		clock     = r.cfg.Clock
-		lastAck   = r.claimSent
-		ttl       = r.ttl
-		next      = lastAck.Add(r.every(ttl))
-		renewals  int
-		failures  int
-		lastErr   error
-		cancelled bool
-		timer     = time.NewTimer(time.Hour)
-	)
-	defer timer.Stop()
-	req := wire.RenewRequest{
-		AttemptRef: wire.AttemptRef{AttemptID: r.a.AttemptID, LeaseGeneration: r.a.LeaseGeneration},
-		LeaseTTLMS: r.cfg.LeaseTTL.Milliseconds(),
+// failed takes a renewal's failure.
+func (r *Renewer) failed(err error) {
+	bg := context.Background()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		r.stopped()
+		return
 	}
-	for {
-		deadline := lastAck.Add(ttl)
-		timer.Reset(earlier(next, deadline).Sub(clock.Now()))
-		select {
-		case <-r.ctx.Done():
-			r.rec.HeartbeatStopped(bg, r.id, renewals)
-			return Verdict{Outcome: Stopped, Renewals: renewals}
-		case <-timer.C:
-		}
-		sent := clock.Now()
-		if !sent.Before(deadline) {
-			r.rec.LeaseExpired(bg, r.id, failures, sent.Sub(lastAck), lastErr)
-			return Verdict{Outcome: Expired, Renewals: renewals}
-		}
-		// The request may not outlive the lease: an answer after the
-		// deadline would come too late to count.
-		ctx, cancel := context.WithTimeout(r.ctx, earlier(sent.Add(r.cfg.RequestTimeout), deadline).Sub(sent))
-		resp, err := r.renew(ctx, req)
-		cancel()
-		if err == nil {
-			if failures > 0 {
-				r.rec.HeartbeatRecovered(bg, r.id, failures, clock.Now().Sub(lastAck))
-			}
-			lastAck, ttl = sent, capTTL(time.Duration(resp.LeaseTTLMS)*time.Millisecond, r.cfg.LeaseTTL, ttl)
-			renewals, failures, lastErr = renewals+1, 0, nil
-			r.mu.Lock()
-			r.lastAckSent, r.ttl = lastAck, ttl
-			r.mu.Unlock()
-			if r.cfg.OnRenewed != nil {
-				r.cfg.OnRenewed(Lease{Sent: lastAck, Deadline: lastAck.Add(ttl)})
-			}
-			if resp.CancelRequested && !cancelled {
-				cancelled = true
-				close(r.cancelC)
-			}
-			next = lastAck.Add(r.every(ttl))
-			continue
-		}
-		if r.ctx.Err() != nil {
-			r.rec.HeartbeatStopped(bg, r.id, renewals)
-			return Verdict{Outcome: Stopped, Renewals: renewals}
-		}
-		// wire classifies statuses for everyone (409/410 definitive,
-		// 401/403/404 a refused credential).
-		switch status := diagnostics.Status(err); wire.ClassifyStatus(status) {
-		case wire.Definitive:
-			r.rec.LeaseLost(bg, r.id, status)
-			return Verdict{Outcome: Lost, Status: status, Renewals: renewals}
-		case wire.CredentialRefused:
-			r.rec.CredentialRefused(bg, r.id, status)
-			return Verdict{Outcome: CredentialRefused, Status: status, Renewals: renewals}
-		}
-		// Anything else may pass: retry while the lease can still be valid.
-		failures++
-		lastErr = err
-		if failures == 1 {
-			r.rec.ControlFailure(bg, wire.OpRenew, r.id, err)
-		}
-		if failures >= r.cfg.IdleResetAfter && r.cfg.Client.HTTP != nil {
-			r.cfg.Client.HTTP.CloseIdleConnections()
-		}
-		now := clock.Now()
-		next = now.Add(r.cfg.RetryDelay)
-		if next.Before(deadline) {
-			r.rec.HeartbeatRetry(bg, r.id, failures, now.Sub(lastAck), r.cfg.RetryDelay)
-		}
+	// wire classifies statuses for everyone (409/410 definitive,
+	// 401/403/404 a refused credential).
+	switch status := diagnostics.Status(err); wire.ClassifyStatus(status) {
+	case wire.Definitive:
+		r.rec.LeaseLost(bg, r.id, status)
+		r.end(Verdict{Outcome: Lost, Status: status})
+		return
+	case wire.CredentialRefused:
+		r.rec.CredentialRefused(bg, r.id, status)
+		r.end(Verdict{Outcome: CredentialRefused, Status: status})
+		return
 	}
+	// Anything else may pass: retry while the lease can still be valid.
+	r.failures++
+	r.lastErr = err
+	if r.failures == 1 {
+		r.rec.ControlFailure(bg, wire.OpRenew, r.id, err)
+	}
+	if r.failures >= r.cfg.IdleResetAfter && r.cfg.Client.HTTP != nil {
+		r.cfg.Client.HTTP.CloseIdleConnections()
+	}
+	now := r.cfg.Clock.Now()
+	next := now.Add(r.cfg.RetryDelay)
+	if next.Before(r.deadline()) {
+		r.rec.HeartbeatRetry(bg, r.id, r.failures, now.Sub(r.lastAckSent), r.cfg.RetryDelay)
+	}
+	r.wait(next)
 }
 
 func earlier(a, b boottime.Instant) boottime.Instant {

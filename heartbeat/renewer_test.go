@@ -3,6 +3,7 @@ package heartbeat_test
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -372,6 +373,63 @@ func TestStopDuringRequest(t *testing.T) {
 			t.Fatalf("%d expiry records after Stop", n)
 		}
 	})
+}
+
+// Between renewals a renewer is a timer, not a parked goroutine (issue 12
+// §6): n renewers that have each been acknowledged and wait for their next
+// renewal leave no goroutine running renewer code, and the bubble holds no
+// more goroutines than before they started beyond the renewal connection's.
+func TestIdleRenewersParkNoGoroutine(t *testing.T) {
+	const n = 20
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, ok)
+		before := runtime.NumGoroutine()
+		rs := make([]*heartbeat.Renewer, n)
+		for i := range rs {
+			// Claims a second apart: the first renewals go one after the
+			// other, at 11 … 30 s, over one pooled connection.
+			a := e.attempt(jobID)
+			a.ClaimSent = e.t0.Add(-time.Duration(i) * time.Second)
+			rs[i] = e.start(e.config(), a)
+		}
+		aliveAfter(t, rs[0], 31*time.Second)
+		for i, r := range rs {
+			if l := r.Lease(); l.Sent != e.at(30*time.Second-time.Duration(i)*time.Second) {
+				t.Fatalf("renewer %d: last acknowledgement sent %v after the claim, want its first renewal's", i, l.Sent.Sub(e.at(0)))
+			}
+		}
+		if got := len(e.ep.sent(jobID)); got != n {
+			t.Fatalf("%d renewals sent, want %d", got, n)
+		}
+		if got := renewerGoroutines(); len(got) != 0 {
+			t.Fatalf("%d goroutines in heartbeat code between renewals, want none; the first:\n%s", len(got), got[0])
+		}
+		// The pooled connection's goroutines (client reader and writer,
+		// server conn) are the only new ones.
+		if grown := runtime.NumGoroutine() - before; grown > 3 {
+			t.Fatalf("%d more goroutines with %d idle renewers, want at most the connection's 3", grown, n)
+		}
+		for _, r := range rs {
+			r.Stop()
+			if v := r.Verdict(); v.Outcome != heartbeat.Stopped || v.Renewals != 1 {
+				t.Fatalf("verdict %+v", v)
+			}
+		}
+	})
+}
+
+// renewerGoroutines are the stacks of the goroutines that are running code
+// of package heartbeat (not its tests).
+func renewerGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "runnerd/runnerd/heartbeat.") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
 
 // R11: a refused credential stops that attempt's renewal only; another

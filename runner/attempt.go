@@ -334,8 +334,8 @@ func (a *attempt) watch(over <-chan struct{}) {
 }
 
 // offerLease hands the renewer's newest lease to the handover, replacing
-// one not yet taken: the child needs only the newest. It runs on the
-// renewer's goroutine, the only sender, and never blocks.
+// one not yet taken: the child needs only the newest. The renewer calls it
+// one renewal at a time, so it is the only sender; it never blocks.
 func (a *attempt) offerLease(l heartbeat.Lease) {
 	hl := a.d.bootLease(l)
 	for {
