@@ -79,6 +79,10 @@ func listFDs() ([]fdInfo, error) {
 	return out, nil
 }
 
+// exitParentGone is the exit status of a parent-gone child that saw its
+// descriptor's EOF before any payload.
+const exitParentGone = 7
+
 func childMain(mode string) int {
 	fail := func(err error) int {
 		fmt.Fprintf(os.Stderr, "handover test child %s: %v\n", mode, err)
@@ -107,6 +111,9 @@ func childMain(mode string) int {
 	}
 
 	ch, err := OpenFromEnv()
+	if mode == "parent-gone" && errors.Is(err, ErrParentGone) {
+		return exitParentGone
+	}
 	if err != nil {
 		return fail(err)
 	}

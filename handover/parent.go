@@ -316,20 +316,29 @@ func (t *Turn) Wait() Ended {
 // Launch marks every descriptor of the daemon from 3 up close-on-exec
 // (close_range), so that one inherited without it cannot leak to a child.
 func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
-	cfg = cfg.withDefaults()
 	body, err := encodePayload(p)
 	if err != nil {
 		return nil, &NotAccepted{Outcome: OutcomePayloadUndelivered, Class: ClassPayloadInvalid, Err: err}
 	}
-	spawnFailed := func(class string, err error) error {
-		return &NotAccepted{Outcome: OutcomeSpawnFailed, Class: class, Err: err}
+	c, err := Prepare(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return c.launch(ctx, p.Echo, body)
+}
+
+// spawn starts the child of cfg, which waits for its payload, and returns
+// it with its kill; a *NotAccepted (spawn failed) when it could not.
+func spawn(cfg Config) (*Turn, func(), error) {
+	spawnFailed := func(class string, err error) (*Turn, func(), error) {
+		return nil, nil, &NotAccepted{Outcome: OutcomeSpawnFailed, Class: class, Err: err}
 	}
 	if cfg.Path == "" {
-		return nil, spawnFailed("config", errors.New("handover: no executable path"))
+		return spawnFailed("config", errors.New("handover: no executable path"))
 	}
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, spawnFailed("socketpair", fmt.Errorf("handover: socketpair: %w", err))
+		return spawnFailed("socketpair", fmt.Errorf("handover: socketpair: %w", err))
 	}
 	parentEnd := os.NewFile(uintptr(fds[0]), "handover-parent")
 	childEnd := os.NewFile(uintptr(fds[1]), "handover-child")
@@ -337,7 +346,7 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	parentEnd.Close()
 	if err != nil {
 		childEnd.Close()
-		return nil, spawnFailed("socketpair", fmt.Errorf("handover: wrap descriptor: %w", err))
+		return spawnFailed("socketpair", fmt.Errorf("handover: wrap descriptor: %w", err))
 	}
 	conn := c.(*net.UnixConn)
 	// Descriptors the daemon inherited without close-on-exec (from systemd,
@@ -345,7 +354,7 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	if err := closeExecFrom(childFD); err != nil {
 		conn.Close()
 		childEnd.Close()
-		return nil, spawnFailed("fd_hygiene", err)
+		return spawnFailed("fd_hygiene", err)
 	}
 
 	var lis *os.File
@@ -353,7 +362,7 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		if lis, err = bindReattach(cfg.Reattach); err != nil {
 			conn.Close()
 			childEnd.Close()
-			return nil, spawnFailed("reattach_socket", err)
+			return spawnFailed("reattach_socket", err)
 		}
 	}
 
@@ -373,7 +382,7 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	// child has exited (a grandchild may hold the pipe).
 	cmd.WaitDelay = cfg.KillGrace
 
-	t := newTurn(cfg, p.Echo, conn)
+	t := newTurn(cfg, Echo{}, conn)
 	kill := t.killer(cmd)
 	t.keep = lis != nil
 	started := make(chan error, 1)
@@ -390,17 +399,9 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 		if cfg.Reattach != "" {
 			_ = os.Remove(cfg.Reattach)
 		}
-		return nil, spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
+		return spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
 	}
-	if cfg.Started != nil {
-		cfg.Started(t.pid)
-	}
-	go t.supervise(ctx, body, kill)
-	<-t.answered
-	if t.notAccepted != nil {
-		return nil, t.notAccepted
-	}
-	return t, nil
+	return t, kill, nil
 }
 
 // killer returns the kill of a launched child: SIGTERM to its process

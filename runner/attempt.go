@@ -62,6 +62,11 @@ type attempt struct {
 	fence  context.CancelFunc
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
 	stopChild context.CancelFunc
+	// child is the turn child, started before the claim's record is flushed
+	// and waiting for its payload (claimed), or childErr why it could not
+	// be; launch hands it the payload.
+	child    *handover.Prepared
+	childErr error
 	// scope is the child's systemd scope, empty when it has none; set
 	// inside Launch (placeTurn), on runAttempt's goroutine, which alone reads it.
 	scope string
@@ -204,12 +209,21 @@ func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
 // claimed persists the claim, records it and starts its renewer (steps
 // 1–3). False: nothing was launched and nothing is renewed.
 func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
-	// 1. Persist before anything else: a restart must find every lease we
-	// hold (P5). This is the launch's one flush — the record's file and its
-	// directory (stateDir.save) — and the only one P5 needs before the
-	// child's ACCEPT: the payload goes over the socketpair, not a file, and
-	// nothing else on the way to ACCEPT syncs (issue 14 §4).
+	// 0. The child's process starts first and waits for its payload, so
+	// that its exec and runtime start overlap the flush below instead of
+	// following it (issue 14 §4). It has been given nothing: whatever
+	// becomes of it before launch, it accepted nothing (R33), and a daemon
+	// that dies now leaves no turn — the child sees EOF and exits.
+	a.child, a.childErr = handover.Prepare(d.handoverConfig(a))
+	// 1. Persist before anything that can act on the claim: a restart must
+	// find every lease we hold (P5). This is the launch's one flush — the
+	// record's file and its directory (stateDir.save) — and the only one P5
+	// needs before the child's ACCEPT: the payload goes over the
+	// socketpair, not a file, and nothing else on the way to ACCEPT syncs.
 	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt}); err != nil {
+		if a.child != nil {
+			a.child.Close() // it never had the payload
+		}
 		// Nothing was launched and nothing is renewed: the lease runs out and
 		// the reaper requeues the never-admitted job without counting it (P6).
 		d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist", err)
@@ -223,13 +237,16 @@ func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
 	return true
 }
 
-// launch starts the child and waits for its answer (step 4). The child
+// launch hands the child its payload and waits for its answer (step 4). The child
 // gets the lease as it stands and the execution deadline, counted from now
 // on CLOCK_BOOTTIME; the daemon's own timer counts from the same launch,
 // ExecTimeoutMargin later (K6).
 func (d *Daemon) launch(ctx context.Context, a *attempt) (*handover.Turn, error) {
+	if a.childErr != nil {
+		return nil, a.childErr // spawn failed: the claim may go back (R33)
+	}
 	lease := a.renewer.Lease()
-	t, err := handover.Launch(ctx, d.handoverConfig(a), handover.Payload{
+	t, err := a.child.Launch(ctx, handover.Payload{
 		Echo:         handover.Echo{AttemptID: a.claim.AttemptID, LeaseGeneration: a.claim.LeaseGeneration},
 		Lease:        d.bootLease(lease),
 		ExecDeadline: boottime.Now().Add(d.cfg.ExecTimeout),

@@ -174,12 +174,21 @@ func (s stateDir) exists(attemptID string) bool {
 }
 
 // sweepTemp removes temporary files a crash left behind mid-write; the
-// files they were to replace are intact (the rename never happened).
+// files they were to replace are intact (the rename never happened). It
+// removes too every re-attach socket without a record: its child was
+// started before the record was flushed (claimed) and the daemon died in
+// between, so the child had no payload and exited at its EOF.
 func (s stateDir) sweepTemp() {
 	dir := filepath.Join(s.root, "attempts")
 	tmps, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
 	for _, t := range tmps {
 		_ = os.Remove(t)
+	}
+	socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	for _, sock := range socks {
+		if !s.exists(strings.TrimSuffix(filepath.Base(sock), ".sock")) {
+			_ = os.Remove(sock)
+		}
 	}
 }
 

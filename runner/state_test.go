@@ -61,8 +61,9 @@ func TestStateFilesArePrivate(t *testing.T) {
 }
 
 // Writes are atomic: a crash mid-write leaves a temporary file and the old
-// record intact. The temporary file is swept at start; a corrupt record is
-// moved aside and the others still load.
+// record intact. The temporary file is swept at start, and so is a
+// re-attach socket without a record (a child started before the flush); a
+// corrupt record is moved aside and the others still load.
 func TestStateSurvivesCrashLeftovers(t *testing.T) {
 	root := t.TempDir()
 	s, err := openStateDir(root)
@@ -93,9 +94,25 @@ func TestStateSurvivesCrashLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Re-attach sockets: one beside its record, one whose record was
+	// never written (the daemon died between the child's start and the
+	// flush).
+	kept, orphan := s.socket("att-a"), s.socket("att-z")
+	for _, p := range []string{kept, orphan} {
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	s.sweepTemp()
 	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
 		t.Fatalf("temp file not swept: %v", err)
+	}
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Errorf("socket without a record not swept: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("socket of a persisted attempt swept: %v", err)
 	}
 	got, bad := s.load()
 	if len(got) != 2 || got[0].Claim.AttemptID != "att-a" || got[1].Claim.AttemptID != "att-b" {

@@ -1,0 +1,78 @@
+package handover
+
+import (
+	"context"
+	"os"
+	"time"
+)
+
+// Prepared is a child started before its payload: the process exists, its
+// runtime starts and it waits on its descriptor. The daemon starts it before
+// it flushes the claim's record and hands it the payload after (Launch), so
+// that the child's exec and start overlap the flush instead of following it
+// (issue 14 §4). Until the payload it has been given nothing and can have
+// accepted nothing: closed (Close) or dead, it leaves no turn behind, and
+// the record still comes before anything that can act on the claim (P5).
+// A Prepared is used once, by one goroutine: Launch or Close.
+type Prepared struct {
+	t    *Turn
+	kill func()
+}
+
+// Prepare starts the child of cfg, which waits for its payload. The error
+// is a *NotAccepted (spawn failed) whose Release allows the claim back, as
+// Launch's would.
+func Prepare(cfg Config) (*Prepared, error) {
+	t, kill, err := spawn(cfg.withDefaults())
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{t: t, kill: kill}, nil
+}
+
+// Launch is the package's Launch for the prepared child: Config.Started,
+// the payload, the answer, with the same results; the execution timeout
+// counts from now.
+func (c *Prepared) Launch(ctx context.Context, p Payload) (*Turn, error) {
+	body, err := encodePayload(p)
+	if err != nil {
+		c.Close()
+		return nil, &NotAccepted{Outcome: OutcomePayloadUndelivered, Class: ClassPayloadInvalid, Err: err}
+	}
+	return c.launch(ctx, p.Echo, body)
+}
+
+// launch runs Config.Started, then supervises the child from its payload
+// on and waits for its answer.
+func (c *Prepared) launch(ctx context.Context, echo Echo, body []byte) (*Turn, error) {
+	t := c.t
+	t.echo = echo // nothing reads it before supervise starts
+	if t.cfg.Started != nil {
+		t.cfg.Started(t.pid)
+	}
+	go t.supervise(ctx, body, c.kill)
+	<-t.answered
+	if t.notAccepted != nil {
+		return nil, t.notAccepted
+	}
+	return t, nil
+}
+
+// Close ends a prepared child that will get no payload: its descriptor
+// closes, so it exits at its EOF having accepted nothing; one still there
+// KillGrace later is sent SIGTERM, and SIGKILL KillGrace after that. It
+// returns once the child is reaped and its re-attach socket removed.
+func (c *Prepared) Close() {
+	c.t.conn.Close()
+	grace := time.NewTimer(c.t.cfg.KillGrace)
+	defer grace.Stop()
+	select {
+	case <-c.t.exited:
+	case <-grace.C:
+		c.kill()
+		<-c.t.exited
+	}
+	if c.t.cfg.Reattach != "" {
+		_ = os.Remove(c.t.cfg.Reattach)
+	}
+}
