@@ -67,6 +67,11 @@ type attempt struct {
 	// be; launch hands it the payload.
 	child    *handover.Prepared
 	childErr error
+	// heard is what watch has still to hear. One goroutine watches at a
+	// time, so it needs no lock: a watcher of its own while the attempt's
+	// goroutine blocks in the launch or the report (goWatch, which waits
+	// for its end), the attempt's goroutine itself while the turn is held.
+	heard watched
 	// scope is the child's systemd scope, empty when it has none; set
 	// inside Launch (placeTurn), on runAttempt's goroutine, which alone reads it.
 	scope string
@@ -150,13 +155,14 @@ func (a *attempt) lastFacts() settlement.Facts {
 // runAttempt is one attempt's life, from the claim to the forgotten state
 // file. runCtx is Run's: its end is the handover.
 //
-// Its goroutine waits in superviseTurn for the whole turn, so the work
-// with large temporaries is in functions of their own (newAttempt,
+// Its goroutine is the attempt's only one of the runner's while the turn
+// is held: it waits in superviseTurn, watching the turn itself (watch), so
+// a held turn costs the daemon one goroutine fewer (issue 12 §6). The
+// work with large temporaries is in functions of their own (newAttempt,
 // claimed, launch, turnOver): the frames left on the stack while the turn
-// is held then fit the runtime's 4 KB stack instead of 8 KB, a tenth of
-// what the daemon paid per held turn (issue 12 §6).
-func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.Time) {
-	a := d.newAttempt(&claim)
+// is held then fit the runtime's 4 KB stack instead of 8 KB.
+func (d *Daemon) runAttempt(runCtx context.Context, claim *wire.Claim, sent time.Time) {
+	a := d.newAttempt(claim)
 	defer a.fence()
 	defer d.watchCancel(a)()
 	if !d.claimed(a, sent) {
@@ -165,8 +171,7 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 
-	// The watcher turns the renewer's news and the daemon's stops into one
-	// stop of the child (launch context), whatever stage it is in.
+	// Until ACCEPT a stop of the child is the launch's cancellation.
 	launchCtx, stopChild := context.WithCancel(context.Background())
 	handedOver := false
 	defer func() {
@@ -175,19 +180,14 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim wire.Claim, sent time.
 		}
 	}()
 	a.stopChild = stopChild
-	over := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		a.watch(over)
-	}()
-	defer func() { close(over); <-watched }()
-
+	unwatch := a.goWatch() // this goroutine blocks in Launch until the answer
 	t, err := d.launch(launchCtx, a)
 	if err != nil {
-		d.notAccepted(runCtx, a, err)
+		d.notAccepted(runCtx, a, err) // watched still: the report waits on the lease
+		unwatch()
 		return
 	}
+	unwatch()
 	handedOver = d.superviseTurn(runCtx, a, t)
 }
 
@@ -232,9 +232,18 @@ func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
 	}
 	// 2. The claim record, 3. the renewer.
 	d.rec.AttemptClaimed(context.Background(), a.id, a.claim.LeaseGeneration, d.workerID, d.cfg.HostName)
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease},
-		heartbeat.AttemptFromClaim(a.claim, sent))
+	d.startRenewer(a, heartbeat.AttemptFromClaim(a.claim, sent))
 	return true
+}
+
+// startRenewer starts the attempt's renewer, whose verdict and cancel the
+// attempt's watch hears along with the host's cancel poll and the drain.
+func (d *Daemon) startRenewer(a *attempt, from heartbeat.Attempt) {
+	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease}, from)
+	a.heard = watched{
+		renewerDone: a.renewer.Done(), cancelled: a.renewer.CancelRequested(),
+		hostCancelled: a.hostCancel, drained: d.stopTurns,
+	}
 }
 
 // launch hands the child its payload and waits for its answer (step 4). The child
@@ -266,15 +275,15 @@ func (d *Daemon) launch(ctx context.Context, a *attempt) (*handover.Turn, error)
 // superviseTurn runs an accepted turn — launched by this daemon or
 // re-attached at start — until its RESULT or its end, and reports it; or,
 // when the handover comes first, leaves it running for the next start and
-// returns true.
+// returns true. The caller's goroutine watches a (watch) while the turn is
+// held: no watcher of a's may be running when it is called.
 func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.Turn) (handedOver bool) {
 	a.mu.Lock()
 	a.turn = t
 	a.mu.Unlock()
-	// 5. Accepted: the turn runs until its RESULT or its end.
-	select {
-	case <-t.Done():
-	case <-d.handingOver: // runCtx ended: Run recorded the handover
+	// 5. Accepted: the turn runs until its RESULT or its end, watched by
+	// this goroutine meanwhile.
+	if a.watch(t.Done(), d.handingOver) { // runCtx ended: Run recorded the handover
 		select {
 		case <-t.Done(): // it ended meanwhile: report it as usual
 		default:
@@ -282,6 +291,7 @@ func (d *Daemon) superviseTurn(runCtx context.Context, a *attempt, t *handover.T
 			return true
 		}
 	}
+	defer a.goWatch()() // the report waits on the lease
 	d.turnOver(runCtx, a, t)
 	return false
 }
@@ -310,44 +320,82 @@ func (d *Daemon) turnOver(runCtx context.Context, a *attempt, t *handover.Turn) 
 	d.finish(runCtx, a, rep, outcome)
 }
 
+// watched is what an attempt's watch has still to hear: each channel is
+// nil once heard, every one once the renewer has ended.
+type watched struct {
+	renewerDone, cancelled, hostCancelled, drained <-chan struct{}
+}
+
 // watch stops the child when the lease is lost, the user cancels or the
-// drain times out; a handover stops nothing. It ends with over.
-func (a *attempt) watch(over <-chan struct{}) {
-	d := a.d
-	cancelled := a.renewer.CancelRequested()
-	hostCancelled := (<-chan struct{})(a.hostCancel)
-	cancel := func(via string) {
-		cancelled, hostCancelled = nil, nil
-		d.unwatchCancel(a.claim.AttemptID)
-		a.stop(stopCancel)
-		d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
-		d.logAttempt(slog.LevelInfo, MsgCancelReceived, a.id, slog.String("via", via))
-		a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
-	}
-	drained := (<-chan struct{})(d.stopTurns)
+// drain times out, whatever stage the attempt is in; a handover stops
+// nothing. It returns when end or handingOver is closed, and says which.
+// While a turn is held its goroutine waits here: what each stop does is
+// in functions of their own, so that this frame stays small (runAttempt).
+func (a *attempt) watch(end, handingOver <-chan struct{}) (handedOver bool) {
+	w := &a.heard
 	for {
 		select {
-		case <-a.renewer.Done():
-			if a.renewer.Verdict().Outcome != heartbeat.Stopped {
-				a.stop(stopLease)
-				d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopLease.String()))
-				a.stopTurn(stopLease)
-			}
-			<-over
-			return
-		case <-cancelled:
-			cancel(cancelViaRenewal)
-		case <-hostCancelled:
-			cancel(cancelViaHostPoll)
-		case <-drained:
-			drained = nil
-			a.stop(stopDrain)
-			d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByDrain)
-			a.stopTurn(stopDrain)
-		case <-over:
-			return
+		case <-w.renewerDone:
+			a.renewerEnded()
+		case <-w.cancelled:
+			a.cancel(cancelViaRenewal)
+		case <-w.hostCancelled:
+			a.cancel(cancelViaHostPoll)
+		case <-w.drained:
+			a.drained()
+		case <-end:
+			return false
+		case <-handingOver:
+			return true
 		}
 	}
+}
+
+// renewerEnded stops the child unless the renewer was stopped: the lease
+// is gone. After the renewer's end watch hears nothing more: the attempt
+// is over or no longer ours.
+func (a *attempt) renewerEnded() {
+	a.heard = watched{}
+	if a.renewer.Verdict().Outcome == heartbeat.Stopped {
+		return
+	}
+	a.stop(stopLease)
+	a.d.logAttempt(slog.LevelWarn, MsgTurnStopped, a.id, slog.String(keyOutcome, stopLease.String()))
+	a.stopTurn(stopLease)
+}
+
+// cancel stops the child for the user's cancel, which came via; watch
+// hears it once.
+func (a *attempt) cancel(via string) {
+	d := a.d
+	a.heard.cancelled, a.heard.hostCancelled = nil, nil
+	d.unwatchCancel(a.claim.AttemptID)
+	a.stop(stopCancel)
+	d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByUser)
+	d.logAttempt(slog.LevelInfo, MsgCancelReceived, a.id, slog.String("via", via))
+	a.stopTurn(stopCancel) // renewal goes on while the child stops (R13)
+}
+
+// drained stops the child at the drain's timeout or EndDrain; watch hears
+// it once.
+func (a *attempt) drained() {
+	a.heard.drained = nil
+	a.stop(stopDrain)
+	a.d.rec.TurnCancelled(context.Background(), a.id, diagnostics.CancelByDrain)
+	a.stopTurn(stopDrain)
+}
+
+// goWatch watches the attempt on a goroutine of its own, for the stages in
+// which the attempt's goroutine blocks: the launch until ACCEPT, and the
+// report. unwatch ends it and waits for its end.
+func (a *attempt) goWatch() (unwatch func()) {
+	over := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		a.watch(over, nil)
+	}()
+	return func() { close(over); <-ended }
 }
 
 // offerLease hands the renewer's newest lease to the handover, replacing

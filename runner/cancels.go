@@ -122,7 +122,7 @@ func (d *Daemon) cancelLoop(ctx context.Context) {
 	}
 }
 
-// cancelFromHost tells the attempt's watcher of the user's cancel that the
+// cancelFromHost tells the attempt's watch of the user's cancel that the
 // host's poll brought. Once.
 func (a *attempt) cancelFromHost() {
 	a.hostCancelOnce.Do(func() { close(a.hostCancel) })

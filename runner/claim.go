@@ -162,7 +162,7 @@ func (d *Daemon) startAttempt(runCtx context.Context, claim wire.Claim, sent tim
 		defer d.attempts.Done()
 		defer d.freeSlot()
 		defer d.releaseConversation(conv)
-		d.runAttempt(runCtx, claim, start)
+		d.runAttempt(runCtx, &claim, start)
 	}()
 }
 

@@ -119,7 +119,7 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		JobID: c.JobID, AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration,
 		WorkerToken: c.WorkerToken, LeaseTTL: ttl, ClaimSent: sent,
 	}
-	a.renewer = heartbeat.Start(heartbeat.Config{Timings: d.cfg.Timings, Client: d.renew, Logger: d.log, Clock: d.cfg.Clock, OnRenewed: a.offerLease}, hbAttempt)
+	d.startRenewer(a, hbAttempt)
 	if r.Report == nil {
 		if d.reattach(ctx, a) {
 			return decide(decisionReattached)
@@ -210,14 +210,6 @@ func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
 		defer d.m.holdLease(d.leaseLeft(a.renewer))()
 		defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 		defer d.watchCancel(a)() // a cancel reaches a re-attached turn the fast way too (K10)
-		a.stopChild = t.Stop
-		over := make(chan struct{})
-		watched := make(chan struct{})
-		go func() {
-			defer close(watched)
-			a.watch(over)
-		}()
-		defer func() { close(over); <-watched }()
 		d.superviseTurn(runCtx, a, t)
 	}()
 	return true
