@@ -56,7 +56,9 @@ func roundTrips(t *testing.T, turns, warm int) map[string][]int64 {
 			t.Fatal(err)
 		}
 		var c wire.Claim
-		count(i, "claim", func() (err error) { c, err = wc.Claim(ctx, hostToken, wire.ClaimRequest{}); return err })
+		// Keyed, as the daemon's claims are.
+		key := wire.ClaimRequest{IdempotencyKey: fmt.Sprintf("TRIPS%025d", i)}
+		count(i, "claim", func() (err error) { c, err = wc.Claim(ctx, hostToken, key); return err })
 		ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
 		tok, job := c.WorkerToken, c.JobID
 		for range 2 {

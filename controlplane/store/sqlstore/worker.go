@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -44,8 +46,8 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 // first looks for the host's live attempts of that key (every slot's,
 // slotKey) and answers them again (Replayed), the whole batch. On PostgreSQL an unkeyed claim, or a keyed one with no
 // live attempt of its key, is one statement (claimPG); the transaction
-// below is SQLite's way, and PostgreSQL's for a replay, a paused or
-// unknown host, and a keyed claim that raced its own retry.
+// below is SQLite's way, and PostgreSQL's for a replay and a paused or
+// unknown host.
 func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Claim, error) {
 	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) || len(p.More) >= maxBatchClaims {
 		return nil, fmt.Errorf("claim: %w: a worker token hash is required, a key hash of at least 8 bytes, and at most %d turns", store.ErrInvalid, maxBatchClaims)
@@ -69,7 +71,7 @@ func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Clai
 	}
 	if s.d == postgres {
 		cs, done, err := s.claimPG(ctx, p, slots, ttl, key)
-		if done || (err != nil && !isUniqueViolation(err)) {
+		if done || err != nil {
 			if err != nil {
 				return nil, fmt.Errorf("claim: %w", err)
 			}
@@ -170,8 +172,8 @@ func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot 
 // and what the answers need of their conversations. done is false when
 // the transaction must decide instead: no row for the host (paused or
 // unknown: the transaction words it) or a live attempt of the key (a
-// replay). A keyed claim racing its own retry fails on attempts_claim_key
-// and is left to the transaction too.
+// replay). A keyed claim first takes its key's lock, pipelined before
+// the statement: its retry, racing it, waits and then replays it.
 func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.ClaimSlot, ttl time.Duration, key any) ([]wire.Claim, bool, error) {
 	exp := fromNS(ns(p.Now.Add(ttl)))
 	expJSON, err := json.Marshal(exp)
@@ -187,12 +189,38 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 	for i, sl := range slots {
 		ids[i], hashes[i] = sl.AttemptID, hex.EncodeToString(sl.WorkerTokenHash)
 	}
-	rows, err := s.w.QueryContext(ctx, claimPGStatement, p.HostID, ns(p.Now), len(slots), ids, hashes,
-		int64(ttl), ns(exp), key, int64(p.Held), prefix)
-	if err != nil {
-		return nil, false, err
+	qargs := []any{p.HostID, ns(p.Now), len(slots), ids, hashes, int64(ttl), ns(exp), key, int64(p.Held), prefix}
+	if key == nil {
+		rows, err := s.w.QueryContext(ctx, claimPGStatement, qargs...)
+		if err != nil {
+			return nil, false, err
+		}
+		defer rows.Close()
+		return claimedRows(rows, p, ttl, exp)
 	}
-	defer rows.Close()
+	var cs []wire.Claim
+	var done bool
+	// Claims with one key take turns (as the transaction's do, on the same
+	// lock), so that a retry racing its first request, still in flight,
+	// waits for it and then, in a statement whose snapshot is taken after
+	// the lock, finds its attempt (a replay) rather than the turns it
+	// took, or none.
+	err = s.pipeline(ctx, func(b *pgx.Batch) {
+		b.Queue(`SELECT pg_advisory_xact_lock($1)`, int64(binary.BigEndian.Uint64(p.KeyHash[:8])))
+		b.Queue(claimPGStatement, qargs...).Query(func(rows pgx.Rows) (err error) {
+			cs, done, err = claimedRows(rows, p, ttl, exp)
+			return err
+		})
+	})
+	return cs, done, err
+}
+
+// claimedRows reads claimPGStatement's rows (see claimPG).
+func claimedRows(rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}, p store.ClaimParams, ttl time.Duration, exp time.Time) ([]wire.Claim, bool, error) {
 	var cs []wire.Claim
 	host := false
 	for rows.Next() {
