@@ -96,7 +96,8 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Option) (*Store, erro
 		db.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
-	s := &Store{w: db, r: db, d: postgres, cfg: cfg, rb: newRenewBatcher(), work: work, listen: l}
+	s := &Store{w: db, r: db, d: postgres, cfg: cfg, work: work, listen: l}
+	s.rb, s.fb = s.newRenewBatcher(), s.newFinishBatcher()
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)

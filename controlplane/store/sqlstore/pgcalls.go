@@ -237,12 +237,13 @@ SELECT a.settled_at, cv.epoch FROM a, cv`
 	return b, true, nil
 }
 
-// FinishAs is Finish for the worker w (see store.Store).
+// FinishAs is Finish for the worker w (see store.Store); on PostgreSQL
+// concurrent finishes share one pipelined pair (finishBatcher).
 func (s *Store) FinishAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error) {
-	if s.d == postgres && !req.Ambiguous && !req.Unrecoverable && req.Outcome != wire.OutcomeWorkerLost {
-		resp, ok, err := s.finishPG(ctx, w, ref, req, now)
-		if ok || err != nil {
-			return resp, err
+	if s.d == postgres && coalescable(req) {
+		a := s.finishCoalesced(ctx, w, ref, req, now)
+		if a.ok || a.err != nil {
+			return a.resp, wrapErr("finish", a.err)
 		}
 	}
 	now, err := s.refusedAs(ctx, w, ref, now)
@@ -250,85 +251,6 @@ func (s *Store) FinishAs(ctx context.Context, w store.Worker, ref wire.AttemptRe
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w", err)
 	}
 	return s.Finish(ctx, ref, req, now)
-}
-
-// finishPG records a finish that ends the job and leaves its conversation
-// as it is: succeeded for a settled, uninterrupted turn; failed or
-// cancelled for a turn never admitted. The attempt, its job and the event
-// in one statement, and the
-// conversation's next turn made its head (advance) in a second one
-// pipelined with it, in one implicit transaction: the second statement's
-// snapshot sees a turn enqueued while the first waited for the
-// conversation's row. The answer, stored for repeats (P2), has the time
-// on the Go side, so a finish reads the store's clock first: two round
-// trips.
-func (s *Store) finishPG(ctx context.Context, w store.Worker, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, bool, error) {
-	if now.IsZero() {
-		var err error
-		if now, err = s.Now(ctx); err != nil {
-			return wire.FinishResponse{}, false, fmt.Errorf("finish: %w", err)
-		}
-	}
-	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous, Unrecover: req.Unrecoverable}.String()
-	// What Finish's branches decide for these cases: the job's end and
-	// the condition on the attempt that puts it in the case.
-	state, reason, cond := wire.JobSucceeded, "", `settled_at IS NOT NULL AND settled_interrupted = 0`
-	switch req.Outcome {
-	case wire.OutcomeFailed:
-		state, reason, cond = wire.JobFailed, reasonFailed, `admitted_at IS NULL`
-	case wire.OutcomeCancelled:
-		state, reason, cond = wire.JobCancelled, reasonCancelled, `admitted_at IS NULL`
-	}
-	resp := wire.FinishResponse{JobState: state, RecordedAt: fromNS(ns(now))}
-	// The stored answer as respond writes it, the conversation's state spliced in.
-	const stateAt = `"conversation_state":""`
-	b, err := json.Marshal(resp)
-	if err != nil {
-		return resp, false, err
-	}
-	head, tail, ok := strings.Cut(string(b), stateAt)
-	if !ok {
-		return resp, false, fmt.Errorf("finish: the answer has no conversation state: %s", b)
-	}
-	data, err := json.Marshal(req)
-	if err != nil {
-		return resp, false, err
-	}
-	q := `WITH ` + pgClock + `, a AS (
-	UPDATE attempts SET state = 'finished', outcome = $10, ended_at = (SELECT t FROM clock), report = $6,
-		response = CAST($7 AS TEXT) || CAST(to_json((SELECT c.state FROM jobs j JOIN conversations c ON c.id = j.conversation_id
-			WHERE j.id = attempts.job_id)) AS TEXT) || CAST($8 AS TEXT)
-	WHERE ` + pgWorkerGuard + ` AND ` + cond + `
-	RETURNING job_id, response
-), jb AS (
-	UPDATE jobs SET state = $11, outcome = $12, reason = $13, head = 0, live_attempt_id = NULL, ended_at = (SELECT t FROM clock)
-	FROM a WHERE jobs.id = a.job_id RETURNING jobs.conversation_id
-), cv AS (
-	UPDATE conversations SET updated_at = (SELECT t FROM clock) FROM jb WHERE conversations.id = jb.conversation_id
-), ` + pgEvent("a", "finished", `CAST($9 AS TEXT)`) + `
-SELECT response FROM a`
-	// advance, for the conversation of the attempt this transaction finished.
-	const next = `UPDATE jobs SET head = 1 WHERE state = 'queued' AND pos = (SELECT MIN(pos) FROM jobs
-	WHERE state IN ('queued', 'running') AND conversation_id = (SELECT j.conversation_id FROM attempts a JOIN jobs j ON j.id = a.job_id
-		WHERE a.id = $1 AND a.state = 'finished' AND a.ended_at = $2))`
-	var stored string
-	err = s.pipeline(ctx, func(bt *pgx.Batch) {
-		bt.Queue(q, pgWorkerArgs(ns(now), w, ref, rep, head+`"conversation_state":`, tail, string(data),
-			req.Outcome, state, map[bool]string{true: wire.OutcomeSucceeded, false: outcomeOf(state)}[state == wire.JobSucceeded], reason)...).QueryRow(func(r pgx.Row) error {
-			return r.Scan(&stored)
-		})
-		bt.Queue(next, ref.AttemptID, ns(now))
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return resp, false, nil
-	}
-	if err != nil {
-		return resp, false, fmt.Errorf("finish: %w", err)
-	}
-	if err := json.Unmarshal([]byte(stored), &resp); err != nil {
-		return resp, false, fmt.Errorf("finish: %w", err)
-	}
-	return resp, true, nil
 }
 
 // pipeline sends the statements queued by fill to PostgreSQL at once and

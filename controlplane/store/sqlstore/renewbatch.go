@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -15,34 +13,22 @@ import (
 // maxRenewBatch bounds the renewals of one coalesced statement.
 const maxRenewBatch = 1024
 
-// renewBatcher coalesces PostgreSQL renewals, as sqliteWriter does
-// SQLite's writes: every renewal queued while a statement runs goes into
-// the next one, a single UPDATE … FROM unnest(…) in which each renewal is
-// fenced on its own row (its token's hash, job, attempt, generation and
-// live lease, at its own now or the database's clock) and answered on its
-// own: a renewal the statement did not return takes RenewAs's ordinary
-// path, which words its refusal. Whoever takes the turn leads, so the
-// batcher has no goroutine of its own.
-type renewBatcher struct {
-	// turn is held by the leader of a batch. A channel, so that a waiter
-	// inside a synctest bubble is durably blocked.
-	turn chan struct{}
+// PostgreSQL's renewals coalesce (s.rb): every renewal queued while a
+// statement runs goes into the next one, a single UPDATE … FROM unnest(…)
+// in which each renewal is fenced on its own row (its token's hash, job,
+// attempt, generation and live lease, at its own now or the database's
+// clock) and answered on its own: a renewal the statement did not return
+// takes RenewAs's ordinary path, which words its refusal.
+type renewBatcher = coalescer[renewReq, renewAnswer]
 
-	mu    sync.Mutex  // guards queue
-	queue []*renewReq // renewals waiting for a leader, oldest first
+func (s *Store) newRenewBatcher() *renewBatcher { return newCoalescer(1, maxRenewBatch, s.renewBatch) }
 
-	statements atomic.Int64 // coalesced statements run, for the tests that count them
-}
-
-func newRenewBatcher() *renewBatcher { return &renewBatcher{turn: make(chan struct{}, 1)} }
-
-// renewReq is one caller's renewal, waiting in the queue or in a batch.
+// renewReq is one caller's renewal.
 type renewReq struct {
-	w    store.Worker
-	ref  wire.AttemptRef
-	ttl  time.Duration
-	now  any              // nil: the database's clock
-	done chan renewAnswer // buffered; the answer, sent once
+	w   store.Worker
+	ref wire.AttemptRef
+	ttl time.Duration
+	now any // nil: the database's clock
 }
 
 type renewAnswer struct {
@@ -51,39 +37,13 @@ type renewAnswer struct {
 	err  error
 }
 
-// renew queues one renewal and returns its answer.
+// renewCoalesced queues one renewal and returns its answer.
 func (s *Store) renewCoalesced(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now any) renewAnswer {
-	b := s.rb
-	req := &renewReq{w: w, ref: ref, ttl: ttl, now: now, done: make(chan renewAnswer, 1)}
-	b.mu.Lock()
-	b.queue = append(b.queue, req)
-	b.mu.Unlock()
-	for {
-		select {
-		case a := <-req.done:
-			return a
-		case b.turn <- struct{}{}:
-			s.leadRenewals()
-			<-b.turn
-		case <-ctx.Done():
-			if b.withdraw(req) {
-				return renewAnswer{err: ctx.Err()}
-			}
-			return <-req.done // a leader has it: its answer is the truth
-		}
+	a, err := s.rb.do(ctx, renewReq{w: w, ref: ref, ttl: ttl, now: now})
+	if err != nil {
+		return renewAnswer{err: err}
 	}
-}
-
-func (b *renewBatcher) withdraw(req *renewReq) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for i, r := range b.queue {
-		if r == req {
-			b.queue = append(b.queue[:i], b.queue[i+1:]...)
-			return true
-		}
-	}
-	return false
+	return a
 }
 
 // coalescedRenewal is the statement of one batch: $1 … $7 the renewals'
@@ -96,23 +56,13 @@ var coalescedRenewal = `WITH clock AS (SELECT ` + dbNow + ` AS t), r AS (
 )
 UPDATE attempts SET lease_ttl = r.ttl, lease_expires_at = r.now + r.ttl
 FROM r
-WHERE attempts.id = r.id AND attempts.token_hash = r.hash AND attempts.job_id = r.job AND ` + fenceOpen +
-	`attempts.generation = r.gen AND attempts.state = 'running' AND ` + leaseLiveAt(`r.now`) + fenceClose + `
+WHERE ` + unnestGuard(`r.now`) + `
 RETURNING r.k, attempts.lease_expires_at, (SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)`
 
-// leadRenewals runs one batch of queued renewals in one statement. Its
-// statement is never cancelled: it is other callers' too.
-func (s *Store) leadRenewals() {
-	b := s.rb
-	b.mu.Lock()
-	n := min(len(b.queue), maxRenewBatch)
-	batch := make([]*renewReq, n)
-	copy(batch, b.queue)
-	b.queue = append(b.queue[:0], b.queue[n:]...)
-	b.mu.Unlock()
-	if n == 0 {
-		return
-	}
+// renewBatch runs one batch of renewals in one statement and returns
+// each one's answer.
+func (s *Store) renewBatch(batch []renewReq) []renewAnswer {
+	n := len(batch)
 	ids, hashes, jobs := make([]string, n), make([]string, n), make([]string, n)
 	gens, ttls, nows, ks := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
 	for i, r := range batch {
@@ -128,40 +78,38 @@ func (s *Store) leadRenewals() {
 	// another statement locking many (ResumeAfterAbsence) PostgreSQL may
 	// end one of them as a deadlock, after which it simply runs again.
 	for try := 0; try == 0 || (err != nil && s.retryable(err) && try < 8); try++ {
-		answers, err = s.renewBatch(batch, ids, gens, hashes, jobs, ttls, nows, ks)
-	}
-	for i, r := range batch {
-		if err != nil {
-			answers[i] = renewAnswer{err: err}
-		}
-		r.done <- answers[i]
-	}
-}
-
-// renewBatch runs one batch's statement and returns each renewal's answer.
-func (s *Store) renewBatch(batch []*renewReq, ids []string, gens []int64, hashes, jobs []string, ttls, nows, ks []int64) ([]renewAnswer, error) {
-	b, n := s.rb, len(batch)
-	answers := make([]renewAnswer, n)
-	err := s.one(context.Background(), func(tx txn) error {
-		b.statements.Add(1)
-		rows, err := tx.QueryContext(context.Background(), coalescedRenewal, ids, gens, hashes, jobs, ttls, nows, ks)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k, exp, cancel int64
-			if err := rows.Scan(&k, &exp, &cancel); err != nil {
+		answers = make([]renewAnswer, n)
+		err = s.one(context.Background(), func(tx txn) error {
+			s.rb.statements.Add(1)
+			rows, err := tx.QueryContext(context.Background(), coalescedRenewal, ids, gens, hashes, jobs, ttls, nows, ks)
+			if err != nil {
 				return err
 			}
-			if k < 0 || k >= int64(n) {
-				return fmt.Errorf("renewal %d of a batch of %d", k, n)
+			defer rows.Close()
+			for rows.Next() {
+				var k, exp, cancel int64
+				if err := rows.Scan(&k, &exp, &cancel); err != nil {
+					return err
+				}
+				if k < 0 || k >= int64(n) {
+					return fmt.Errorf("renewal %d of a batch of %d", k, n)
+				}
+				answers[k] = renewAnswer{ok: true, resp: wire.RenewResponse{LeaseExpiresAt: fromNS(exp),
+					LeaseTTLMS: batch[k].ttl.Milliseconds(), CancelRequested: cancel != 0}}
 			}
-			r := batch[k]
-			answers[k] = renewAnswer{ok: true, resp: wire.RenewResponse{LeaseExpiresAt: fromNS(exp),
-				LeaseTTLMS: r.ttl.Milliseconds(), CancelRequested: cancel != 0}}
+			return rows.Err()
+		})
+	}
+	if err != nil {
+		for i := range answers {
+			answers[i] = renewAnswer{err: err}
 		}
-		return rows.Err()
-	})
-	return answers, err
+		return answers
+	}
+	for _, a := range answers {
+		if a.ok {
+			s.rb.answered.Add(1)
+		}
+	}
+	return answers
 }

@@ -51,7 +51,7 @@ func TestPostgresRenewalsCoalesce(t *testing.T) {
 	}
 	const stale, stranger = 7, 23
 	queued, release := sqlstore.HoldRenewals(st)
-	before := sqlstore.RenewStatements(st)
+	before, renewedBefore := sqlstore.RenewStatements(st)
 	answers := make([]wire.RenewResponse, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -75,8 +75,10 @@ func TestPostgresRenewalsCoalesce(t *testing.T) {
 	}
 	release()
 	wg.Wait()
-	if got := sqlstore.RenewStatements(st) - before; got != 1 {
-		t.Errorf("%d renewals queued together took %d coalesced statements, want 1", n, got)
+	after, renewed := sqlstore.RenewStatements(st)
+	if after-before != 1 || renewed-renewedBefore != n-2 {
+		t.Errorf("%d renewals queued together took %d coalesced statements renewing %d, want 1 renewing %d (all but the stale and the stranger)",
+			n, after-before, renewed-renewedBefore, n-2)
 	}
 	for i := range claims {
 		switch i {

@@ -172,8 +172,9 @@ type Store struct {
 	r   *sql.DB // reads: a separate SQLite pool, or the same PostgreSQL pool
 	d   dialect
 	cfg config
-	sw  *sqliteWriter // SQLite only
-	rb  *renewBatcher // PostgreSQL only
+	sw  *sqliteWriter  // SQLite only
+	rb  *renewBatcher  // PostgreSQL only
+	fb  *finishBatcher // PostgreSQL only
 	// work wakes the claim long polls (WorkSignal): fired by sw on
 	// SQLite, by listen on PostgreSQL.
 	work   *signal
