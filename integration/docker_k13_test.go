@@ -193,3 +193,39 @@ func TestUpgradeFromPreviousReleaseDocker(t *testing.T) {
 		t.Errorf("the agent in the container received %q, want each prompt once", got)
 	}
 }
+
+// TestK13QuarantinedUnderThePreviousReleaseDocker is
+// TestK13QuarantinedUnderThePreviousRelease on the Docker backend against
+// the real engine: under the previous release every settlement try of an
+// admitted turn is refused (R24), after the agent completed in its retained
+// container, and the conversation is quarantined with a supervisor state
+// that holds no retained record. After the upgrade the next message's turn
+// restarts the container (outdated_protocol); this build's supervisor
+// takes the bind-mounted state over, and the turn resumes the session in
+// the same container at native turn 2, each prompt once: not LOST.
+func TestK13QuarantinedUnderThePreviousReleaseDocker(t *testing.T) {
+	t.Parallel()
+	old := previousRunnerd(t)
+	e := newDockerEnv(t, envOpts{faults: true}, old)
+	d := e.startDockerDaemon()
+	c := e.conversation("quarantined in docker under the previous release")
+	const first, next = "a turn whose settlement never gets through\n!events 1", "the first message after the upgrade"
+	e.faults.refuse(wire.OpSettlement, http.StatusServiceUnavailable)
+	j := e.send(c.ID, first)
+	e.quarantined(c.ID, j.ID)
+	e.faults.refuse("", 0)
+	retained := e.conv(c.ID).ContainerID
+	e.kill9(d)
+	installBinary(t, bins.Runnerd, e.runnerd)
+	d = e.restart(d)
+	e.resumes(c.ID, next, 0, 2)
+	if got := e.conv(c.ID).ContainerID; got != retained {
+		t.Errorf("the resumed turn ran in container %s, want the retained %s", got, retained)
+	}
+	if !regexp.MustCompile(`"msg":"sandbox_container_restarted".*"class":"outdated_protocol"`).MatchString(d.Output()) {
+		t.Errorf("the previous release's supervisor was not replaced for its protocol version")
+	}
+	if got := containerTranscript(t, e.eng, retained); !slices.Equal(got, []string{first, next}) {
+		t.Errorf("the agent in the container received %q, want each prompt once", got)
+	}
+}

@@ -1,13 +1,18 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // installBinary puts from at to the way an upgrade does: a new file renamed
@@ -71,5 +76,62 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 	e.assertPromptsOnce(c.ID, prompt, next)
 	if !regexp.MustCompile(`"msg":"sandbox_supervisor_replaced".*"reason":"outdated_protocol"`).MatchString(d.Output()) {
 		t.Errorf("the previous release's supervisor was not replaced for its protocol version")
+	}
+}
+
+// TestK13QuarantinedUnderThePreviousRelease (K13, P5): the previous
+// release's daemon is killed (SIGKILL) while its agent works on an admitted
+// prompt, and stays down until the reaper has superseded the attempt: the
+// conversation is quarantined under that release, whose supervisor kept no
+// retained record. The binary is replaced by this build and the daemon
+// restarted. The next message's turn replaces the idle supervisor
+// (outdated_protocol); the new one takes the state over
+// (supervisor_state_taken_over: the turns before ran unrecorded, then the
+// state-version marker), and the turn verifies the interrupted one as that
+// release did — the exact container and the boundary — and resumes the
+// session past it (native turn 3): not LOST, the interrupted job shown as
+// interrupted, every prompt once.
+func TestK13QuarantinedUnderThePreviousRelease(t *testing.T) {
+	t.Parallel()
+	old := previousRunnerd(t)
+	e := newEnv(t, envOpts{})
+	installBinary(t, old, e.runnerd)
+	d := e.startDaemon(nil)
+	c := e.conversation("quarantined under the previous release")
+	const first, cut = "the first turn", "a long turn cut short\n!silent 10m"
+	if j := e.waitEnded(e.send(c.ID, first).ID); j.State != wire.JobSucceeded {
+		t.Fatalf("first turn: %s", describeJob(j))
+	}
+	j := e.send(c.ID, cut)
+	e.waitPrompts(c.ID, 2)
+	sup, err := fleet.SupervisorPid(e.stateDir, c.ID)
+	if err != nil || !runsFile(sup, e.runnerd) {
+		t.Fatalf("want the previous release's supervisor; pid %d (%v)", sup, err)
+	}
+	e.kill9(d)
+	e.waitJob(j.ID, "superseded", func(j wire.Job) bool {
+		return len(j.Attempts) == 1 && j.Attempts[0].State == wire.AttemptSuperseded
+	})
+	e.quarantined(c.ID, j.ID)
+	state := filepath.Join(fleet.SandboxDir(e.stateDir, c.ID), "supervisor-state")
+	for _, name := range []string{sandbox.RetainedFile, sandbox.StateVersionFile} {
+		if _, err := os.Stat(filepath.Join(state, name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("the previous release's supervisor state has %s (%v): not the state this test is about", name, err)
+		}
+	}
+
+	installBinary(t, bins.Runnerd, e.runnerd)
+	d = e.restart(d)
+	const third = "the first message after the upgrade"
+	e.resumes(c.ID, third, 0, 3)
+	e.assertPromptsOnce(c.ID, first, cut, third)
+	if j := e.job(j.ID); j.State != wire.JobFailed || !strings.Contains(j.Reason, "interrupted") || len(j.Attempts) != 1 {
+		t.Errorf("the interrupted job after the resume: %s", describeJob(j))
+	}
+	if !regexp.MustCompile(`"msg":"sandbox_supervisor_replaced".*"reason":"outdated_protocol"`).MatchString(d.Output()) {
+		t.Errorf("the previous release's supervisor was not replaced for its protocol version")
+	}
+	if b, err := os.ReadFile(filepath.Join(state, sandbox.StateVersionFile)); err != nil || strings.TrimSpace(string(b)) != "2" {
+		t.Errorf("the state taken over is not marked: %q, %v", b, err)
 	}
 }

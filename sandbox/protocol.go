@@ -183,7 +183,9 @@ type Activation struct {
 	// Previous is what the supervisor retains of the activation this one
 	// fenced: the positive evidence a quarantined conversation's next turn
 	// verifies (K13). nil when it retains none — a supervisor of Version1,
-	// or one whose state holds no record of a turn.
+	// or one whose state holds no record (a new state, or one whose record
+	// was lost: StateVersionFile). For a state it took over from a release
+	// that kept no records, it is the record saying so (Unrecorded).
 	Previous *Retained `json:"previous,omitempty"`
 }
 
@@ -207,6 +209,15 @@ type Retained struct {
 	// an activation that verified and then ran nothing must not hide the
 	// interrupted one before it (K13). Empty if none did.
 	LastRan string `json:"last_ran,omitempty"`
+	// Unrecorded, on a record that ran nothing (EndedNotRun), says that the
+	// turns up to NativeTurn ran under a release that kept no records (the
+	// previous release, StateVersionFile) and that no activation has run a
+	// turn in this state since: the record the supervisor writes as it
+	// takes such a state over (Activation empty), and every record of an
+	// activation that ran nothing after it. A quarantined conversation's
+	// turn interrupted under that release is verified as that release
+	// verified it: the exact container and the boundary (K13).
+	Unrecorded bool `json:"unrecorded,omitempty"`
 }
 
 // How a retained activation ended (Retained.Ended), beside the stop reasons.
@@ -223,6 +234,21 @@ const (
 // record of the last activation that ran a turn (Retained, JSON), written
 // before the prompt is handed (EndedUnfinished) and again as the turn ends.
 const RetainedFile = "retained.json"
+
+// StateVersionFile is the name, in the supervisor's state directory, of
+// the marker that a release keeping retained records (RetainedFile)
+// created the state or took it over, holding StateVersion. The previous
+// release wrote neither: a state with a boundary (NativeTurnFile) but no
+// marker and no record is one of its states, and the supervisor taking it
+// over first records that its turns ran unrecorded (Retained.Unrecorded),
+// then writes the marker — before any activation's record. From the
+// marker on, a state without a record has lost it, and a quarantined
+// conversation is not verified on it.
+const StateVersionFile = "state_version"
+
+// StateVersion is what StateVersionFile holds: 2, a state that keeps
+// retained records (1, the previous release's, has no marker).
+const StateVersion = 2
 
 // Started says the agent process runs and the prompt was handed to it.
 type Started struct {

@@ -356,7 +356,8 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	if t.p.Claim.Turn.Quarantined {
 		t.log.Info(diagnostics.MsgConversationResumed, "native_turn", act.NativeTurn,
-			"settled_native_turn", t.p.Claim.Turn.NativeTurn)
+			"settled_native_turn", t.p.Claim.Turn.NativeTurn,
+			"unrecorded", act.Previous != nil && act.Previous.Unrecorded)
 	}
 	t.progress("container_recorded")
 
@@ -515,7 +516,12 @@ func userCancelled(ctx context.Context) bool {
 // evidence that this session is the one that turn left); and the boundary
 // must be the settled one (the interrupted turn never reached the agent)
 // or one more (it did). A supervisor that lost its state reads 0 and holds
-// no record. It returns the failure class, "" when the session may go on.
+// no record. A state the supervisor took over from a release that kept no
+// records, with no turn run since, holds the record saying so
+// (Unrecorded, at this boundary): the interrupted turn ran under that
+// release, and is verified as that release verified it — the exact
+// container and the boundary. It returns the failure class, "" when the
+// session may go on.
 func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 	tu := t.p.Claim.Turn
 	if tu.Quarantined && (tu.ContainerID == "" || sb.ID != tu.ContainerID) {
@@ -528,7 +534,8 @@ func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 		// a later one that ran nothing since it (LastRan), at this boundary.
 		names := p != nil && tu.InterruptedActivationID != "" && (p.Activation == tu.InterruptedActivationID ||
 			p.Ended == sandbox.EndedNotRun && p.LastRan == tu.InterruptedActivationID)
-		if !names || p.NativeTurn != act.NativeTurn {
+		unrecorded := p != nil && p.Ended == sandbox.EndedNotRun && p.Unrecorded
+		if !names && !unrecorded || p.NativeTurn != act.NativeTurn {
 			var retained, ended string
 			var native int64 = -1
 			if p != nil {

@@ -294,6 +294,12 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 	notRunAfter := func(id string, n int64, last string) *sandbox.Retained {
 		return &sandbox.Retained{Activation: id, NativeTurn: n, Ended: sandbox.EndedNotRun, LastRan: last}
 	}
+	// unrecorded is the record of activation id (none: the record of the
+	// take-over itself), which ran nothing, in a state taken over from a
+	// release that kept no records, no turn run since.
+	unrecorded := func(id string, n int64) *sandbox.Retained {
+		return &sandbox.Retained{Activation: id, NativeTurn: n, Ended: sandbox.EndedNotRun, Unrecorded: true}
+	}
 	for _, tt := range []struct {
 		name        string
 		quarantined bool
@@ -324,6 +330,19 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 		{"quarantined, a later activation ran nothing since", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, act), ""},
 		{"quarantined, a later activation ran nothing since another", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, "inst.6.beef"), ClassReceiptMismatch},
 		{"quarantined, a later activation ran a turn", true, ctr, ctr, 5, &sandbox.Retained{Activation: "inst.8.cafe", NativeTurn: 5, Ended: sandbox.EndedCompleted, LastRan: act}, ClassReceiptMismatch},
+		// A state of the previous release, which kept no records: the
+		// supervisor that took it over says so (Unrecorded), and the turn
+		// interrupted under that release is verified as that release did —
+		// the exact container and the boundary. A state of a release that
+		// keeps records (StateVersionFile) whose record is gone is not.
+		{"quarantined, previous-release state, no record, interrupted after the agent", true, ctr, ctr, 5, unrecorded("", 5), ""},
+		{"quarantined, previous-release state, no record, interrupted before the agent", true, ctr, ctr, 4, unrecorded("", 4), ""},
+		{"quarantined, previous-release state, a later activation ran nothing since", true, ctr, ctr, 5, unrecorded("inst.8.cafe", 5), ""},
+		{"quarantined, previous-release state, boundary changed", true, ctr, ctr, 6, unrecorded("", 6), ClassBoundaryMismatch},
+		{"quarantined, previous-release state, record disagrees with the boundary", true, ctr, ctr, 5, unrecorded("", 4), ClassReceiptMismatch},
+		{"quarantined, previous-release state, container replaced", true, ctr, "sb-2", 5, unrecorded("", 5), ClassContainerReplaced},
+		{"quarantined, record-keeping state, record gone", true, ctr, ctr, 5, nil, ClassReceiptMismatch},
+		{"quarantined, unrecorded on a record that ran a turn", true, ctr, ctr, 5, &sandbox.Retained{Activation: "inst.8.cafe", NativeTurn: 5, Ended: sandbox.EndedCompleted, Unrecorded: true}, ClassReceiptMismatch},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			tu := &turn{log: slog.New(slog.DiscardHandler)}

@@ -63,6 +63,19 @@ func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 	return nil
 }
 
+// count is how many times the record msg has been logged so far.
+func (r *recorder) count(msg string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, m := range r.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
+}
+
 // waitFor waits until the record msg has been logged n times.
 func (r *recorder) waitFor(t *testing.T, msg string, n int) {
 	t.Helper()
@@ -201,6 +214,13 @@ func (w *lineWaiter) add(b []byte) {
 	w.text = append(w.text, b...)
 	close(w.changed)
 	w.changed = make(chan struct{})
+}
+
+// contains reports whether the process's stderr holds substr so far.
+func (w *lineWaiter) contains(substr string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return bytes.Contains(w.text, []byte(substr))
 }
 
 func (w *lineWaiter) waitFor(t *testing.T, substr string) {

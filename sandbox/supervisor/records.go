@@ -21,6 +21,9 @@ const (
 	RecordInterrupting   = "supervisor_interrupting"
 	RecordRequestRefused = "supervisor_request_refused"
 	RecordStateFailure   = "supervisor_state_failure"
+	// RecordStateTakenOver: a state of a release that kept no records was
+	// taken over; its turns, up to native_turn, ran unrecorded.
+	RecordStateTakenOver = "supervisor_state_taken_over"
 	RecordOrphanReaped   = "supervisor_orphan_reaped"
 	RecordFailed         = "supervisor_failed"
 )
@@ -65,6 +68,10 @@ func recordRefused(l *slog.Logger, op, code string) {
 
 func recordStateFailure(l *slog.Logger, stage string) {
 	l.Error(RecordStateFailure, slog.String("stage", stage))
+}
+
+func recordStateTakenOver(l *slog.Logger, nativeTurn int64) {
+	l.Info(RecordStateTakenOver, slog.Int64("native_turn", nativeTurn))
 }
 
 func recordOrphanReaped(l *slog.Logger, pid int) {

@@ -187,10 +187,17 @@ func Serve(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("supervisor: state dir: %w", err)
 	}
 	s := &server{cfg: cfg, instance: randomHex(6), startedAt: time.Now(), log: cfg.Logger}
+	hadBoundary, err := stateFileExists(cfg.StateDir, nativeTurnFile)
+	if err != nil {
+		return err
+	}
 	if s.nativeTurn, err = loadNativeTurn(cfg.StateDir); err != nil {
 		return err
 	}
 	if s.retained, err = loadRetained(cfg.StateDir); err != nil {
+		return err
+	}
+	if err := s.markState(hadBoundary); err != nil {
 		return err
 	}
 	// Written at once, 0 for a new session: a state directory of this
@@ -390,7 +397,8 @@ func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	// starts, or it runs nothing, the next activation still finds it — and,
 	// through LastRan, the activation before it that ran a turn. Its turn's
 	// start replaces it (retainTurn, EndedUnfinished).
-	s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun, LastRan: lastRan(s.retained)})
+	_ = s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun,
+		LastRan: lastRan(s.retained), Unrecorded: s.retained != nil && s.retained.Ended == sandbox.EndedNotRun && s.retained.Unrecorded})
 	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}
 }
 
@@ -403,6 +411,37 @@ func lastRan(r *sandbox.Retained) string {
 		return r.LastRan
 	}
 	return r.Activation
+}
+
+// markState makes the state one of a release that keeps retained records
+// (StateVersionFile), once, before any activation's record is written:
+// from then on a missing record is a lost one (K13). A state that has a
+// boundary (hadBoundary) but neither the marker nor a record file was
+// written by a release that kept no records — the previous release: its
+// turns ran unrecorded, and the record saying so (Unrecorded) is written
+// first, the marker after it, so that a crash between the two leaves a
+// record and no marker, which the next start marks the same way. A record
+// file there but no marker is a state of a release that kept records
+// before the marker existed.
+func (s *server) markState(hadBoundary bool) error {
+	marked, err := stateFileExists(s.cfg.StateDir, sandbox.StateVersionFile)
+	if err != nil || marked {
+		return err
+	}
+	recorded, err := stateFileExists(s.cfg.StateDir, sandbox.RetainedFile)
+	if err != nil {
+		return err
+	}
+	if hadBoundary && !recorded {
+		if err := s.retain(&sandbox.Retained{NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil {
+			return fmt.Errorf("supervisor: record the state taken over: %w", err)
+		}
+		recordStateTakenOver(s.log, s.nativeTurn)
+	}
+	if err := writeStateFile(s.cfg.StateDir, sandbox.StateVersionFile, fmt.Appendf(nil, "%d\n", sandbox.StateVersion)); err != nil {
+		return fmt.Errorf("supervisor: write the state version: %w", err)
+	}
+	return nil
 }
 
 // lookup returns the current activation for id, or why there is none.
@@ -540,13 +579,14 @@ func (s *server) reapOrphansLocked() {
 // never one that passes for a turn it does not describe. Called with s.mu
 // held.
 func (s *server) retainTurn(a *activation, n int64, ended string) {
-	s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended})
+	_ = s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended})
 	s.setNativeTurn(n)
 }
 
-// retain makes r the retained record, durably (RetainedFile). Called with
-// s.mu held.
-func (s *server) retain(r *sandbox.Retained) {
+// retain makes r the retained record, durably (RetainedFile); in memory it
+// is r even if the write fails, which is recorded and returned. Called
+// with s.mu held.
+func (s *server) retain(r *sandbox.Retained) error {
 	s.retained = r
 	b, err := json.Marshal(r)
 	if err == nil {
@@ -555,6 +595,7 @@ func (s *server) retain(r *sandbox.Retained) {
 	if err != nil {
 		recordStateFailure(s.log, "retained_store")
 	}
+	return err
 }
 
 // setNativeTurn records a new native turn ordinal durably. Called with s.mu held.
@@ -618,6 +659,18 @@ func storeNativeTurn(dir string, n int64) error {
 	return writeStateFile(dir, nativeTurnFile, fmt.Appendf(nil, "%d\n", n))
 }
 
+// stateFileExists reports whether the state directory holds name.
+func stateFileExists(dir, name string) (bool, error) {
+	_, err := os.Lstat(filepath.Join(dir, name))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("supervisor: state file %s: %w", name, err)
+	}
+	return true, nil
+}
+
 // loadRetained reads RetainedFile; nil if there is none. A record that
 // cannot be read is no evidence, and is not taken for one.
 func loadRetained(dir string) (*sandbox.Retained, error) {
@@ -629,7 +682,8 @@ func loadRetained(dir string) (*sandbox.Retained, error) {
 		return nil, fmt.Errorf("supervisor: read the retained record: %w", err)
 	}
 	var r sandbox.Retained
-	if err := json.Unmarshal(b, &r); err != nil || r.Activation == "" {
+	// Only the record of a state taken over (Unrecorded) names no activation.
+	if err := json.Unmarshal(b, &r); err != nil || r.Activation == "" && !(r.Unrecorded && r.Ended == sandbox.EndedNotRun) {
 		return nil, nil
 	}
 	return &r, nil

@@ -849,13 +849,16 @@ func TestActivationCarriesTheRetainedRecord(t *testing.T) {
 		t.Fatalf("settle after restart: %v, want ErrUnknownActivation (R28)", err)
 	}
 
-	// Another state at the same boundary: no record of anything.
+	// Another state of a release that keeps records, at the same boundary:
+	// no record of anything.
 	other := filepath.Join(dir, "other-state")
 	if err := os.MkdirAll(other, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(other, sandbox.NativeTurnFile), []byte("2\n"), 0o600); err != nil {
-		t.Fatal(err)
+	for name, data := range map[string]string{sandbox.NativeTurnFile: "2\n", sandbox.StateVersionFile: "2\n"} {
+		if err := os.WriteFile(filepath.Join(other, name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sock2 := filepath.Join(dir, "s2.sock")
 	startProc(t, ws, sock2, "--state", other)
@@ -930,5 +933,141 @@ func TestNotRunActivationsKeepTheInterruptedOne(t *testing.T) {
 	want := sandbox.Retained{Activation: admitted.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}
 	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
 		t.Fatalf("after a restart: %+v, %v; want previous %+v at native turn 1", after, err, want)
+	}
+}
+
+// K13: a state of the previous release — a boundary, no record, no marker
+// (StateVersionFile) — is taken over: the supervisor first records that
+// its turns ran unrecorded (Unrecorded), then marks the state, before any
+// activation's record. Activations that run nothing carry that on, across a
+// restart; the first turn run ends it. From the marker on, a record gone
+// is lost, never taken for the previous release's state again.
+func TestPreviousReleaseStateIsTakenOver(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// What a supervisor of the previous release leaves: its boundary only.
+	if err := os.WriteFile(filepath.Join(state, sandbox.NativeTurnFile), []byte("3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	p := startProc(t, ws, sock, "--state", state)
+	p.lines.waitFor(t, RecordStateTakenOver)
+	if b, err := os.ReadFile(filepath.Join(state, sandbox.StateVersionFile)); err != nil || strings.TrimSpace(string(b)) != "2" {
+		t.Fatalf("state version after the take-over: %q, %v; want 2", b, err)
+	}
+	first, err := c.Activate(ctx, 0)
+	takenOver := sandbox.Retained{NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}
+	if err != nil || first.Previous == nil || *first.Previous != takenOver || first.NativeTurn != 3 {
+		t.Fatalf("first activation over the previous release's state: %+v, %v; want previous %+v at native turn 3", first, err, takenOver)
+	}
+	second, err := c.Activate(ctx, 0) // the first ran nothing
+	if want := (sandbox.Retained{Activation: first.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil || second.Previous == nil || *second.Previous != want {
+		t.Fatalf("after an activation that ran nothing: %+v, %v; want previous %+v", second.Previous, err, want)
+	}
+	p.kill()
+
+	// Restarted over the marked state: no second take-over, the record of
+	// the activation that ran nothing still says so.
+	p = startProc(t, ws, sock, "--state", state)
+	after, err := c.Activate(ctx, 0)
+	if want := (sandbox.Retained{Activation: second.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil || after.Previous == nil || *after.Previous != want {
+		t.Fatalf("after a restart: %+v, %v; want previous %+v", after.Previous, err, want)
+	}
+	turn, err := c.Run(ctx, after.ID, []string{demoAgent}, "!events 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, res := drain(t, turn)
+	turn.Close()
+	ran, err := c.Activate(ctx, 0)
+	if want := (sandbox.Retained{Activation: after.ID, NativeTurn: res.NativeTurn, Ended: sandbox.EndedCompleted}); err != nil || ran.Previous == nil || *ran.Previous != want {
+		t.Fatalf("after a turn ran: %+v, %v; want previous %+v", ran.Previous, err, want)
+	}
+	if p.lines.contains(RecordStateTakenOver) {
+		t.Error("a marked state was taken over again")
+	}
+	p.kill()
+
+	// The record gone from the marked state: lost, not the previous
+	// release's state.
+	if err := os.Remove(filepath.Join(state, sandbox.RetainedFile)); err != nil {
+		t.Fatal(err)
+	}
+	p = startProc(t, ws, sock, "--state", state)
+	lost, err := c.Activate(ctx, 0)
+	if err != nil || lost.Previous != nil || lost.NativeTurn != res.NativeTurn {
+		t.Fatalf("a marked state without its record: %+v, %v; want no record at native turn %d", lost, err, res.NativeTurn)
+	}
+	if p.lines.contains(RecordStateTakenOver) {
+		t.Error("a marked state whose record is gone was taken over")
+	}
+}
+
+// A take-over cut short after its record and before the marker leaves a
+// record and no marker: the next supervisor marks the state and presents
+// that record; it does not take the state over again. A record file that
+// cannot be read, without a marker, is no previous release's state either.
+func TestInterruptedTakeOverKeepsItsRecord(t *testing.T) {
+	for _, tt := range []struct {
+		name, record string
+		want         *sandbox.Retained
+	}{
+		{"take-over record, no marker", `{"native_turn":3,"ended":"not_run","unrecorded":true}`, &sandbox.Retained{NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}},
+		{"corrupt record, no marker", `{"native_tu`, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			state := t.TempDir()
+			for name, data := range map[string]string{sandbox.NativeTurnFile: "3\n", sandbox.RetainedFile: tt.record + "\n"} {
+				if err := os.WriteFile(filepath.Join(state, name), []byte(data), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := startServe(t, func(c *Config) { c.StateDir = state })
+			act, err := s.c.Activate(context.Background(), 0)
+			if err != nil || act.NativeTurn != 3 || (act.Previous == nil) != (tt.want == nil) || tt.want != nil && *act.Previous != *tt.want {
+				t.Fatalf("activation: %+v, %v; want previous %+v at native turn 3", act, err, tt.want)
+			}
+			if _, err := os.Stat(filepath.Join(state, sandbox.StateVersionFile)); err != nil {
+				t.Fatalf("the state was not marked: %v", err)
+			}
+			if s.rec.count(RecordStateTakenOver) != 0 {
+				t.Error("the state was taken over again")
+			}
+		})
+	}
+}
+
+// No record, no turn: a turn whose record cannot be written before the
+// prompt is refused as not started, the prompt never reaching the agent
+// (K13: a state taken over would otherwise still say that no turn ran).
+func TestTurnNotStartedWithoutItsRecord(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	s := startServe(t, func(c *Config) { c.StateDir = state })
+	ctx := context.Background()
+	act, err := s.c.Activate(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A directory where the record goes: it cannot be replaced, even by root.
+	if err := os.Remove(filepath.Join(state, sandbox.RetainedFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(state, sandbox.RetainedFile), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.c.Run(ctx, act.ID, []string{demoAgent}, "p"); !errors.Is(err, sandbox.ErrStartFailed) {
+		t.Fatalf("run without its record: %v, want ErrStartFailed", err)
+	}
+	if got := transcript(t, s.ws); len(got) != 0 {
+		t.Fatalf("a prompt reached the agent: %q", got)
+	}
+	next, err := s.c.Activate(ctx, 0)
+	if want := (sandbox.Retained{Activation: act.ID, NativeTurn: 0, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || *next.Previous != want {
+		t.Fatalf("after the refused turn: %+v, %v; want previous %+v", next.Previous, err, want)
 	}
 }

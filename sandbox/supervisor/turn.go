@@ -309,8 +309,14 @@ func (s *server) start(ctx context.Context, conn net.Conn, req sandbox.Request) 
 	// Recorded before the agent can read the prompt (K13): a supervisor
 	// killed before this turn ends leaves a record naming this activation
 	// at the boundary it started from, not the previous turn's, which the
-	// next activation would otherwise present as if this one never ran.
-	s.retainTurn(a, s.nativeTurn, sandbox.EndedUnfinished)
+	// next activation would otherwise present as if this one never ran —
+	// or, in a state taken over from a release that kept no records, as if
+	// no turn had run since (Unrecorded). No record, no turn.
+	prev := s.retained
+	if err := s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedUnfinished}); err != nil {
+		s.retained = prev
+		return nil, nil, nil, nil, nil, fmt.Errorf("%w: record the turn: %v", sandbox.ErrStartFailed, err)
+	}
 
 	tctx, cancel := context.WithCancel(ctx)
 	stdinR, stdinW, err := os.Pipe()
