@@ -25,7 +25,9 @@
 // deadline, and waits there for the next daemon's Reattach, which checks the
 // protocol version, renews the deadline and supervises it to its end; it
 // keeps its RESULT until the daemon says it has it (KEPT). No thread is held
-// per child: exits are awaited on pidfds through the runtime's poller.
+// per child, and two goroutines are: the supervisor, and one that reads the
+// child's frames and waits for its exit together, parked on a per-child
+// epoll set of the descriptor and a pidfd that the runtime's poller watches.
 //
 // The lease travels down with the turn (K5): PAYLOAD carries the lease as
 // the daemon counts it and the execution deadline, both CLOCK_BOOTTIME

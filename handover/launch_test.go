@@ -488,6 +488,55 @@ func TestStopKillsProcessGroup(t *testing.T) {
 	}
 }
 
+// TestChildThatClosesItsEndIsKilled: an accepted child closes its end and
+// lives on, deaf to SIGTERM. EOF comes long before its exit: the parent
+// still runs the stop sequence, kills it and reaps it.
+func TestChildThatClosesItsEndIsKilled(t *testing.T) {
+	cfg := testConfig(t, "close-and-hang")
+	cfg.StopGrace, cfg.KillGrace = 50*time.Millisecond, 50*time.Millisecond
+	turn, err := Launch(t.Context(), cfg, testPayload())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := turn.Wait()
+	if end.Outcome != OutcomeKilled || end.Signal != syscall.SIGKILL || end.Stopped || end.TimedOut {
+		t.Fatalf("end %+v, want killed by SIGKILL, neither stopped nor timed out", end)
+	}
+	if err := syscall.Kill(turn.PID(), 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("child %d after Wait: kill 0 = %v, want ESRCH (reaped)", turn.PID(), err)
+	}
+}
+
+// TestEndHeldOpenAfterExit: a descendant outside the child's process group
+// holds the child's end after the child sent its RESULT and exited, so EOF
+// never comes. The parent sees the exit anyway and ends the turn with the
+// child's result and status, not at the execution timeout.
+func TestEndHeldOpenAfterExit(t *testing.T) {
+	progress := newProgressLog()
+	cfg := testConfig(t, "stray-holder")
+	cfg.OnProgress = progress.add
+	cfg.KillGrace = 100 * time.Millisecond
+	cfg.ExecutionTimeout = time.Minute // what a parent blind to the exit would wait for
+	turn, err := Launch(t.Context(), cfg, testPayload())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpid, err := strconv.Atoi(<-progress.first)
+	if err != nil {
+		turn.Stop()
+		turn.Wait()
+		t.Fatal(err)
+	}
+	defer syscall.Kill(gpid, syscall.SIGKILL)
+	end := turn.Wait()
+	if end.Outcome != OutcomeResult || string(end.Result) != "done" || end.ExitCode != 0 || end.TimedOut || end.Stopped {
+		t.Fatalf("end %+v, want the result, exit code 0, no timeout", end)
+	}
+	if err := syscall.Kill(gpid, 0); err != nil {
+		t.Fatalf("the holder %d is gone (%v): the test proves nothing", gpid, err)
+	}
+}
+
 // TestParentDeath starts a stand-in daemon that launches a child, then
 // kills the daemon with SIGKILL.
 func TestParentDeath(t *testing.T) {

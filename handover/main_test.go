@@ -211,6 +211,34 @@ func childMain(mode string) int {
 		must(ch.Accept())
 		must(ch.Progress([]byte(strconv.Itoa(gc.Process.Pid))))
 		hang()
+	case "close-and-hang":
+		// Accepts, closes its end and lives on, deaf to STOP and SIGTERM:
+		// only the SIGKILL of the stop sequence ends it.
+		signal.Ignore(syscall.SIGTERM)
+		must(ch.Accept())
+		ch.conn.Close()
+		hang()
+	case "stray-holder":
+		// A descendant in a session of its own inherits the child's end,
+		// then the child sends its RESULT and exits: the end stays open
+		// after the exit, and no group kill reaches the holder.
+		// A plain dup: conn.File would leave the shared description in
+		// blocking mode, and the child's own reader stuck in read(2).
+		rc, err := ch.conn.SyscallConn()
+		must(err)
+		dup := -1
+		must(rc.Control(func(fd uintptr) { dup, err = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }))
+		must(err)
+		f := os.NewFile(uintptr(dup), "stray")
+		gc := exec.Command(exe, childArg, "grandchild")
+		gc.ExtraFiles = []*os.File{f}
+		gc.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		must(gc.Start())
+		f.Close()
+		must(ch.Accept())
+		must(ch.Progress([]byte(strconv.Itoa(gc.Process.Pid))))
+		must(ch.Result([]byte("done")))
+		return 0
 	case "lease-echo":
 		// Waits for one DEADLINE before it accepts, then reports every lease
 		// it is given and why its Deadlines ended.

@@ -263,7 +263,14 @@ type Turn struct {
 	stopReq   chan struct{}
 	stopClass string // set before stopReq closes
 
-	exited chan struct{} // closed after Wait and the group kill
+	// The child and what watch waits on: Launch's child is reaped (cmd),
+	// a re-attached one is not ours to reap (cmd nil).
+	cmd      *exec.Cmd
+	pidfd    *os.File  // the child's, on the runtime's poller; watch closes it after the exit
+	either   *either   // the epoll set of conn and pidfd; watch's alone
+	killOnce sync.Once // kill's SIGTERM and timer, once
+
+	exited chan struct{} // closed by watch after the exit, Wait and the group kill
 	state  *os.ProcessState
 
 	answered    chan struct{} // closed on ACCEPT, or with notAccepted set
@@ -327,11 +334,11 @@ func Launch(ctx context.Context, cfg Config, p Payload) (*Turn, error) {
 	return c.launch(ctx, p.Echo, body)
 }
 
-// spawn starts the child of cfg, which waits for its payload, and returns
-// it with its kill; a *NotAccepted (spawn failed) when it could not.
-func spawn(cfg Config) (*Turn, func(), error) {
-	spawnFailed := func(class string, err error) (*Turn, func(), error) {
-		return nil, nil, &NotAccepted{Outcome: OutcomeSpawnFailed, Class: class, Err: err}
+// spawn starts the child of cfg, which waits for its payload; a
+// *NotAccepted (spawn failed) when it could not.
+func spawn(cfg Config) (*Turn, error) {
+	spawnFailed := func(class string, err error) (*Turn, error) {
+		return nil, &NotAccepted{Outcome: OutcomeSpawnFailed, Class: class, Err: err}
 	}
 	if cfg.Path == "" {
 		return spawnFailed("config", errors.New("handover: no executable path"))
@@ -383,55 +390,61 @@ func spawn(cfg Config) (*Turn, func(), error) {
 	cmd.WaitDelay = cfg.KillGrace
 
 	t := newTurn(cfg, Echo{}, conn)
-	kill := t.killer(cmd)
 	t.keep = lis != nil
-	started := make(chan error, 1)
-	go t.run(cmd, started)
-	err = <-started
+	class, err := t.start(cmd)
 	childEnd.Close() // from now on EOF means the child's end is closed
 	if lis != nil {
 		lis.Close() // the child's now
 	}
 	if err != nil {
 		conn.Close()
-		kill()
-		<-t.exited
 		if cfg.Reattach != "" {
 			_ = os.Remove(cfg.Reattach)
 		}
-		return spawnFailed("exec", fmt.Errorf("handover: start child: %w", err))
+		return spawnFailed(class, err)
 	}
-	return t, kill, nil
+	return t, nil
 }
 
-// killer returns the kill of a launched child: SIGTERM to its process
-// group now, SIGKILL to the child KillGrace later, SIGKILL to the group
-// once it is reaped (run). Before Start, and once the child has exited, it
-// does nothing. It is what exec.CommandContext's Cancel and WaitDelay did,
-// without the goroutine exec keeps per child to watch the context: a
-// timer waits instead, and only once the end has begun (issue 12 §6).
-func (t *Turn) killer(cmd *exec.Cmd) (kill func()) {
-	var once sync.Once
-	return func() {
-		select {
-		case <-t.exited:
-			return
-		default:
-		}
-		if cmd.Process == nil {
-			return // never started: run closes exited without a child
-		}
-		once.Do(func() {
-			_ = unix.Kill(-cmd.Process.Pid, unix.SIGTERM)
-			time.AfterFunc(t.cfg.KillGrace, func() {
-				select {
-				case <-t.exited:
-				default:
-					_ = cmd.Process.Kill() // by pidfd: never another process
-				}
-			})
-		})
+// start starts the child on the caller's goroutine (no parent-death
+// signal ties it to a thread) and opens what watch waits on. A child that
+// cannot be watched is killed and reaped before it has anything: its
+// payload comes later.
+func (t *Turn) start(cmd *exec.Cmd) (class string, err error) {
+	if err := cmd.Start(); err != nil {
+		return "exec", fmt.Errorf("handover: start child: %w", err)
 	}
+	t.cmd, t.pid = cmd, cmd.Process.Pid
+	if err := t.openWatch(); err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return "watch", err
+	}
+	return "", nil
+}
+
+// kill ends the child: SIGTERM to its process group now, SIGKILL to the
+// child by its pidfd KillGrace later, and watch kills the group once the
+// child has exited. Once the child has exited it does nothing, and only the
+// first call counts. It is what exec.CommandContext's Cancel and WaitDelay
+// did, without the goroutine exec keeps per child to watch the context: a
+// timer waits instead, and only once the end has begun (issue 12 §6).
+func (t *Turn) kill() {
+	select {
+	case <-t.exited:
+		return
+	default:
+	}
+	t.killOnce.Do(func() {
+		_ = unix.Kill(-t.pid, unix.SIGTERM)
+		time.AfterFunc(t.cfg.KillGrace, func() {
+			select {
+			case <-t.exited:
+			default:
+				t.signal(unix.SIGKILL)
+			}
+		})
+	})
 }
 
 func newTurn(cfg Config, echo Echo, conn *net.UnixConn) *Turn {
@@ -444,25 +457,6 @@ func newTurn(cfg Config, echo Echo, conn *net.UnixConn) *Turn {
 		answered: make(chan struct{}),
 		done:     make(chan struct{}),
 	}
-}
-
-// run starts and reaps the child. It waits for the exit on a pidfd through
-// the runtime's poller before it reaps, so that no OS thread is blocked in
-// wait per held turn (issue 12 §6).
-func (t *Turn) run(cmd *exec.Cmd, started chan<- error) {
-	defer close(t.exited)
-	if err := cmd.Start(); err != nil {
-		started <- err
-		return
-	}
-	t.pid = cmd.Process.Pid
-	started <- nil
-	_ = awaitExit(t.pid)
-	_ = cmd.Wait() // the outcome comes from ProcessState and the frames
-	t.state = cmd.ProcessState
-	// Whatever the child left in its group is an orphan now. The group id
-	// cannot be reused while a member lives, so this reaches only ours.
-	_ = unix.Kill(-t.pid, unix.SIGKILL)
 }
 
 func waitStatus(ps *os.ProcessState) (syscall.WaitStatus, bool) {

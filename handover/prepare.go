@@ -15,19 +15,18 @@ import (
 // the record still comes before anything that can act on the claim (P5).
 // A Prepared is used once, by one goroutine: Launch or Close.
 type Prepared struct {
-	t    *Turn
-	kill func()
+	t *Turn
 }
 
 // Prepare starts the child of cfg, which waits for its payload. The error
 // is a *NotAccepted (spawn failed) whose Release allows the claim back, as
 // Launch's would.
 func Prepare(cfg Config) (*Prepared, error) {
-	t, kill, err := spawn(cfg.withDefaults())
+	t, err := spawn(cfg.withDefaults())
 	if err != nil {
 		return nil, err
 	}
-	return &Prepared{t: t, kill: kill}, nil
+	return &Prepared{t: t}, nil
 }
 
 // Launch is the package's Launch for the prepared child: Config.Started,
@@ -50,7 +49,7 @@ func (c *Prepared) launch(ctx context.Context, echo Echo, body []byte) (*Turn, e
 	if t.cfg.Started != nil {
 		t.cfg.Started(t.pid)
 	}
-	go t.supervise(ctx, body, c.kill)
+	go t.supervise(ctx, body)
 	<-t.answered
 	if t.notAccepted != nil {
 		return nil, t.notAccepted
@@ -63,16 +62,16 @@ func (c *Prepared) launch(ctx context.Context, echo Echo, body []byte) (*Turn, e
 // KillGrace later is sent SIGTERM, and SIGKILL KillGrace after that. It
 // returns once the child is reaped and its re-attach socket removed.
 func (c *Prepared) Close() {
-	c.t.conn.Close()
-	grace := time.NewTimer(c.t.cfg.KillGrace)
-	defer grace.Stop()
-	select {
-	case <-c.t.exited:
-	case <-grace.C:
-		c.kill()
-		<-c.t.exited
+	t := c.t
+	t.conn.Close()
+	t.pidfd.SetReadDeadline(time.Now().Add(t.cfg.KillGrace))
+	if awaitExited(t.pidfd) != nil { // still there
+		t.pidfd.SetReadDeadline(time.Time{})
+		t.kill()
+		_ = awaitExited(t.pidfd)
 	}
-	if c.t.cfg.Reattach != "" {
-		_ = os.Remove(c.t.cfg.Reattach)
+	t.reap()
+	if t.cfg.Reattach != "" {
+		_ = os.Remove(t.cfg.Reattach)
 	}
 }

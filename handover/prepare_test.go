@@ -60,7 +60,9 @@ func TestPreparedChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		<-c.t.exited
+		if err := awaitExited(c.t.pidfd); err != nil {
+			t.Fatal(err)
+		}
 		turn, err := c.Launch(t.Context(), testPayload())
 		na := notAccepted(t, turn, err)
 		if na.Outcome != OutcomePayloadUndelivered && !(na.Outcome == OutcomeDeclined && na.Class == ClassClosed) {

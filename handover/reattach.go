@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -165,6 +164,15 @@ func Reattach(ctx context.Context, cfg Config, echo Echo, lease Lease) (*Turn, e
 		conn.Close()
 		return nil, fmt.Errorf("%w: the socket's listener is not a child of this user", ErrNoChild)
 	}
+	// The pidfd is taken while the listener still holds its socket, before
+	// the child hears of this daemon: one that cannot be watched is left
+	// to its own deadline (K5) and the next daemon, as if nobody had come.
+	t := newTurn(cfg, echo, conn)
+	t.pid, t.keep = pid, true
+	if err := t.openWatch(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%w: %w", ErrNoChild, err)
+	}
 	conn.SetDeadline(time.Now().Add(cfg.StopGrace))
 	var a attached
 	buf := newReadBuffer()
@@ -184,6 +192,7 @@ func Reattach(ctx context.Context, cfg Config, echo Echo, lease Lease) (*Turn, e
 	if err != nil {
 		// A child that closes without answering is on its way out (it never
 		// accepted, or its lease ended): nobody to re-attach to.
+		t.closeWatch()
 		conn.Close()
 		return nil, fmt.Errorf("%w: %w", ErrNoChild, err)
 	}
@@ -192,71 +201,19 @@ func Reattach(ctx context.Context, cfg Config, echo Echo, lease Lease) (*Turn, e
 	for _, v := range reattachVersions {
 		known = known || v == a.Version
 	}
-	t := newTurn(cfg, echo, conn)
-	t.pid = pid
 	t.orphaned = a.Orphaned
-	t.keep = true
-	kill := t.watchExit()
 	if !known {
-		kill()
-		<-t.exited
+		t.kill()
+		_ = awaitExited(t.pidfd)
+		t.reap()
 		conn.Close()
 		return nil, &VersionError{Version: a.Version}
 	}
 	close(t.answered)
-	go t.supervise(ctx, nil, kill)
+	go t.supervise(ctx, nil)
 	return t, nil
 }
 
 // Orphaned is how long the child had been without a daemon when Reattach
 // took it over; zero for a Turn of Launch.
 func (t *Turn) Orphaned() time.Duration { return t.orphaned }
-
-// watchExit closes t.exited when the process t.pid exits, through a pidfd
-// on the runtime's poller (no thread waits). The returned kill ends the
-// child as Launch's does: SIGTERM to its process group now, SIGKILL
-// KillGrace later, and SIGKILL to the group once it has exited.
-func (t *Turn) watchExit() (kill func()) {
-	pid := t.pid
-	go func() {
-		defer close(t.exited)
-		_ = awaitExit(pid)
-		_ = unix.Kill(-pid, unix.SIGKILL) // whatever it left in its group
-	}()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			_ = unix.Kill(-pid, unix.SIGTERM)
-			go func() {
-				timer := time.NewTimer(t.cfg.KillGrace)
-				defer timer.Stop()
-				select {
-				case <-timer.C:
-					_ = unix.Kill(-pid, unix.SIGKILL)
-				case <-t.exited:
-				}
-			}()
-		})
-	}
-}
-
-// awaitExit returns once process pid has exited (or is gone), waiting on a
-// non-blocking pidfd through the runtime's poller, so that no OS thread is
-// held per child.
-func awaitExit(pid int) error {
-	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
-	if err != nil {
-		return err // ESRCH: already gone
-	}
-	f := os.NewFile(uintptr(fd), "pidfd")
-	defer f.Close()
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	return rc.Read(func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
-		return err != nil || n > 0
-	})
-}

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // startMiddle runs a stand-in daemon (mode middle-reattach,
@@ -162,4 +164,16 @@ func TestReattachNobodyThere(t *testing.T) {
 	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
 		t.Fatalf("nobody listening: %v", err)
 	}
+}
+
+// awaitExit returns once process pid, not necessarily the test's child, has
+// exited; an error if there is no such process.
+func awaitExit(pid int) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "pidfd")
+	defer f.Close()
+	return awaitExited(f)
 }

@@ -107,21 +107,6 @@ func (s *state) outcome(ps *os.ProcessState) (Ended, *NotAccepted) {
 	return Ended{}, na
 }
 
-type readResult struct {
-	f   Frame
-	err error
-}
-
-func (t *Turn) readLoop(frames chan<- readResult) {
-	for {
-		f, err := readFrameWhenReady(t.conn)
-		frames <- readResult{f, err}
-		if err != nil {
-			return
-		}
-	}
-}
-
 func (t *Turn) write(ft FrameType, body []byte, deadline time.Time) error {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
@@ -141,16 +126,15 @@ type supervisor struct {
 	grace   *time.Timer
 	graceC  <-chan time.Time
 	lease   Lease // the newest from Config.Leases, sent once delivered
-	kill    func()
 }
 
 // supervise owns the child from its start (Launch) or its re-attachment
 // (Reattach, payload nil) to its end: it writes the payload, reads every
 // frame, enforces the protocol and the execution timeout, runs the stop
 // sequence and decides the outcome.
-func (t *Turn) supervise(ctx context.Context, payload []byte, kill func()) {
+func (t *Turn) supervise(ctx context.Context, payload []byte) {
 	defer close(t.done)
-	s := &supervisor{t: t, kill: kill}
+	s := &supervisor{t: t}
 	var (
 		frames    = make(chan readResult)
 		delivered = make(chan error, 1)
@@ -161,7 +145,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill func()) {
 		timeout   = time.NewTimer(t.cfg.ExecutionTimeout)
 	)
 	defer timeout.Stop()
-	go t.readLoop(frames)
+	go t.watch(frames)
 	if payload == nil {
 		// Re-attached: the child accepted under an earlier daemon.
 		s.st.phase, s.st.answer, delivered = phaseAccepted, phaseAccepted, nil
@@ -201,7 +185,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte, kill func()) {
 			s.beginStop(stopRequested, t.stopClass)
 		case <-s.graceC:
 			s.graceC = nil
-			kill()
+			t.kill()
 		}
 	}
 	s.end()
@@ -363,7 +347,6 @@ func (s *supervisor) childExited() {
 // end closes the child's descriptor and publishes the outcome.
 func (s *supervisor) end() {
 	t := s.t
-	s.kill() // the child is reaped: this only ends exec's watch
 	if s.grace != nil {
 		s.grace.Stop()
 	}
