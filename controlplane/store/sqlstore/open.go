@@ -67,7 +67,7 @@ func OpenSQLite(ctx context.Context, path string, opts ...Option) (*Store, error
 		r.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}
-	s := &Store{w: w, r: r, d: sqlite, cfg: cfg, sw: sw, work: sw.work}
+	s := &Store{w: w, r: newReadPool(r, true), d: sqlite, cfg: cfg, sw: sw, work: sw.work}
 	if err := s.migrate(ctx); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("open sqlite: %w", err)
@@ -96,7 +96,7 @@ func OpenPostgres(ctx context.Context, dsn string, opts ...Option) (*Store, erro
 		db.Close()
 		return nil, fmt.Errorf("open postgres: %w", err)
 	}
-	s := &Store{w: db, r: db, d: postgres, cfg: cfg, work: work, listen: l}
+	s := &Store{w: db, r: newReadPool(db, false), d: postgres, cfg: cfg, work: work, listen: l}
 	s.rb, s.fb = s.newRenewBatcher(), s.newFinishBatcher()
 	if err := s.migrate(ctx); err != nil {
 		s.Close()

@@ -168,8 +168,8 @@ const (
 
 // Store is the SQL implementation of store.Store.
 type Store struct {
-	w   *sql.DB // writes: SQLite's single writer connection, or the PostgreSQL pool
-	r   *sql.DB // reads: a separate SQLite pool, or the same PostgreSQL pool
+	w   *sql.DB   // writes: SQLite's single writer connection, or the PostgreSQL pool
+	r   *readPool // reads: a separate SQLite pool, or the same PostgreSQL pool
 	d   dialect
 	cfg config
 	sw  *sqliteWriter  // SQLite only
@@ -192,10 +192,10 @@ func (s *Store) Close() error {
 	if s.sw != nil {
 		err = s.sw.close()
 	}
-	err = errors.Join(err, s.w.Close())
-	if s.r != s.w {
+	if s.r.DB != s.w {
 		err = errors.Join(err, s.r.Close())
 	}
+	err = errors.Join(err, s.w.Close())
 	return err
 }
 
