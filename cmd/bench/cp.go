@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -141,8 +142,13 @@ func (b *bench) b2(ctx context.Context, k storeKind) error {
 	defer sv.Close()
 	b.logf("B2 %s: %d turns queued", k, n)
 	cpu := cpuClock()
+	gc := s.GroupCommits()
 	var took time.Duration
-	share, why, err := profiled(ctx, func() (err error) {
+	var keep string
+	if b.o.profiles != "" {
+		keep = filepath.Join(b.o.profiles, fmt.Sprintf("B2-%s.pprof", k))
+	}
+	share, why, err := profiled(ctx, keep, func() (err error) {
 		took, err = parallel(ctx, b.o.workers, n, b2turn(sv, hostToken))
 		return err
 	})
@@ -150,12 +156,20 @@ func (b *bench) b2(ctx context.Context, k storeKind) error {
 		return err
 	}
 	cpu = cpuClock() - cpu
+	gc = s.GroupCommits().Sub(gc)
 	// Every turn was claimed once: the queue is empty now.
 	if _, err := sv.client.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 0}); !errors.Is(err, wire.ErrNoClaim) {
 		return fmt.Errorf("a claim after %d claims and finishes: %v, want none left", n, err)
 	}
 	b.rep.add(row{ID: "B2", Store: k, What: fmt.Sprintf("HTTP claim → finish, %d workers", b.o.workers), Value: rate(n, took), Unit: "turns/s",
 		Detail: fmt.Sprintf("%d turns; %s CPU per turn, server and clients in one process", n, perOp(cpu, n))})
+	if gc.Commits > 0 {
+		// SQLite's single writer: each worker waits for its write's commit
+		// before its next call, so at most 16 writes can share one.
+		b.rep.add(row{ID: "B2", Store: k, What: "group commit in that run", Value: float64(gc.Writes) / float64(gc.Commits), Unit: "writes per commit",
+			Detail: fmt.Sprintf("%d commits of %d writes, %s commits/s; the writer busy %.0f %% of the run", gc.Commits, gc.Writes,
+				number(rate(int(gc.Commits), took)), 100*gc.Busy.Seconds()/took.Seconds())})
+	}
 	tokens := row{ID: "B2", Store: k, What: "token lookups, share of the control plane's CPU in that run", Value: 100 * share, Unit: "%",
 		Detail: "CPU profile: samples in Server.host (with its host-token cache) and Server.attempt, of those outside the clients"}
 	if why != "" {

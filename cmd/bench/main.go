@@ -45,7 +45,8 @@ type options struct {
 	doc      string          // markdown file whose generated section is replaced; empty: none
 	json     string          // JSON file written; empty: none
 	workers  int
-	storm    int // leases in B6
+	storm    int    // leases in B6
+	profiles string // directory B2 keeps its CPU profiles in; empty: none kept
 }
 
 func parse(args []string, getenv func(string) string) (options, error) {
@@ -60,6 +61,7 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&o.json, "json", "docs/bench.json", "JSON file of the figures (empty: none)")
 	fs.IntVar(&o.workers, "workers", 16, "concurrent workers of B1 and B2")
 	fs.IntVar(&o.storm, "storm", 100_000, "leases renewed at once in B6")
+	fs.StringVar(&o.profiles, "profiles", "", "directory to keep B2's CPU profiles in, B2-STORE.pprof (empty: none kept)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

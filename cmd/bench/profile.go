@@ -23,13 +23,17 @@ const (
 // profiled runs f under a CPU profile and returns the share of the control
 // plane's CPU (samples outside the clients) spent in its token lookups, by
 // `go tool pprof` over the profile; "" when that cannot be read, with why.
-func profiled(ctx context.Context, f func() error) (share float64, why string, err error) {
-	dir, err := os.MkdirTemp("", "runnerd-bench-prof-")
-	if err != nil {
-		return 0, "", err
+// The profile is kept at keep unless that is empty.
+func profiled(ctx context.Context, keep string, f func() error) (share float64, why string, err error) {
+	path := keep
+	if path == "" {
+		dir, err := os.MkdirTemp("", "runnerd-bench-prof-")
+		if err != nil {
+			return 0, "", err
+		}
+		defer os.RemoveAll(dir)
+		path = filepath.Join(dir, "cpu.pprof")
 	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "cpu.pprof")
 	out, err := os.Create(path)
 	if err != nil {
 		return 0, "", err

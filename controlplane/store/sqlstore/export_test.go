@@ -3,7 +3,7 @@ package sqlstore
 import "context"
 
 // Commits is how many transactions SQLite's writer has committed.
-func Commits(s *Store) int64 { return s.sw.commits.Load() }
+func Commits(s *Store) int64 { return s.GroupCommits().Commits }
 
 // HoldWriter takes SQLite's writer turn, as a running batch would, so
 // that writes queue behind it; release gives it back.

@@ -133,6 +133,7 @@ func TestK9GroupCommitOneTransactionPerBatch(t *testing.T) {
 				return err
 			})
 		}
+		before := f.st.GroupCommits()
 		errs, commits := f.batch(t, writes...)
 		for i, err := range errs {
 			if err != nil {
@@ -141,6 +142,9 @@ func TestK9GroupCommitOneTransactionPerBatch(t *testing.T) {
 		}
 		if commits != 1 {
 			t.Fatalf("%d writes queued together took %d commits, want 1", len(writes), commits)
+		}
+		if after := f.st.GroupCommits(); after.Commits-before.Commits != 1 || after.Writes-before.Writes != int64(len(writes)) {
+			t.Fatalf("GroupCommits counted %d commits of %d writes, want 1 of %d", after.Commits-before.Commits, after.Writes-before.Writes, len(writes))
 		}
 		jobs := map[string]bool{}
 		for _, c := range claimed {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	msqlite "modernc.org/sqlite"
 )
@@ -39,7 +40,9 @@ type sqliteWriter struct {
 	conn  *sql.Conn
 	stmts map[string]*sql.Stmt // only touched while holding turn
 
-	commits atomic.Int64 // transactions committed, for the tests that count them
+	commits atomic.Int64 // transactions committed (GroupCommits)
+	writes  atomic.Int64 // writes run in the committed transactions (GroupCommits)
+	busy    atomic.Int64 // nanoseconds the leaders spent in batches (GroupCommits)
 
 	// worked: a statement of the running transaction changed work_signal
 	// (the 0012 triggers: a job may have become claimable); the commit
@@ -125,8 +128,10 @@ func (w *sqliteWriter) lead() {
 	if n == 0 {
 		return
 	}
+	defer func(start time.Time) { w.busy.Add(int64(time.Since(start))) }(time.Now())
 	ctx := context.Background()
 	answers := make([]error, n)
+	ran := 0
 	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		for i := range answers {
 			answers[i] = fmt.Errorf("begin: %w", err)
@@ -140,6 +145,7 @@ func (w *sqliteWriter) lead() {
 			continue
 		}
 		var broken error
+		ran++
 		answers[i], broken = w.run(ctx, r)
 		if broken != nil {
 			// The transaction itself failed (SQLite rolls back on an I/O
@@ -161,6 +167,7 @@ func (w *sqliteWriter) lead() {
 		}
 	} else {
 		w.commits.Add(1)
+		w.writes.Add(int64(ran))
 		if w.worked.Swap(false) {
 			w.work.fire()
 		}
@@ -188,6 +195,31 @@ func (w *sqliteWriter) run(ctx context.Context, r *writeReq) (answer, broken err
 		return k.err, nil // committed, and refused (a stale report is kept)
 	}
 	return err, nil
+}
+
+// GroupCommit counts what SQLite's single writer committed: transactions,
+// and the writes run in them (each caller's write; a batch of n writes is
+// one transaction). Writes per commit is how deep group commit batched.
+type GroupCommit struct {
+	Commits, Writes int64
+	// Busy is the time the writer spent running batches, from taking the
+	// first write off the queue to answering the last: the share of a
+	// run's time it was busy says whether the one writer bounds it.
+	Busy time.Duration
+}
+
+// Sub is what was counted since before.
+func (g GroupCommit) Sub(before GroupCommit) GroupCommit {
+	return GroupCommit{Commits: g.Commits - before.Commits, Writes: g.Writes - before.Writes, Busy: g.Busy - before.Busy}
+}
+
+// GroupCommits is the writer's count so far; zero on PostgreSQL, which
+// has no single writer.
+func (s *Store) GroupCommits() GroupCommit {
+	if s.sw == nil {
+		return GroupCommit{}
+	}
+	return GroupCommit{Commits: s.sw.commits.Load(), Writes: s.sw.writes.Load(), Busy: time.Duration(s.sw.busy.Load())}
 }
 
 // call runs a write's function; a panic fails that write only.
