@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,15 @@ func repeated(a attemptRow, ref wire.AttemptRef, rep string) (wire.FinishRespons
 
 // Finish records the terminal report (see store.Store).
 func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error) {
+	return s.finish(ctx, nil, ref, req, now)
+}
+
+// finish is Finish, with the worker's token checked too when wk is not
+// nil: in the guarded UPDATE itself, and when that changes nothing, in the
+// same transaction before the refusal is worded (AuthorizeAttempt's
+// answers first, then the attempt's) — SQLite's FinishAs, one write on the
+// single writer and no read beside it.
+func (s *Store) finish(ctx context.Context, wk *store.Worker, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error) {
 	switch req.Outcome {
 	case wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled, wire.OutcomeWorkerLost:
 	default:
@@ -47,14 +57,27 @@ func (s *Store) Finish(ctx context.Context, ref wire.AttemptRef, req wire.Finish
 	}
 	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous, Unrecover: req.Unrecoverable}.String()
 	var resp wire.FinishResponse
+	cond, condArgs := guard, guardArgs(ref, now)
+	if wk != nil {
+		cond, condArgs = guard+` AND token_hash = ? AND job_id = ?`, append(condArgs, hex.EncodeToString(wk.TokenHash), wk.JobID)
+	}
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		var admitted, settled sql.NullInt64
 		var interrupted int64
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET state = 'finished', outcome = ?, ended_at = ?, report = ?
-			WHERE `+guard+` RETURNING job_id, admitted_at, settled_at, settled_interrupted`),
-			args([]any{req.Outcome, ns(now), rep}, guardArgs(ref, now)...)...).Scan(&jobID, &admitted, &settled, &interrupted)
+			WHERE `+cond+` RETURNING job_id, admitted_at, settled_at, settled_interrupted`),
+			args([]any{req.Outcome, ns(now), rep}, condArgs...)...).Scan(&jobID, &admitted, &settled, &interrupted)
 		if errors.Is(err, sql.ErrNoRows) {
+			if wk != nil {
+				auth, err := s.authorize(ctx, tx, wk.JobID, wk.TokenHash)
+				if err != nil {
+					return err
+				}
+				if auth.AttemptID != ref.AttemptID {
+					return store.ErrOtherAttempt
+				}
+			}
 			a, err := s.loadAttempt(ctx, tx, ref.AttemptID, now)
 			if err != nil {
 				return err

@@ -246,6 +246,15 @@ func (s *Store) FinishAs(ctx context.Context, w store.Worker, ref wire.AttemptRe
 			return a.resp, wrapErr("finish", a.err)
 		}
 	}
+	if s.d == sqlite {
+		if now.IsZero() {
+			var err error
+			if now, err = s.Now(ctx); err != nil {
+				return wire.FinishResponse{}, fmt.Errorf("finish: %w", err)
+			}
+		}
+		return s.finish(ctx, &w, ref, req, now)
+	}
 	now, err := s.refusedAs(ctx, w, ref, now)
 	if err != nil {
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w", err)

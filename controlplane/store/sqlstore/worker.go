@@ -421,8 +421,14 @@ func (s *Store) claimStatement() string {
 
 // AuthorizeAttempt maps a worker token hash to its attempt.
 func (s *Store) AuthorizeAttempt(ctx context.Context, jobID string, tokenHash []byte) (store.AttemptAuth, error) {
+	return s.authorize(ctx, s.r, jobID, tokenHash)
+}
+
+// authorize is AuthorizeAttempt on q: the read pool, or a write's
+// transaction.
+func (s *Store) authorize(ctx context.Context, q txn, jobID string, tokenHash []byte) (store.AttemptAuth, error) {
 	var a store.AttemptAuth
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT job_id, id, host_id FROM attempts WHERE token_hash = ?`),
+	err := q.QueryRowContext(ctx, s.q(`SELECT job_id, id, host_id FROM attempts WHERE token_hash = ?`),
 		hex.EncodeToString(tokenHash)).Scan(&a.JobID, &a.AttemptID, &a.HostID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.AttemptAuth{}, store.ErrUnauthorized
@@ -434,7 +440,7 @@ func (s *Store) AuthorizeAttempt(ctx context.Context, jobID string, tokenHash []
 		return a, nil
 	}
 	var n int
-	if err := s.r.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
+	if err := q.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM jobs WHERE id = ?`), jobID).Scan(&n); err != nil {
 		return store.AttemptAuth{}, fmt.Errorf("authorize attempt: %w", err)
 	}
 	if n == 0 {
