@@ -19,7 +19,8 @@ const maxBatch = 256
 
 // sqliteWriter is SQLite's single writer: one connection, with its
 // statements prepared once (database/sql would prepare every statement
-// of a transaction anew, about a third of a fenced renewal), and group
+// of a transaction anew, about a third of a fenced renewal) — its own
+// BEGIN, SAVEPOINT, RELEASE and COMMIT too — and group
 // commit. Every write queued while a transaction runs goes into the next
 // one: whoever takes the turn leads, runs every queued write (each in its
 // own savepoint, so that one write's failure rolls back only its own
@@ -132,7 +133,7 @@ func (w *sqliteWriter) lead() {
 	ctx := context.Background()
 	answers := make([]error, n)
 	ran := 0
-	if _, err := w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if _, err := w.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		for i := range answers {
 			answers[i] = fmt.Errorf("begin: %w", err)
 		}
@@ -160,7 +161,7 @@ func (w *sqliteWriter) lead() {
 			return
 		}
 	}
-	if _, err := w.conn.ExecContext(ctx, "COMMIT"); err != nil {
+	if _, err := w.ExecContext(ctx, "COMMIT"); err != nil {
 		w.rollback()
 		for i := range answers {
 			answers[i] = fmt.Errorf("commit: %w", err)
@@ -178,17 +179,17 @@ func (w *sqliteWriter) lead() {
 // run runs one write in its own savepoint: answer is the write's own
 // result, broken a failure of the transaction around it.
 func (w *sqliteWriter) run(ctx context.Context, r *writeReq) (answer, broken error) {
-	if _, err := w.conn.ExecContext(ctx, "SAVEPOINT w"); err != nil {
+	if _, err := w.ExecContext(ctx, "SAVEPOINT w"); err != nil {
 		return nil, err
 	}
 	err := w.call(r)
 	var k keep
 	if err != nil && !errors.As(err, &k) {
-		if _, rerr := w.conn.ExecContext(ctx, "ROLLBACK TO w"); rerr != nil {
+		if _, rerr := w.ExecContext(ctx, "ROLLBACK TO w"); rerr != nil {
 			return nil, errors.Join(err, rerr)
 		}
 	}
-	if _, rerr := w.conn.ExecContext(ctx, "RELEASE w"); rerr != nil {
+	if _, rerr := w.ExecContext(ctx, "RELEASE w"); rerr != nil {
 		return nil, rerr
 	}
 	if err != nil && errors.As(err, &k) {
@@ -249,7 +250,7 @@ func (w *sqliteWriter) requeue(rs []*writeReq) {
 }
 
 func (w *sqliteWriter) rollback() {
-	_, _ = w.conn.ExecContext(context.Background(), "ROLLBACK")
+	_, _ = w.ExecContext(context.Background(), "ROLLBACK")
 	w.worked.Store(false) // nothing of it committed
 }
 
