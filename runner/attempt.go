@@ -58,8 +58,6 @@ type attempt struct {
 	// child's handover, which sends it as a DEADLINE frame (K5).
 	leases chan handover.Lease
 
-	fenced context.Context // done once the lease is gone
-	fence  context.CancelFunc
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
 	stopChild context.CancelFunc
 	// child is the turn child, started before the claim's record is flushed
@@ -98,7 +96,6 @@ func (a *attempt) stop(r stopReason) {
 		a.reason = r
 	}
 	if r == stopLease {
-		a.fence()
 		a.reporter.LeaseLost()
 	}
 }
@@ -163,7 +160,6 @@ func (a *attempt) lastFacts() settlement.Facts {
 // is held then fit the runtime's 4 KB stack instead of 8 KB.
 func (d *Daemon) runAttempt(runCtx context.Context, claim *wire.Claim, sent time.Time) {
 	a := d.newAttempt(claim)
-	defer a.fence()
 	defer d.watchCancel(a)()
 	if !d.claimed(a, sent) {
 		return
@@ -201,7 +197,6 @@ func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
 		leases:     make(chan handover.Lease, 1),
 		hostCancel: make(chan struct{}),
 	}
-	a.fenced, a.fence = context.WithCancel(context.Background())
 	a.reporter = d.newReporter(a.claim)
 	return a
 }

@@ -85,7 +85,6 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		leases:     make(chan handover.Lease, 1),
 		hostCancel: make(chan struct{}),
 	}
-	a.fenced, a.fence = context.WithCancel(context.Background())
 	a.reporter = d.newReporter(c)
 	decide := func(decision string) string {
 		d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
@@ -96,10 +95,8 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	sent, ttl, answer := d.askLease(ctx, a)
 	switch {
 	case ctx.Err() != nil:
-		a.fence()
 		return decide(decisionStopped)
 	case answer == leaseRejected:
-		a.fence()
 		d.stopOrphan(a, r)
 		d.m.turnEnded("lease_lost", a.claimedAt)
 		if err := d.state.remove(c.AttemptID); err != nil {
@@ -107,10 +104,8 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		}
 		return decide(decisionRejected)
 	case answer == leaseRefused:
-		a.fence()
 		return decide(decisionRefused)
 	case answer != leaseOurs:
-		a.fence()
 		return decide(decisionUnreachable)
 	}
 
@@ -125,7 +120,6 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 			return decide(decisionReattached)
 		}
 	}
-	defer a.fence()
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	over := make(chan struct{})
 	watched := make(chan struct{})
@@ -206,7 +200,6 @@ func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
 		defer d.attempts.Done()
 		defer d.freeSlot()
 		defer d.releaseConversation(conv)
-		defer a.fence()
 		defer d.m.holdLease(d.leaseLeft(a.renewer))()
 		defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 		defer d.watchCancel(a)() // a cancel reaches a re-attached turn the fast way too (K10)
