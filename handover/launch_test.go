@@ -367,6 +367,37 @@ func TestStopIsDeliveredAsFrame(t *testing.T) {
 	}
 }
 
+// TestCancelledLaunchCarriesItsStopClass: the STOP that cancelling
+// Launch's context sends carries the class of a StopCause (a user's cancel
+// that came before ACCEPT is "cancelled", not "stopped"); any other cause
+// stops it as "stopped".
+func TestCancelledLaunchCarriesItsStopClass(t *testing.T) {
+	for _, tt := range []struct {
+		cause error
+		want  string
+	}{
+		{StopCause{Class: "cancelled"}, "stopped: cancelled"},
+		{StopCause{Class: "not a class!"}, "stopped: stopped"},
+		{errors.New("the daemon's own reason"), "stopped: stopped"},
+		{nil, "stopped: stopped"},
+	} {
+		progress := newProgressLog()
+		cfg := testConfig(t, "proc")
+		cfg.OnProgress = progress.add
+		ctx, cancel := context.WithCancelCause(t.Context())
+		turn, err := Launch(ctx, cfg, testPayload())
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-progress.first
+		cancel(tt.cause)
+		end := turn.Wait()
+		if end.Outcome != OutcomeResult || string(end.Result) != tt.want || !end.Stopped {
+			t.Errorf("cause %v: end %+v (result %q), want the child's RESULT %q", tt.cause, end, end.Result, tt.want)
+		}
+	}
+}
+
 // TestPayloadNotInArgvOrEnvironment reads the live child's
 // /proc/<pid>/cmdline and environ: the payload, which carries the worker
 // token, is in neither; the environment is filtered and names the

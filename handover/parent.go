@@ -304,6 +304,23 @@ func (t *Turn) StopWith(class string) {
 	})
 }
 
+// StopCause, as the cause of Launch's context (context.WithCancelCause),
+// makes the STOP that the cancellation sends carry Class — "cancelled", say,
+// for a user's cancel that came before ACCEPT — instead of "stopped". An
+// invalid class, or any other cause, is sent as "stopped".
+type StopCause struct{ Class string }
+
+func (c StopCause) Error() string { return "handover: stop (" + c.Class + ")" }
+
+// stopClassOf is the class of the STOP a cancelled ctx sends.
+func stopClassOf(ctx context.Context) string {
+	var c StopCause
+	if errors.As(context.Cause(ctx), &c) && validClass(c.Class) == nil {
+		return c.Class
+	}
+	return ClassStopped
+}
+
 // Done is closed when the child has exited and its descriptor is drained.
 func (t *Turn) Done() <-chan struct{} { return t.done }
 
@@ -318,7 +335,8 @@ func (t *Turn) Wait() Ended {
 // right echo; otherwise a *NotAccepted error, after the child is gone, whose
 // Release says whether the claim may be given back. A live child that does
 // not answer keeps Launch waiting until the execution timeout or ctx ends it
-// (R34). Cancelling ctx stops the child like Turn.Stop, also after ACCEPT.
+// (R34). Cancelling ctx stops the child like Turn.Stop, also after ACCEPT;
+// with a StopCause the STOP carries its class, as Turn.StopWith's does.
 //
 // Launch marks every descriptor of the daemon from 3 up close-on-exec
 // (close_range), so that one inherited without it cannot leak to a child.

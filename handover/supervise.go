@@ -179,7 +179,7 @@ func (t *Turn) supervise(ctx context.Context, payload []byte) {
 			s.beginStop(stopTimeout, ClassExecutionTimeout)
 		case <-ctxDone:
 			ctxDone = nil
-			s.beginStop(stopRequested, ClassStopped)
+			s.beginStop(stopRequested, stopClassOf(ctx))
 		case <-stopReq:
 			stopReq = nil
 			s.beginStop(stopRequested, t.stopClass)

@@ -59,7 +59,8 @@ type attempt struct {
 	leases chan handover.Lease
 
 	// stopChild cancels the launch: before ACCEPT the only way to stop it.
-	stopChild context.CancelFunc
+	// Its cause (handover.StopCause) is the class the child's STOP carries.
+	stopChild context.CancelCauseFunc
 	// child is the turn child, started before the claim's record is flushed
 	// and waiting for its payload (claimed), or childErr why it could not
 	// be; launch hands it the payload.
@@ -124,7 +125,7 @@ func (a *attempt) stopTurn(r stopReason) {
 		t.StopWith(r.stopClass())
 		return
 	}
-	a.stopChild()
+	a.stopChild(handover.StopCause{Class: r.stopClass()})
 }
 
 func (a *attempt) stopReason() stopReason {
@@ -168,11 +169,11 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim *wire.Claim, sent time
 	defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
 
 	// Until ACCEPT a stop of the child is the launch's cancellation.
-	launchCtx, stopChild := context.WithCancel(context.Background())
+	launchCtx, stopChild := context.WithCancelCause(context.Background())
 	handedOver := false
 	defer func() {
 		if !handedOver { // a handed-over child is the next start's: it goes on
-			stopChild()
+			stopChild(nil)
 		}
 	}()
 	a.stopChild = stopChild
