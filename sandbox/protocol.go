@@ -190,12 +190,12 @@ type Activation struct {
 }
 
 // Retained is the supervisor's record of one activation (R26): its token,
-// the native turn boundary it left and how it ended. The record of the last
-// activation that ran a turn is kept in the supervisor's state directory
-// (RetainedFile, beside NativeTurnFile, out of the agent's reach) and
-// survives a restart or a replacement of the supervisor; that of an
-// activation that ran nothing is known only to the supervisor that issued
-// it.
+// the native turn boundary it left and how it ended. Each activation's
+// record is on disk in the supervisor's state directory (RetainedFile,
+// beside NativeTurnFile, out of the agent's reach) before its token is
+// handed out, and again as its turn starts and ends; the newest survives a
+// restart or a replacement of the supervisor. A record of an activation
+// that ran nothing names the last one that ran a turn (LastRan).
 type Retained struct {
 	Activation string `json:"activation"`
 	NativeTurn int64  `json:"native_turn"`
