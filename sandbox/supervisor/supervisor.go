@@ -320,8 +320,11 @@ func (s *server) handle(ctx context.Context, conn net.Conn) {
 		st := s.status()
 		resp.Status = &st
 	case sandbox.OpActivate:
-		a := s.activate(req.LeaseDeadline)
-		resp.Activation = &a
+		if a, err := s.activate(req.LeaseDeadline); err != nil {
+			resp = errReply(err)
+		} else {
+			resp.Activation = &a
+		}
 	case sandbox.OpDeadline:
 		if err := s.setDeadline(req.Activation, req.LeaseDeadline); err != nil {
 			resp = errReply(err)
@@ -373,7 +376,7 @@ func (s *server) status() sandbox.Status {
 // fenced (K13): the record of its turn, once that turn has ended, or, for
 // one that ran nothing, its token at the unchanged boundary; after a
 // restart, the record in the state directory.
-func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
+func (s *server) activate(leaseDeadline boottime.Instant) (sandbox.Activation, error) {
 	s.mu.Lock()
 	s.gen++
 	a := &activation{gen: s.gen, id: fmt.Sprintf("%s.%d.%s", s.instance, s.gen, randomHex(8)), leaseDeadline: leaseDeadline}
@@ -397,9 +400,15 @@ func (s *server) activate(leaseDeadline boottime.Instant) sandbox.Activation {
 	// starts, or it runs nothing, the next activation still finds it — and,
 	// through LastRan, the activation before it that ran a turn. Its turn's
 	// start replaces it (retainTurn, EndedUnfinished).
-	_ = s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun,
-		LastRan: lastRan(s.retained), Unrecorded: s.retained != nil && s.retained.Ended == sandbox.EndedNotRun && s.retained.Unrecorded})
-	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}
+	// No record on disk, no token: an admitted turn whose activation the
+	// next one cannot find would be judged on its record's absence.
+	prev := s.retained
+	if err := s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun,
+		LastRan: lastRan(s.retained), Unrecorded: s.retained != nil && s.retained.Ended == sandbox.EndedNotRun && s.retained.Unrecorded}); err != nil {
+		s.retained = prev
+		return sandbox.Activation{}, fmt.Errorf("record the activation: %w", err)
+	}
+	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}, nil
 }
 
 // lastRan is the last activation that ran a turn, as record r tells it.

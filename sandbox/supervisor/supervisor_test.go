@@ -1066,8 +1066,19 @@ func TestTurnNotStartedWithoutItsRecord(t *testing.T) {
 	if got := transcript(t, s.ws); len(got) != 0 {
 		t.Fatalf("a prompt reached the agent: %q", got)
 	}
+	// No token either while its record cannot be written: an admitted turn
+	// of an activation that no record names would be judged on absence.
+	if next, err := s.c.Activate(ctx, 0); err == nil {
+		t.Fatalf("activation %s handed out without its record on disk", next.ID)
+	}
+	if err := os.Remove(filepath.Join(state, sandbox.RetainedFile)); err != nil {
+		t.Fatal(err)
+	}
 	next, err := s.c.Activate(ctx, 0)
 	if want := (sandbox.Retained{Activation: act.ID, NativeTurn: 0, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || *next.Previous != want {
-		t.Fatalf("after the refused turn: %+v, %v; want previous %+v", next.Previous, err, want)
+		t.Fatalf("after the refused turn and activation: %+v, %v; want previous %+v", next.Previous, err, want)
+	}
+	if b, err := os.ReadFile(filepath.Join(state, sandbox.RetainedFile)); err != nil || !strings.Contains(string(b), next.ID) {
+		t.Fatalf("record on disk %q, %v; want the activation %s", b, err, next.ID)
 	}
 }
