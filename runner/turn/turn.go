@@ -328,7 +328,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		// The backend could not replace it (busy, or not its binary): no
 		// lease deadline at the supervisor (the child still stops the
 		// agent at it, K5), no interrupt (a cancel fails closed), no
-		// retained record (a quarantined conversation is lost).
+		// retained record (a quarantined conversation waits: verify).
 		t.log.Warn(diagnostics.MsgSupervisorOutdated, "version", sb.Version, "want_version", sandbox.ProtocolVersion)
 	}
 	// The supervisor gets the lease deadline now and after every renewal,
@@ -524,6 +524,16 @@ func userCancelled(ctx context.Context) bool {
 // session may go on.
 func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 	tu := t.p.Claim.Turn
+	if tu.Quarantined && sb.Version < sandbox.Version2 {
+		// A supervisor of the release before retained records can say
+		// nothing either way (K13): not evidence of a loss. The turn fails
+		// before admission and the conversation stays quarantined; the
+		// activation has fenced its agent, so at the next message the
+		// backend finds it idle and replaces it, and the new supervisor
+		// takes its state over (Unrecorded).
+		t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", "supervisor_outdated", "version", sb.Version)
+		return ClassSandboxUnavailable
+	}
 	if tu.Quarantined && (tu.ContainerID == "" || sb.ID != tu.ContainerID) {
 		t.log.Error(diagnostics.MsgContainerReplaced, "container_id", sb.ID, "recorded_container_id", tu.ContainerID)
 		return ClassContainerReplaced

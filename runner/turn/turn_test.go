@@ -350,7 +350,7 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 			if tt.quarantined {
 				tu.p.Claim.Turn.InterruptedActivationID = act
 			}
-			got := tu.verify(sandbox.Sandbox{ID: tt.sandbox}, sandbox.Activation{ID: "act-next", NativeTurn: tt.native, Previous: tt.previous})
+			got := tu.verify(sandbox.Sandbox{ID: tt.sandbox, Version: sandbox.ProtocolVersion}, sandbox.Activation{ID: "act-next", NativeTurn: tt.native, Previous: tt.previous})
 			if got != tt.want {
 				t.Fatalf("verify = %q, want %q", got, tt.want)
 			}
@@ -365,5 +365,34 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 				t.Fatalf("report of %s = %+v, want an unrecoverable finish", got, res.Report)
 			}
 		})
+	}
+}
+
+// TestVerifyOutdatedSupervisorKeepsTheQuarantine: a supervisor of the
+// release before retained records (protocol version 1, one the backend
+// could not replace because it was busy) has no record to show. For a
+// quarantined conversation that is no evidence of a loss: the turn fails
+// before admission as sandbox_unavailable, which is not unrecoverable, so
+// the conversation stays quarantined for the next message. A usable
+// conversation is verified as before.
+func TestVerifyOutdatedSupervisorKeepsTheQuarantine(t *testing.T) {
+	const ctr = "sb-1"
+	ref := wire.AttemptRef{AttemptID: "a", LeaseGeneration: 1}
+	for _, quarantined := range []bool{true, false} {
+		tu := &turn{log: slog.New(slog.DiscardHandler)}
+		tu.p.Claim.Turn = wire.Turn{ContainerID: ctr, NativeTurn: 4, Quarantined: quarantined, InterruptedActivationID: "inst.7.f00d"}
+		got := tu.verify(sandbox.Sandbox{ID: ctr, Version: sandbox.Version1}, sandbox.Activation{ID: "act-next", NativeTurn: 4})
+		switch {
+		case quarantined && got != ClassSandboxUnavailable:
+			t.Fatalf("quarantined: verify = %q, want %q", got, ClassSandboxUnavailable)
+		case !quarantined && got != "":
+			t.Fatalf("usable: verify = %q, want it verified", got)
+		}
+		if quarantined {
+			res := result(settlement.Facts{}, ref, wire.OutcomeFailed, got)
+			if res.Report.Finish != nil && res.Report.Finish.Unrecoverable {
+				t.Fatalf("report of %s = %+v: the conversation would be LOST", got, res.Report)
+			}
+		}
 	}
 }
