@@ -185,6 +185,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.attempts.Wait()
 		close(allDone)
 	}
+	go waitAttempts() // blocked until the claim loop returns (a drain cancels the long poll in flight)
 
 	select {
 	case <-d.drainCtx.Done():
@@ -192,7 +193,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgDrainStarted,
 			slog.Int("running", d.running()), slog.Int64(diagnostics.KeyLimit, d.cfg.DrainTimeout.Milliseconds()))
 		timer := time.NewTimer(d.cfg.DrainTimeout)
-		go waitAttempts() // a drain cancels the long poll in flight
 		select {
 		case <-allDone:
 		case <-timer.C:
@@ -208,10 +208,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		// A refused host token ends the daemon as failed, once the turns
 		// it runs (on their own worker tokens) have ended.
 		d.notify(notifyStopping)
-		go waitAttempts()
 	case <-ctx.Done():
 		d.notify(notifyStopping)
-		go waitAttempts()
 	}
 	if ctx.Err() == nil {
 		// Claiming stops in every case (a handover's ctx stops it without
