@@ -76,16 +76,8 @@ func (d *Daemon) recoverAll(ctx context.Context) {
 // recoverOne resolves one persisted attempt and returns its decision.
 func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	c := r.Claim
-	a := &attempt{
-		d:          d,
-		claim:      c,
-		claimedAt:  r.ClaimedAt,
-		id:         diagnostics.Attempt{JobID: c.JobID, AttemptID: c.AttemptID},
-		ref:        wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},
-		leases:     make(chan handover.Lease, 1),
-		hostCancel: make(chan struct{}),
-	}
-	a.reporter = d.newReporter(c)
+	a := d.newAttempt(&c)
+	a.claimedAt = r.ClaimedAt
 	decide := func(decision string) string {
 		d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
 			slog.Bool("report_persisted", r.Report != nil))
