@@ -77,7 +77,8 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			limit = wire.MaxClaimsPerRequest
 		}
 		sent := time.Now()
-		if pending.key != "" && sent.Sub(pending.sent) < d.cfg.Timings.LeaseTTL {
+		retry := pending.key != "" && sent.Sub(pending.sent) < d.cfg.Timings.LeaseTTL
+		if retry {
 			limit = pending.n // a retry asks for what the first request did
 		}
 		n := d.takeSlots(limit)
@@ -88,7 +89,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			continue
 		}
 		d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
-		if pending.key == "" || sent.Sub(pending.sent) >= d.cfg.Timings.LeaseTTL {
+		if !retry {
 			// A new claim (or one so old that its attempts' leases are over).
 			pending.key, pending.sent, pending.n = rand.Text(), sent, n
 		}
