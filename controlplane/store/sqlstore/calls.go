@@ -100,13 +100,14 @@ func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef
 }
 
 // renewRefused is the ordinary path of a renewal its statement did not
-// renew: the token's refusal, or Renew's verdict in a transaction.
+// renew: the token's refusal, or renewTx's verdict (not Renew's fast
+// path, which would run the statement just refused again).
 func (s *Store) renewRefused(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
 	now, err := s.refusedAs(ctx, w, ref, now)
 	if err != nil {
 		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
 	}
-	return s.Renew(ctx, ref, ttl, now)
+	return s.renewTx(ctx, ref, ttl, now)
 }
 
 // ConversationStates reads many conversations' states in one query: on

@@ -519,11 +519,10 @@ func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duratio
 	if ttl <= 0 {
 		ttl = s.cfg.leaseTTL
 	}
-	exp := now.Add(ttl)
-	var resp wire.RenewResponse
 	if s.d == postgres {
 		// One statement outside any transaction; only a renewal it
-		// refuses takes the transaction below, which words the refusal.
+		// refuses takes renewTx, which words the refusal.
+		exp := now.Add(ttl)
 		var cancel int64
 		err := s.one(ctx, func(tx txn) error {
 			return tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+`
@@ -537,6 +536,14 @@ func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duratio
 			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
 		}
 	}
+	return s.renewTx(ctx, ref, ttl, now)
+}
+
+// renewTx is Renew in a transaction, which words a refusal; ttl is already
+// defaulted. A caller whose own statement was refused comes here directly.
+func (s *Store) renewTx(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
+	exp := now.Add(ttl)
+	var resp wire.RenewResponse
 	err := s.write(ctx, func(tx txn) error {
 		var jobID string
 		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+` RETURNING job_id`),
