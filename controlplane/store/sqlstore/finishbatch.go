@@ -84,11 +84,12 @@ func (s *Store) finishCoalesced(ctx context.Context, w store.Worker, ref wire.At
 	return a
 }
 
-// coalescedFinish is the first statement of a batch. $1 … $14 are the
+// coalescedFinish is the first statement of a batch. $1 … $13 are the
 // finishes' attempt ids, generations, token hashes (hex), job ids, nows,
 // reports, stored answers up to and after the conversation's state,
-// finished events' data, outcomes, the jobs' states, outcomes and
-// reasons, and their index in the batch. lk locks the attempts in job id
+// finished events' data, outcomes (the job's as well as the attempt's:
+// coalescable lets only succeeded, failed and cancelled through), the
+// jobs' states and reasons, and their index in the batch. lk locks the attempts in job id
 // order, so that two batches (of one replica's lanes, or two replicas')
 // never wait on each other in a cycle. One finish per conversation (the first in
 // the batch): a second turn of a conversation already finished here is
@@ -96,8 +97,8 @@ func (s *Store) finishCoalesced(ctx context.Context, w store.Worker, ref wire.At
 var coalescedFinish = `WITH r AS (
 	SELECT * FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[]), CAST($3 AS TEXT[]), CAST($4 AS TEXT[]), CAST($5 AS BIGINT[]),
 		CAST($6 AS TEXT[]), CAST($7 AS TEXT[]), CAST($8 AS TEXT[]), CAST($9 AS TEXT[]), CAST($10 AS TEXT[]),
-		CAST($11 AS TEXT[]), CAST($12 AS TEXT[]), CAST($13 AS TEXT[]), CAST($14 AS BIGINT[]))
-		AS r(id, gen, hash, job, now, rep, head, tail, data, outcome, jstate, joutcome, reason, k)
+		CAST($11 AS TEXT[]), CAST($12 AS TEXT[]), CAST($13 AS BIGINT[]))
+		AS r(id, gen, hash, job, now, rep, head, tail, data, outcome, jstate, reason, k)
 ), lk AS (
 	SELECT r.*, jobs.conversation_id AS conv FROM r JOIN attempts ON ` + finishGuard + `
 	JOIN jobs ON jobs.id = attempts.job_id
@@ -108,9 +109,9 @@ var coalescedFinish = `WITH r AS (
 	UPDATE attempts SET state = 'finished', outcome = r.outcome, ended_at = r.now, report = r.rep,
 		response = r.head || CAST(to_json((SELECT c.state FROM conversations c WHERE c.id = r.conv)) AS TEXT) || r.tail
 	FROM f AS r WHERE ` + finishGuard + `
-	RETURNING r.k, r.job, r.id, r.conv, r.now, r.data, r.jstate, r.joutcome, r.reason, attempts.response
+	RETURNING r.k, r.job, r.id, r.conv, r.now, r.data, r.outcome, r.jstate, r.reason, attempts.response
 ), jb AS (
-	UPDATE jobs SET state = a.jstate, outcome = a.joutcome, reason = a.reason, head = 0, live_attempt_id = NULL, ended_at = a.now
+	UPDATE jobs SET state = a.jstate, outcome = a.outcome, reason = a.reason, head = 0, live_attempt_id = NULL, ended_at = a.now
 	FROM a WHERE jobs.id = a.job
 ), cv AS (
 	UPDATE conversations SET updated_at = a.now FROM a WHERE conversations.id = a.conv
@@ -140,9 +141,9 @@ const coalescedAdvance = `UPDATE jobs SET head = 1 FROM (
 ) AS c WHERE jobs.pos = c.pos AND jobs.state = 'queued'`
 
 // oneFinish and oneAdvance are coalescedFinish and coalescedAdvance for
-// a batch of one, in pgWorkerArgs' placeholders ($6 … $13: report,
+// a batch of one, in pgWorkerArgs' placeholders ($6 … $12: report,
 // stored answer's head and tail, event data, outcome, the job's state,
-// outcome, reason): measured on PostgreSQL, the statements over arrays
+// reason): measured on PostgreSQL, the statements over arrays
 // cost about twice these, so that a finish alone, as most are below a
 // crowd, costs what it did before finishes coalesced.
 var oneFinish = `WITH ` + pgClock + `, a AS (
@@ -153,7 +154,7 @@ var oneFinish = `WITH ` + pgClock + `, a AS (
 		THEN settled_at IS NOT NULL AND settled_interrupted = 0 ELSE admitted_at IS NULL END
 	RETURNING job_id, response
 ), jb AS (
-	UPDATE jobs SET state = $11, outcome = $12, reason = $13, head = 0, live_attempt_id = NULL, ended_at = (SELECT t FROM clock)
+	UPDATE jobs SET state = $11, outcome = $10, reason = $12, head = 0, live_attempt_id = NULL, ended_at = (SELECT t FROM clock)
 	FROM a WHERE jobs.id = a.job_id RETURNING jobs.conversation_id
 ), cv AS (
 	UPDATE conversations SET updated_at = (SELECT t FROM clock) FROM jb WHERE conversations.id = jb.conversation_id
@@ -169,7 +170,7 @@ const oneAdvance = `UPDATE jobs SET head = 1 WHERE state = 'queued' AND pos = (S
 func (s *Store) finishBatch(batch []finishReq) []finishAnswer {
 	n := len(batch)
 	answers := make([]finishAnswer, n)
-	var ids, hashes, jobs, reps, heads, tails, data, outcomes, jstates, joutcomes, reasons []string
+	var ids, hashes, jobs, reps, heads, tails, data, outcomes, jstates, reasons []string
 	var gens, nows, ks []int64
 	resps := make([]wire.FinishResponse, n)
 	for i, r := range batch {
@@ -179,14 +180,10 @@ func (s *Store) finishBatch(batch []finishReq) []finishAnswer {
 			continue
 		}
 		state, reason := finishEnd(r.req.Outcome)
-		jo := outcomeOf(state)
-		if state == wire.JobSucceeded {
-			jo = wire.OutcomeSucceeded
-		}
 		rep := report{Op: wire.OpFinish, Outcome: r.req.Outcome, Class: r.req.Class, Reason: r.req.Reason}.String()
 		ids, gens, hashes, jobs = append(ids, r.ref.AttemptID), append(gens, r.ref.LeaseGeneration), append(hashes, hex.EncodeToString(r.w.TokenHash)), append(jobs, r.w.JobID)
 		nows, reps, heads, tails, data = append(nows, ns(r.now)), append(reps, rep), append(heads, head), append(tails, tail), append(data, d)
-		outcomes, jstates, joutcomes, reasons, ks = append(outcomes, r.req.Outcome), append(jstates, state), append(joutcomes, jo), append(reasons, reason), append(ks, int64(i))
+		outcomes, jstates, reasons, ks = append(outcomes, r.req.Outcome), append(jstates, state), append(reasons, reason), append(ks, int64(i))
 	}
 	if len(ids) == 0 {
 		return answers
@@ -200,10 +197,10 @@ func (s *Store) finishBatch(batch []finishReq) []finishAnswer {
 		clear(stored)
 		err = s.pipeline(context.Background(), func(bt *pgx.Batch) {
 			s.fb.statements.Add(1)
-			q, qargs := coalescedFinish, []any{ids, gens, hashes, jobs, nows, reps, heads, tails, data, outcomes, jstates, joutcomes, reasons, ks}
+			q, qargs := coalescedFinish, []any{ids, gens, hashes, jobs, nows, reps, heads, tails, data, outcomes, jstates, reasons, ks}
 			adv, advArgs := coalescedAdvance, []any{ids, nows}
 			if len(ids) == 1 {
-				q, qargs = oneFinish, []any{nows[0], ids[0], gens[0], hashes[0], jobs[0], reps[0], heads[0], tails[0], data[0], outcomes[0], jstates[0], joutcomes[0], reasons[0]}
+				q, qargs = oneFinish, []any{nows[0], ids[0], gens[0], hashes[0], jobs[0], reps[0], heads[0], tails[0], data[0], outcomes[0], jstates[0], reasons[0]}
 				adv, advArgs = oneAdvance, []any{ids[0], nows[0]}
 			}
 			bt.Queue(q, qargs...).Query(func(rows pgx.Rows) error {
