@@ -24,8 +24,12 @@ const (
 	// RecordStateTakenOver: a state of a release that kept no records was
 	// taken over; its turns, up to native_turn, ran unrecorded.
 	RecordStateTakenOver = "supervisor_state_taken_over"
-	RecordOrphanReaped   = "supervisor_orphan_reaped"
-	RecordFailed         = "supervisor_failed"
+	// RecordBoundaryCompleted: the last turn's record was on disk but its
+	// native turn was not (a kill between the two writes); the boundary
+	// was moved on to the record's.
+	RecordBoundaryCompleted = "supervisor_boundary_completed"
+	RecordOrphanReaped      = "supervisor_orphan_reaped"
+	RecordFailed            = "supervisor_failed"
 )
 
 func recordStarted(l *slog.Logger, nativeTurn int64) {
@@ -72,6 +76,10 @@ func recordStateFailure(l *slog.Logger, stage string) {
 
 func recordStateTakenOver(l *slog.Logger, nativeTurn int64) {
 	l.Info(RecordStateTakenOver, slog.Int64("native_turn", nativeTurn))
+}
+
+func recordBoundaryCompleted(l *slog.Logger, from, to int64) {
+	l.Warn(RecordBoundaryCompleted, slog.Int64("native_turn_on_disk", from), slog.Int64("native_turn", to))
 }
 
 func recordOrphanReaped(l *slog.Logger, pid int) {

@@ -197,6 +197,9 @@ func Serve(ctx context.Context, cfg Config) error {
 	if s.retained, err = loadRetained(cfg.StateDir); err != nil {
 		return err
 	}
+	if err := s.completeBoundary(); err != nil {
+		return err
+	}
 	if err := s.markState(hadBoundary); err != nil {
 		return err
 	}
@@ -411,6 +414,31 @@ func (s *server) activate(leaseDeadline boottime.Instant) (sandbox.Activation, e
 	return sandbox.Activation{ID: a.id, NativeTurn: s.nativeTurn, Previous: previous}, nil
 }
 
+// completeBoundary finishes what a supervisor killed inside retainTurn
+// left half done. retainTurn writes the ended turn's record first and the
+// native turn after it, so a kill between the two leaves a record that
+// names the ended turn and the boundary it left, beside the boundary from
+// before that turn. The record is the newer of the two and the positive
+// evidence of where the session is: the boundary is moved on to it, as
+// the dead supervisor was about to do. Left as it was, the next
+// activation would present a record that disagrees with its boundary, and
+// a quarantined conversation would be lost on a write that did not happen
+// (K13). Only an ended turn's record moves the boundary: a record of a
+// turn that ran nothing or had not ended carries the boundary unchanged.
+func (s *server) completeBoundary() error {
+	r := s.retained
+	if r == nil || r.Ended == sandbox.EndedNotRun || r.Ended == sandbox.EndedUnfinished || r.NativeTurn <= s.nativeTurn {
+		return nil
+	}
+	from := s.nativeTurn
+	if err := storeNativeTurn(s.cfg.StateDir, r.NativeTurn); err != nil {
+		return fmt.Errorf("supervisor: complete the native turn of the last record: %w", err)
+	}
+	s.nativeTurn = r.NativeTurn
+	recordBoundaryCompleted(s.log, from, r.NativeTurn)
+	return nil
+}
+
 // lastRan is the last activation that ran a turn, as record r tells it.
 func lastRan(r *sandbox.Retained) string {
 	switch {
@@ -583,10 +611,10 @@ func (s *server) reapOrphansLocked() {
 
 // retainTurn records durably how activation a's turn ended and the
 // boundary it left, n: first the record (RetainedFile), then the native
-// turn. A crash between the two leaves a record that disagrees with the
-// boundary, which a quarantined conversation's verification refuses —
-// never one that passes for a turn it does not describe. Called with s.mu
-// held.
+// turn. A crash between the two leaves the record ahead of the boundary,
+// which the next start completes from the record (completeBoundary) —
+// never a boundary ahead of the record, which would pass for a turn no
+// record describes. Called with s.mu held.
 func (s *server) retainTurn(a *activation, n int64, ended string) {
 	_ = s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: n, Ended: ended})
 	s.setNativeTurn(n)

@@ -903,6 +903,57 @@ func TestSupervisorKilledMidTurnRetainsItsActivation(t *testing.T) {
 	}
 }
 
+// A supervisor killed between the two writes of an ended turn — its record
+// (ended, at the new boundary) on disk, the native turn not yet — comes
+// back at the record's boundary: the next activation presents the record
+// and a boundary that agree, so a quarantined conversation whose
+// interrupted turn had just ended resumes instead of being lost on a write
+// that did not happen (K13: the chaos campaign's avoidable LOST with class
+// retained_receipt_mismatch). The state is made as that kill leaves it:
+// the native turn file put back to the boundary before the turn.
+func TestKillBetweenRecordAndBoundaryCompletesTheBoundary(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+
+	p := startProc(t, ws, sock, "--state", state)
+	runTurn(t, c, "!events 1")
+	act, _, res := runTurn(t, c, "!events 1")
+	if res.NativeTurn != 2 {
+		t.Fatalf("second turn ended at native turn %d, want 2", res.NativeTurn)
+	}
+	p.kill()
+	if err := os.WriteFile(filepath.Join(state, sandbox.NativeTurnFile), []byte("1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	p = startProc(t, ws, sock, "--state", state)
+	after, err := c.Activate(ctx, 0)
+	want := sandbox.Retained{Activation: act.ID, NativeTurn: 2, Ended: sandbox.EndedCompleted}
+	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 2 {
+		t.Fatalf("after a kill between the record and the boundary: %+v, %v; want previous %+v at native turn 2", after, err, want)
+	}
+	if raw, err := os.ReadFile(filepath.Join(state, sandbox.NativeTurnFile)); err != nil || string(raw) != "2\n" {
+		t.Errorf("native turn file %q (%v), want 2", raw, err)
+	}
+	if !p.lines.contains(`"msg":"` + RecordBoundaryCompleted + `"`) {
+		t.Errorf("no %s record", RecordBoundaryCompleted)
+	}
+
+	// A record that does not end a turn never moves the boundary: the
+	// activation's own record (not run) is at the boundary it was given.
+	p.kill()
+	if err := os.WriteFile(filepath.Join(state, sandbox.NativeTurnFile), []byte("1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	startProc(t, ws, sock, "--state", state)
+	again, err := c.Activate(ctx, 0)
+	if err != nil || again.NativeTurn != 1 || again.Previous == nil || again.Previous.Ended != sandbox.EndedNotRun {
+		t.Fatalf("after a not-run record over boundary 1: %+v, %v; want native turn 1 and the not-run record", again, err)
+	}
+}
+
 // K13: an activation that verified and then ran nothing, and one admitted
 // whose supervisor died before its turn started, leave records on disk: the
 // next activation after a restart still finds the interrupted activation,
