@@ -80,8 +80,14 @@ func TestDaemonMetricsMoveWithATurn(t *testing.T) {
 	// Not waiting for anything: the long poll must be old when the claim
 	// is granted, so that a measurement from its start would show.
 	time.Sleep(600 * time.Millisecond)
+	enqueued := time.Now()
 	j := c.enqueue("stopped")
 	waitFor(t, "the turn accepted", 10*time.Second, func() bool { return r.logs.has(MsgTurnAccepted) })
+	// The claim's answer came after the turn was queued, so claim → accept
+	// is at most the time from the enqueue until the acceptance was seen;
+	// measured from the long poll's start it would be at least 600 ms more.
+	// An order, not a speed: it holds however slow the machine is.
+	sinceQueued := time.Since(enqueued)
 
 	got = scrape(t, url)
 	if got["runnerd_leases_held"] != 1 || got["runnerd_slots_busy"] < 1 {
@@ -91,8 +97,8 @@ func TestDaemonMetricsMoveWithATurn(t *testing.T) {
 	if !ok || margin <= 0 || margin > testTimings.LeaseTTL.Seconds() {
 		t.Fatalf("runnerd_lease_margin_min_seconds = %v (held %v), want in (0, %v]", margin, ok, testTimings.LeaseTTL)
 	}
-	if n, sum := got["runnerd_claim_to_accept_seconds_count"], got["runnerd_claim_to_accept_seconds_sum"]; n != 1 || sum >= 0.6 {
-		t.Fatalf("claim to accept: %v samples, %v s: measured from the long poll's start, not the claim's answer", n, sum)
+	if n, sum := got["runnerd_claim_to_accept_seconds_count"], got["runnerd_claim_to_accept_seconds_sum"]; n != 1 || sum > sinceQueued.Seconds() {
+		t.Fatalf("claim to accept: %v samples, %v s, more than the %v from the enqueue to the acceptance: measured from the long poll's start, not the claim's answer", n, sum, sinceQueued)
 	}
 
 	// A renewal first: the cancel reaches the turn through the host's
