@@ -334,12 +334,25 @@ func TestTurnEnds(t *testing.T) {
 	t.Run("execution timeout after ACCEPT", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t, "hang-accepted") // ignores STOP and SIGTERM
-		cfg.ExecutionTimeout = 300 * time.Millisecond
 		cfg.StopGrace = 50 * time.Millisecond
 		cfg.KillGrace = 50 * time.Millisecond
-		turn, err := Launch(t.Context(), cfg, testPayload())
-		if err != nil {
-			t.Fatal(err)
+		// The timeout counts from the child's start, so on a slow machine
+		// it can strike before ACCEPT — a case of its own (a failure, never
+		// a release). The case here needs ACCEPT first: a timeout that came
+		// before it is doubled and the turn launched again, so the test
+		// asks for an order, not for a speed.
+		var turn *Turn
+		for timeout := 300 * time.Millisecond; turn == nil; timeout *= 2 {
+			cfg.ExecutionTimeout = timeout
+			var err error
+			turn, err = Launch(t.Context(), cfg, testPayload())
+			var na *NotAccepted
+			if errors.As(err, &na) && na.Class == ClassExecutionTimeout && timeout < time.Minute {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
 		}
 		end := turn.Wait()
 		if end.Outcome != OutcomeKilled || end.Signal != syscall.SIGKILL || !end.TimedOut || end.Stopped {
