@@ -11,7 +11,7 @@ import (
 // demoDirectives are every directive the demo agent knows, and the ones the
 // product once obeyed or was once meant to (!decline-first,
 // !preflight-fail): prompt content that must change nothing in the product.
-var demoDirectives = []string{"!events 3", "!silent 10m", "!sleep 10m", "!exit 7", "!crash", "!hang", "!decline-first", "!preflight-fail"}
+var demoDirectives = []string{"!events 3", "!silent 10m", "!sleep 10m", "!exit 7", "!crash", "!hang", "!await never", "!decline-first", "!preflight-fail"}
 
 // K12: a prompt made of every demo directive, run through the real daemon
 // and turn child with the process backend and a plain agent (cat, which
@@ -27,7 +27,7 @@ func TestPromptDirectivesChangeNothing(t *testing.T) {
 	}
 	e := newEnv(t, envOpts{})
 	d := e.startDaemon(nil)
-	plain := []string{"hello", "how are you", "fine thanks", "and you", "good", "bye", "see you", "later"}
+	plain := []string{"hello", "how are you", "fine thanks", "and you", "good", "bye", "see you", "later", "then"}
 	for _, tc := range []struct {
 		name  string
 		lines []string

@@ -13,7 +13,7 @@ import (
 )
 
 // TestSIGTERMHandsTurnOver (P5): a plain SIGTERM, outside systemd, during
-// an admitted turn that is silent for a while. The daemon stops claiming,
+// an admitted turn that is silent until the test lets it end. The daemon stops claiming,
 // leaves the turn running and exits 0 at once — while the turn's agent
 // still runs, long before the turn could have ended — saying how many turns
 // it handed over. The turn child waits on its re-attach socket; the next
@@ -25,7 +25,7 @@ func TestSIGTERMHandsTurnOver(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	d := e.startDaemon(func(c *fleet.DaemonConfig) { c.LeaseTTL = reattachLease })
 	c := e.conversation("handed over")
-	const prompt = "a turn through a stop\n!events 1\n!silent 4s\n!events 1"
+	const prompt = "a turn through a stop\n!events 1\n!await go-on\n!events 1"
 	j := e.send(c.ID, prompt)
 	e.waitPrompts(c.ID, 1)
 	agents, children := e.agents(c.ID), e.turnChildren()
@@ -68,6 +68,7 @@ func TestSIGTERMHandsTurnOver(t *testing.T) {
 
 	d = e.restart(d)
 	assertReattached(t, d, 0, j.ID)
+	e.release(c.ID, "go-on")
 	e.assertCompletedOnce(j.ID, c.ID, 1)
 	e.assertPromptsOnce(c.ID, prompt)
 	if next := e.waitEnded(e.send(c.ID, "after the handover").ID); next.State != wire.JobSucceeded {

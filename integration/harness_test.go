@@ -462,6 +462,16 @@ func (e *env) transcript(convID string) []fleet.TranscriptEntry {
 }
 
 // waitPrompts waits until the agent of convID has received n prompts.
+// release ends the demo agent's "!await name" in conversation convID's
+// workspace: a turn that lasts until the test lets it end, not for a
+// number of seconds a loaded machine may outlast.
+func (e *env) release(convID, name string) {
+	e.t.Helper()
+	if err := os.WriteFile(filepath.Join(fleet.Workspace(e.stateDir, convID), name), nil, 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) waitPrompts(convID string, n int) []fleet.TranscriptEntry {
 	e.t.Helper()
 	ctx, cancel := e.waitCtx()

@@ -16,6 +16,9 @@
 //	!exit N       exit with status N at once (no "turn.completed")
 //	!crash        kill itself with SIGKILL
 //	!hang         never end
+//	!await NAME   write nothing until the file NAME (relative to the
+//	              workspace) exists: a test's turn that lasts until the
+//	              test lets it end, however slow the machine
 //
 // Any other directive is reported as an "unknown_directive" event and
 // ignored. Directives live here only: the product never reads a prompt for
@@ -120,6 +123,18 @@ func run(stdin io.Reader, stdout io.Writer, dir string) ending {
 				a.emit(map[string]any{"type": "status", "text": "sleeping " + d.String()})
 			}
 			time.Sleep(d)
+		case "await":
+			if !filepath.IsLocal(arg) {
+				a.emit(map[string]any{"type": "unknown_directive", "directive": line})
+				continue
+			}
+			a.emit(map[string]any{"type": "status", "text": "awaiting " + arg})
+			for {
+				if _, err := os.Stat(filepath.Join(dir, arg)); err == nil {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		case "exit":
 			n, _ := strconv.Atoi(arg)
 			return ending{code: n}
