@@ -55,7 +55,7 @@ func TestSystemdRestartKeepsScopes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt1 := "work through a restart\n!silent 4s"
+	prompt1 := "work through a restart\n!await go-on"
 	j1 := e.send(conv.ID, prompt1)
 	e.waitPrompts(conv.ID, 1)
 
@@ -85,6 +85,7 @@ func TestSystemdRestartKeepsScopes(t *testing.T) {
 	}
 
 	c.upgrade(e, first, next, j1.ID)
+	e.release(conv.ID, "go-on")
 	if j := e.waitEnded(j1.ID); j.State != wire.JobSucceeded || len(j.Attempts) != 1 || j.WorkerLostCount != 0 {
 		t.Fatalf("the turn in flight during the restart: %s", describeJob(j))
 	}
@@ -117,7 +118,7 @@ func TestSystemdRestartKeepsScopes(t *testing.T) {
 // it outlasts the restart with room for a loaded machine, so that the new
 // daemon finds the lease still valid and re-attaches before the child's
 // own deadline (K5).
-const sdLease = 10 * time.Second
+const sdLease = 30 * time.Second
 
 // nextVersion is the version of the second build an upgrade installs.
 const nextVersion = "upgrade-test"
@@ -290,7 +291,7 @@ func TestSystemdUpgradeKeepsTurns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt1 := "through an upgrade\n!events 1\n!silent 4s\n!events 1"
+	prompt1 := "through an upgrade\n!events 1\n!await go-on\n!events 1"
 	j1 := e.send(conv.ID, prompt1)
 	e.waitPrompts(conv.ID, 1)
 	ps := c.procs()
@@ -313,6 +314,7 @@ func TestSystemdUpgradeKeepsTurns(t *testing.T) {
 	if _, ok := after.pid(sup.pid); !ok {
 		t.Errorf("the supervisor %d did not survive the restart", sup.pid)
 	}
+	e.release(conv.ID, "go-on")
 	j := e.waitEnded(j1.ID)
 	if j.State != wire.JobSucceeded || len(j.Attempts) != 1 || j.WorkerLostCount != 0 {
 		t.Fatalf("the turn through the upgrade: %s", describeJob(j))
@@ -351,7 +353,7 @@ func TestSystemdDrainTakesHostOutOfService(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const prompt = "finish before the host goes\n!silent 4s"
+	const prompt = "finish before the host goes\n!await go-on"
 	j := e.send(conv.ID, prompt)
 	e.waitPrompts(conv.ID, 1)
 
@@ -369,6 +371,7 @@ func TestSystemdDrainTakesHostOutOfService(t *testing.T) {
 	}
 	e.waitServer("draining", func(s wire.Server) bool { return s.Draining })
 	queued := e.send(e.conversation("not claimed during the drain").ID, "wait")
+	e.release(conv.ID, "go-on")
 	if err := drain.Wait(); err != nil {
 		t.Fatalf("runnerd drain: %v\n%s", err, out.String())
 	}
@@ -396,8 +399,10 @@ func TestSystemdDrainTakesHostOutOfService(t *testing.T) {
 // systemd (SIGKILL, what a crash or the OOM killer does): systemd starts the
 // daemon again (Restart=on-failure). The turn child is in its own scope, so
 // it is still there, same pid, same scope, and the new daemon
-// re-attaches to it: the turn completes, one attempt, the prompt once, and
-// the conversation's next message runs on the same supervisor.
+// re-attaches to it: the turn, which lasts until the test lets it end,
+// completes, one attempt, the prompt once, and the conversation's next
+// message runs on the same supervisor. It holds on whichever cgroup
+// hierarchy the host runs, which the start record names.
 func TestSystemdCrashKeepsTurn(t *testing.T) {
 	t.Parallel()
 	requireDocker(t)
@@ -406,13 +411,28 @@ func TestSystemdCrashKeepsTurn(t *testing.T) {
 	defer cancel()
 	// A lease that outlasts systemd's restart with room for a loaded
 	// machine; RestartSec shortened from the unit's 5 s.
-	e, c, first := systemdHost(t, ctx, true, hostOpts{leaseTTL: 10 * time.Second, unit: "RestartSec=100ms\n"})
+	e, c, first := systemdHost(t, ctx, true, hostOpts{leaseTTL: sdLease, unit: "RestartSec=100ms\n"})
+
+	// The start record names the hierarchy the host runs, as the host's
+	// mount table has it; a turn in its scope survives the crash on each
+	// (this machine kind's engine runs cgroup v1 with v2 beside it:
+	// hybrid).
+	want := "legacy"
+	switch strings.TrimSpace(c.sh("stat -fc %T /sys/fs/cgroup; stat -fc %T /sys/fs/cgroup/unified 2>/dev/null || true")) {
+	case "cgroup2fs":
+		want = "unified"
+	case "tmpfs\ncgroup2fs":
+		want = "hybrid"
+	}
+	if got := c.journal(); !strings.Contains(got, `"msg":"runnerd_turn_scopes","mechanism":"systemd_scope","cgroup":"`+want+`"`) {
+		t.Errorf("the start record does not name the %s hierarchy:\n%s", want, got)
+	}
 
 	conv, err := e.user.CreateConversation(e.ctx, "crash", "/usr/local/bin/demoagent")
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompt1 := "through a crash\n!silent 4s"
+	prompt1 := "through a crash\n!await go-on"
 	j1 := e.send(conv.ID, prompt1)
 	e.waitPrompts(conv.ID, 1)
 	ps := c.procs()
@@ -437,12 +457,16 @@ func TestSystemdCrashKeepsTurn(t *testing.T) {
 			t.Errorf("pid %d (%s in %s) did not survive the crash in its scope: %+v", p.pid, p.cmdline, p.cgroup, q)
 		}
 	}
+	err = fleet.Poll(ctx, 100*time.Millisecond, "runnerd_turn_reattached for "+j1.ID, func(context.Context) (bool, error) {
+		return strings.Contains(c.journal(), `"msg":"runnerd_turn_reattached","job_id":"`+j1.ID+`"`), nil
+	})
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, c.journal())
+	}
+	e.release(conv.ID, "go-on")
 	j := e.waitEnded(j1.ID)
 	if j.State != wire.JobSucceeded || len(j.Attempts) != 1 {
 		t.Fatalf("the turn through the crash: %s", describeJob(j))
-	}
-	if got := c.journal(); !strings.Contains(got, `"msg":"runnerd_turn_reattached","job_id":"`+j1.ID) {
-		t.Errorf("no runnerd_turn_reattached for %s:\n%s", j1.ID, got)
 	}
 	prompt2 := "and after it"
 	j2 := e.send(conv.ID, prompt2)
