@@ -151,6 +151,9 @@ type Config struct {
 	// start record (runnerd_turn_scopes).
 	Scopes    Scopes
 	ScopesOff string
+	// CgroupHierarchy names the host's cgroup hierarchy (unified, hybrid,
+	// legacy) for the same record; empty leaves it out.
+	CgroupHierarchy string
 	// LogFormat ("json" or "text") is handed to the child for its records.
 	LogFormat string
 	// Version is reported in host heartbeats.

@@ -75,6 +75,7 @@ const (
 	keySeenCluster   = "cluster_id"
 	keyRunning       = "running"
 	keyMechanism     = "mechanism"
+	keyCgroup        = "cgroup"
 	keyScope         = "scope"
 	keyOrphanedMS    = "orphaned_ms"
 	keyVersion       = "protocol_version"

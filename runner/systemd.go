@@ -36,15 +36,18 @@ const (
 
 // logScopes is the start record of where turn children live.
 func (d *Daemon) logScopes() {
-	if d.cfg.Scopes != nil {
-		d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesSystemd))
-		return
+	attrs := []slog.Attr{slog.String(keyMechanism, scopesSystemd)}
+	if d.cfg.Scopes == nil {
+		why := d.cfg.ScopesOff
+		if why == "" {
+			why = "not_configured"
+		}
+		attrs = []slog.Attr{slog.String(keyMechanism, scopesNone), slog.String(keyReason, why)}
 	}
-	why := d.cfg.ScopesOff
-	if why == "" {
-		why = "not_configured"
+	if d.cfg.CgroupHierarchy != "" {
+		attrs = append(attrs, slog.String(keyCgroup, d.cfg.CgroupHierarchy))
 	}
-	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, slog.String(keyMechanism, scopesNone), slog.String(keyReason, why))
+	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgTurnScopes, attrs...)
 }
 
 // placeTurn is handover's Started hook: it moves a's new child into the

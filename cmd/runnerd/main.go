@@ -154,6 +154,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	// Under systemd each turn child goes into a transient scope of its own,
 	// so that `systemctl restart runnerd` does not kill it; elsewhere the
 	// children stay in the daemon's cgroup (runnerd_turn_scopes says which).
+	cfg.CgroupHierarchy = sdscope.Hierarchy()
 	if scopes, why := sdscope.Detect(context.Background(), getenv); scopes != nil {
 		defer scopes.Close()
 		cfg.Scopes = scopes

@@ -13,12 +13,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	sddbus "github.com/coreos/go-systemd/v22/dbus"
 	"github.com/coreos/go-systemd/v22/unit"
 	"github.com/godbus/dbus/v5"
+	"golang.org/x/sys/unix"
 )
 
 // Mechanism is the name records give this way of keeping turns.
@@ -151,4 +153,42 @@ func classOf(ctx context.Context, err error) string {
 		return ClassAccessDenied
 	}
 	return ClassBus
+}
+
+// The cgroup hierarchies systemd knows (its own words), which Hierarchy
+// tells apart for the start record.
+const (
+	HierarchyUnified = "unified" // cgroup v2 alone
+	HierarchyHybrid  = "hybrid"  // v1 controllers, with v2 beside them (systemd's unified/ mount)
+	HierarchyLegacy  = "legacy"  // cgroup v1 alone
+	HierarchyUnknown = "unknown" // no cgroup file system where systemd mounts it
+)
+
+// Hierarchy says which cgroup hierarchy the host runs, read from the file
+// system types under /sys/fs/cgroup as systemd reads them. Scopes keep a
+// turn through a restart or a crash of the daemon on each of them (each
+// scope is a cgroup of its own in systemd's hierarchy, outside the
+// service's); the record says which a host has, so that what an operator
+// sees can be matched with what was tested.
+func Hierarchy() string {
+	return hierarchyAt("/sys/fs/cgroup")
+}
+
+func hierarchyAt(root string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return HierarchyUnknown
+	}
+	switch st.Type {
+	case unix.CGROUP2_SUPER_MAGIC:
+		return HierarchyUnified
+	case unix.TMPFS_MAGIC:
+		if unix.Statfs(filepath.Join(root, "unified"), &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return HierarchyHybrid
+		}
+		if unix.Statfs(filepath.Join(root, "systemd"), &st) == nil && st.Type == unix.CGROUP_SUPER_MAGIC {
+			return HierarchyLegacy
+		}
+	}
+	return HierarchyUnknown
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/godbus/dbus/v5"
@@ -68,5 +70,37 @@ func TestClass(t *testing.T) {
 func TestUnitName(t *testing.T) {
 	if got := (*Manager)(nil).Unit("job_abc", "att_1/2"); got != `runnerd-turn-job_abc-att_1-2.scope` {
 		t.Errorf("unit %q", got)
+	}
+}
+
+// Hierarchy agrees with the mount table, read independently: cgroup2 at
+// /sys/fs/cgroup is unified; a tmpfs there with cgroup2 at unified/ is
+// hybrid, with only v1 hierarchies legacy. A directory that is none of
+// these is unknown.
+func TestHierarchyMatchesTheMountTable(t *testing.T) {
+	raw, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		t.Skip("no /proc/self/mounts")
+	}
+	types := map[string]string{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 {
+			types[f[1]] = f[2] // the last mount over a point is the one seen
+		}
+	}
+	want := HierarchyUnknown
+	switch {
+	case types["/sys/fs/cgroup"] == "cgroup2":
+		want = HierarchyUnified
+	case types["/sys/fs/cgroup"] == "tmpfs" && types["/sys/fs/cgroup/unified"] == "cgroup2":
+		want = HierarchyHybrid
+	case types["/sys/fs/cgroup"] == "tmpfs" && types["/sys/fs/cgroup/systemd"] == "cgroup":
+		want = HierarchyLegacy
+	}
+	if got := Hierarchy(); got != want {
+		t.Errorf("Hierarchy() = %q, the mount table says %q (%v)", got, want, types["/sys/fs/cgroup"])
+	}
+	if got := hierarchyAt(t.TempDir()); got != HierarchyUnknown {
+		t.Errorf("a plain directory is %q, want %q", got, HierarchyUnknown)
 	}
 }
