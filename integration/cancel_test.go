@@ -242,8 +242,13 @@ func TestCancelReachesRunningTurnWithinSeconds(t *testing.T) {
 // once and never again (K10).
 func TestCancelWhoseInterruptCannotSettleFailsClosed(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOpts{faults: true})
-	e.startDaemon(func(c *fleet.DaemonConfig) { c.StopGrace = 10 * time.Second })
+	// Nothing here waits for a lease to run out: a calm lease keeps a
+	// loaded machine's slow renewals from ending the turn another way.
+	e := newEnv(t, envOpts{faults: true, leaseTTL: calmLease})
+	e.startDaemon(func(c *fleet.DaemonConfig) {
+		calm(c)
+		c.StopGrace = 10 * time.Second
+	})
 	c := e.conversation("cancel unsettled")
 	const hang = "never ends\n!hang"
 	j := e.send(c.ID, hang)

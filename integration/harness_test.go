@@ -302,6 +302,17 @@ func sanitize(s string) string {
 	}, s)
 }
 
+// calmLease is the lease of a test that never waits for one to run out:
+// renewals every two seconds, each given a second, so that a loaded
+// machine's slow answers do not end a turn that the test means to end
+// some other way. The control plane's lease (envOpts.leaseTTL) and the
+// daemon's (calm) go together.
+const calmLease = 12 * time.Second
+
+func calm(c *fleet.DaemonConfig) {
+	c.LeaseTTL, c.RenewInterval, c.RenewTimeout = calmLease, 2*time.Second, time.Second
+}
+
 // daemonConfig is the scaled configuration of this test's daemon.
 func (e *env) daemonConfig() fleet.DaemonConfig {
 	url := e.cp.URL
