@@ -257,6 +257,13 @@ func TestK13SupervisorKilledMidTurn(t *testing.T) {
 	e.waitEnded(e.send(c.ID, "a settled turn\n!events 1").ID)
 	j := e.send(c.ID, "a turn whose supervisor dies\n!events 1\n!sleep 10m")
 	e.waitPrompts(c.ID, 2) // the prompt is with the agent
+	// and its session counted the turn: the agent appends the prompt to its
+	// transcript first and moves its turn on after, so the kill waits for
+	// the event it sends once both are done.
+	e.waitJob(j.ID, "the agent's turn.started", func(j wire.Job) bool {
+		_, ok := findEvent(j, "", "turn.started")
+		return ok
+	})
 	sup, err := fleet.SupervisorPid(e.stateDir, c.ID)
 	if err != nil || !alive(sup) {
 		t.Fatalf("the conversation's supervisor is not running: %d, %v", sup, err)
