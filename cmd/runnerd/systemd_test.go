@@ -9,6 +9,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -191,5 +193,34 @@ func TestHostTokenRefusedExitsFailed(t *testing.T) {
 	if strings.Count(out, `"msg":"runnerd_host_token_refused"`) != 1 || strings.Contains(out, token) ||
 		!strings.Contains(out, "runnerd: the control plane refused the host token in "+tokenFile) {
 		t.Fatalf("want one refusal record and one line naming the file, no token:\n%s", out)
+	}
+}
+
+// The unit as shipped keeps systemd from restarting a daemon whose exit
+// says a restart cannot help — bad configuration (2) and a refused host
+// token (exitHostTokenRefused) — and the operations guide says what the
+// unit does.
+func TestUnitPreventsRestartOnDefinitiveExits(t *testing.T) {
+	unit, err := os.ReadFile("../../deploy/runnerd.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prevent []string
+	for _, line := range strings.Split(string(unit), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "RestartPreventExitStatus="); ok {
+			prevent = append(prevent, strings.Fields(v)...)
+		}
+	}
+	for _, code := range []int{2, exitHostTokenRefused} {
+		if !slices.Contains(prevent, strconv.Itoa(code)) {
+			t.Errorf("deploy/runnerd.service: RestartPreventExitStatus %v does not hold %d", prevent, code)
+		}
+	}
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "`RestartPreventExitStatus=" + strings.Join(prevent, " ") + "`"; !strings.Contains(string(doc), want) {
+		t.Errorf("docs/operations.md does not name the unit's %s", want)
 	}
 }
