@@ -149,7 +149,7 @@ func TestConversationStatesNeedsHostToken(t *testing.T) {
 			}
 		})
 	}
-	f.expect(http.MethodGet, wire.PathConversations, f.hostToken, "", http.StatusNotFound, wire.CodeNotFound)
+	f.expect(http.MethodGet, wire.PathConversations, f.hostToken, "", http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed)
 }
 
 // Bodies are decoded strictly, as for every worker call, and never echoed.

@@ -38,6 +38,7 @@ func invalid(format string, args ...any) *apiError {
 
 var (
 	errNoRoute      = refuse(http.StatusNotFound, wire.CodeNotFound, "There is no such endpoint.")
+	errMethod       = refuse(http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed, "This endpoint does not take that method; the Allow header lists the ones it takes.")
 	errEmptyBody    = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is empty; send one JSON object.")
 	errBadJSON      = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body is not valid JSON.")
 	errNotObject    = refuse(http.StatusBadRequest, wire.CodeBadJSON, "The request body must be one JSON object.")

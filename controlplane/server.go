@@ -13,6 +13,7 @@ package controlplane
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -176,8 +177,30 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /admin/servers/{name}/pause", s.adminForm(s.handleHostForm(true)))
 	mux.HandleFunc("POST /admin/servers/{name}/resume", s.adminForm(s.handleHostForm(false)))
 
+	// Every request no route takes: a path some route serves with another
+	// method is 405 with the methods it takes (Allow); any other is 404.
+	// Without this the catch-all would answer both 404.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := allowedMethods(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			writeError(w, errMethod)
+			return
+		}
 		writeError(w, errNoRoute)
 	})
 	return s.cfg.Metrics.instrument(checkPaths(mux))
+}
+
+// allowedMethods lists the methods for which mux has a route of r's path
+// other than the catch-all, as the mux itself would pick it.
+func allowedMethods(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }

@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -119,7 +120,7 @@ func TestUserAPIStatuses(t *testing.T) {
 		{"events: bad cursor", "GET", "/v1/jobs/" + job.ID + "/events?after=x", "", 400, wire.CodeInvalid},
 		{"events: negative wait", "GET", "/v1/jobs/" + job.ID + "/events?wait_ms=-5", "", 400, wire.CodeInvalid},
 		{"no such endpoint", "GET", "/v1/nothing", "", 404, wire.CodeNotFound},
-		{"wrong method", "DELETE", "/v1/conversations", "", 404, wire.CodeNotFound},
+		{"wrong method", "DELETE", "/v1/conversations", "", 405, wire.CodeMethodNotAllowed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -260,5 +261,42 @@ func TestUserTokensFromTheStore(t *testing.T) {
 				t.Fatal("a user token reached the log")
 			}
 		})
+	}
+}
+
+// A path some route serves, asked with a method none of its routes takes,
+// is 405 with the methods it does take in Allow and the documented error
+// body; a path no route serves is 404 whatever the method. The catch-all
+// route answered both 404.
+func TestWrongMethodIsMethodNotAllowed(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		method, path, allow string
+	}{
+		{"DELETE", "/v1/conversations", "GET, HEAD, POST"},
+		{"PUT", "/v1/conversations/conv_x", "GET, HEAD"},
+		{"GET", "/v1/jobs/job_x/cancel", "POST"},
+		{"GET", wire.PathClaim, "POST"},
+		{"DELETE", wire.AttemptPath("job_x", wire.OpFinish), "POST"},
+		{"POST", "/v1/nothing", ""},
+	} {
+		req, err := http.NewRequest(tc.method, f.url+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+userToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		want, wantCode := http.StatusMethodNotAllowed, wire.CodeMethodNotAllowed
+		if tc.allow == "" {
+			want, wantCode = http.StatusNotFound, wire.CodeNotFound
+		}
+		if resp.StatusCode != want || code(b) != wantCode || resp.Header.Get("Allow") != tc.allow {
+			t.Errorf("%s %s: HTTP %d %q, Allow %q; want %d %q, Allow %q", tc.method, tc.path, resp.StatusCode, code(b), resp.Header.Get("Allow"), want, wantCode, tc.allow)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
@@ -129,7 +130,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
 				return
 			}
-		case wire.Classify(err) == wire.CredentialRefused:
+		case wire.Classify(err) == wire.CredentialRefused && status != http.StatusNotFound:
 			d.claimDone(0)
 			d.m.claimFailed(err)
 			d.refuseHost("claim", status)
@@ -142,6 +143,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			d.m.claimFailed(err)
 			if !failing {
 				failing = true
+				d.endpointMissing("claim", status)
 				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
 			}
 			if failures++; !wait(jitter(claims.Pause(failures), d.cfg.Jitter)) {
@@ -202,11 +204,12 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 				}
 			case ctx.Err() != nil:
 				return
-			case wire.Classify(err) == wire.CredentialRefused:
+			case wire.Classify(err) == wire.CredentialRefused && status != http.StatusNotFound:
 				d.refuseHost("host_heartbeat", status)
 			default:
 				if !failing {
 					failing = true
+					d.endpointMissing("host_heartbeat", status)
 					d.rec.ControlFailure(context.Background(), "host_heartbeat", diagnostics.Attempt{}, err)
 				}
 			}

@@ -186,6 +186,27 @@ func TestHostTokenRefusedOnClaimStopsClaiming(t *testing.T) {
 	})
 }
 
+// A 404 on a claim is no verdict on the host token (the control plane
+// answers a token it refuses 401 or 403): the address serves no such
+// endpoint, a wrong path in --control-plane. It is recorded once as that
+// and the claim is retried; claiming never stops for it.
+func TestClaimNotFoundIsNoTokenVerdict(t *testing.T) {
+	dir := t.TempDir()
+	synctest.Test(t, func(t *testing.T) {
+		e := &hostEndpoint{t0: time.Now(), claim: func(int) int { return http.StatusNotFound }}
+		logs := runInBubble(t, e, dir, 10*time.Minute)
+		if got := e.claimTimes(); len(got) < 10 {
+			t.Fatalf("%d claims in ten minutes of 404s, want them retried", len(got))
+		}
+		if n := logs.count(MsgHostTokenRefused); n != 0 {
+			t.Fatalf("%d host token refusals for a 404", n)
+		}
+		if n := logs.count(MsgEndpointMissing); n != 1 {
+			t.Fatalf("%d %s records for one outage, want 1", n, MsgEndpointMissing)
+		}
+	})
+}
+
 // R6: a control request other than a renewal or a receipt — here the host
 // heartbeat — is bounded by the 30 s control timeout: a hung endpoint is
 // given up exactly 30 s after the request was sent, once per outage is

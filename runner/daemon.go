@@ -346,6 +346,19 @@ func (d *Daemon) refuseHost(op string, status int) {
 	}
 }
 
+// endpointMissing records, once per outage of op, that the control plane
+// answered a host call 404: the server answers a host token it refuses with
+// 401 or 403, so a 404 says that the configured address serves no such
+// endpoint (a wrong path in --control-plane, a proxy in front of it) —
+// not a verdict on the token. The call goes on being retried.
+func (d *Daemon) endpointMissing(op string, status int) {
+	if status != http.StatusNotFound {
+		return
+	}
+	d.log.LogAttrs(context.Background(), slog.LevelError, MsgEndpointMissing,
+		slog.String(diagnostics.KeyOp, op), slog.Int(diagnostics.KeyStatus, status))
+}
+
 func (d *Daemon) isHostRefused() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()

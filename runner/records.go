@@ -41,14 +41,17 @@ const (
 	MsgStopped           = "runnerd_stopped"              // the end: handover, handed_over (turns), unanswered (launches not answered in time)
 	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
 	MsgNotifyFailed      = "runnerd_notify_failed"
-	MsgMetricsListening  = "runnerd_metrics_listening"   // /metrics is served: address
-	MsgTokenFileMode     = "runnerd_token_file_mode"     // the host token file is readable by others
-	MsgClaimsWithheld    = "runnerd_claims_withheld"     // the sandbox backend does not answer: no claim, no READY, until it does
-	MsgClaimsResumed     = "runnerd_claims_resumed"      // the sandbox backend answers again
-	MsgHangupIgnored     = "runnerd_sighup_ignored"      // SIGHUP: nothing is reloaded, every turn goes on (K11)
-	MsgCancelReceived    = "runnerd_cancel_received"     // the user's cancel reached a turn: via renewal or host_poll (K10)
-	MsgCancelPollFailed  = "runnerd_cancel_poll_failed"  // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
-	MsgTurnScopes        = "runnerd_turn_scopes"         // at start: where turn children live (mechanism), and why not in scopes
+	MsgMetricsListening  = "runnerd_metrics_listening"  // /metrics is served: address
+	MsgTokenFileMode     = "runnerd_token_file_mode"    // the host token file is readable by others
+	MsgClaimsWithheld    = "runnerd_claims_withheld"    // the sandbox backend does not answer: no claim, no READY, until it does
+	MsgClaimsResumed     = "runnerd_claims_resumed"     // the sandbox backend answers again
+	MsgHangupIgnored     = "runnerd_sighup_ignored"     // SIGHUP: nothing is reloaded, every turn goes on (K11)
+	MsgCancelReceived    = "runnerd_cancel_received"    // the user's cancel reached a turn: via renewal or host_poll (K10)
+	MsgCancelPollFailed  = "runnerd_cancel_poll_failed" // the host's cancel poll failed (class, status); once per run of failures, the renewal answer stays the fallback
+	MsgTurnScopes        = "runnerd_turn_scopes"        // at start: where turn children live (mechanism), and why not in scopes
+	// MsgEndpointMissing: a host call (claim, host heartbeat) was answered
+	// 404 — the control-plane address serves no such endpoint; retried.
+	MsgEndpointMissing   = "runnerd_control_plane_endpoint_missing"
 	MsgTurnExecutable    = "runnerd_turn_executable"     // at start: what turn children and supervisors run (runnerd-child or runnerd), and why not runnerd-child
 	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"   // a child could not be moved into its scope (class); its turn runs on
 	MsgTurnReattached    = "runnerd_turn_reattached"     // a turn child of an earlier run was taken over at start (P5): how long it was orphaned

@@ -43,19 +43,20 @@ const MaxBodyBytes = 1 << 20
 
 // Error codes of ErrorBody.Code. They are stable: clients switch on them.
 const (
-	CodeBadJSON          = "bad_json"          // 400: malformed JSON or trailing data
-	CodeUnknownField     = "unknown_field"     // 400: a field this version does not know
-	CodeBodyTooLarge     = "body_too_large"    // 400: body over MaxBodyBytes
-	CodeInvalid          = "invalid"           // 400: well-formed but a field is wrong
-	CodeUnauthorized     = "unauthorized"      // 401: no token, or a token nobody holds
-	CodeForbidden        = "forbidden"         // 403: a real token for something else
-	CodeNotFound         = "not_found"         // 404
-	CodeLeaseLost        = "lease_lost"        // 409: not the live attempt/generation, or lease expired
-	CodeAdmitted         = "admitted"          // 409: release/abandon of an admitted job
-	CodeNotAdmitted      = "not_admitted"      // 409: settlement/notice before admission
-	CodeConversationLost = "conversation_lost" // 409: a LOST conversation takes no new message
-	CodeGone             = "gone"              // 410: the job or conversation has ended for good
-	CodeInternal         = "internal"          // 500
+	CodeBadJSON          = "bad_json"           // 400: malformed JSON or trailing data
+	CodeUnknownField     = "unknown_field"      // 400: a field this version does not know
+	CodeBodyTooLarge     = "body_too_large"     // 400: body over MaxBodyBytes
+	CodeInvalid          = "invalid"            // 400: well-formed but a field is wrong
+	CodeUnauthorized     = "unauthorized"       // 401: no token, or a token nobody holds
+	CodeForbidden        = "forbidden"          // 403: a real token for something else
+	CodeNotFound         = "not_found"          // 404
+	CodeMethodNotAllowed = "method_not_allowed" // 405: the path is served, not with that method (Allow lists them)
+	CodeLeaseLost        = "lease_lost"         // 409: not the live attempt/generation, or lease expired
+	CodeAdmitted         = "admitted"           // 409: release/abandon of an admitted job
+	CodeNotAdmitted      = "not_admitted"       // 409: settlement/notice before admission
+	CodeConversationLost = "conversation_lost"  // 409: a LOST conversation takes no new message
+	CodeGone             = "gone"               // 410: the job or conversation has ended for good
+	CodeInternal         = "internal"           // 500
 )
 
 // ErrorBody is the body of every non-2xx answer. Message is plain language

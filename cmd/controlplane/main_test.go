@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -220,6 +221,21 @@ func TestServeAndSubmit(t *testing.T) {
 	}
 	hostToken := strings.TrimSpace(stdout)
 	wc := &wire.Client{BaseURL: addr}
+
+	// What serve puts in front of the server answers a raw ".." segment
+	// as the server does, 400 invalid with the documented body — not a
+	// redirect of its own (307, no JSON) — and still serves /metrics.
+	for path, want := range map[string]int{"/v1/../v1/conversations": http.StatusBadRequest, "/metrics": http.StatusOK} {
+		resp, err := http.Get(addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || want == http.StatusBadRequest && !strings.Contains(string(b), `"code":"invalid"`) {
+			t.Errorf("GET %s: HTTP %d %s, want %d", path, resp.StatusCode, b, want)
+		}
+	}
 
 	// worker claims the next turn and ends it: succeeded, or failed with
 	// an admission whose answer it takes for lost (which loses the

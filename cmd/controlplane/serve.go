@@ -185,11 +185,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	})
 	// /metrics is not authenticated, as Prometheus scrapes expect: it
 	// shows counts and states, never a name, an id or a token.
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.Handle("/", srv.Handler())
+	// Not a second ServeMux: one in front of the server's would answer a
+	// path it finds unclean with its own redirect (307, no JSON body)
+	// before the server could refuse it as the protocol says.
+	metricsPage, api := promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), srv.Handler()
 	hs := &http.Server{
-		Handler:           mux,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/metrics" && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+				metricsPage.ServeHTTP(w, r)
+				return
+			}
+			api.ServeHTTP(w, r)
+		}),
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       time.Minute,
 		WriteTimeout:      *claimWait + time.Minute, // long polls hold their answer up to claimWait
