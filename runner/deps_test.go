@@ -45,6 +45,9 @@ var moduleImports = map[string][]string{
 	"controlplane/store":                  {"controlplane/store", "wire"},  // and the stores below it
 	"controlplane/store/sqlstore/sqltest": {"controlplane/store/sqlstore"}, // tests only: both stores behind one helper
 
+	"internal/atomicfile":            {},                      // durable replacement by rename, a leaf anything may import
+	"internal/atomicfile/stracetest": {"internal/atomicfile"}, // tests only
+
 	"internal/boottime": {},       // CLOCK_BOOTTIME, a leaf anything may import
 	"internal/fleet":    {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":   {},
