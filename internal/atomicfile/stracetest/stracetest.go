@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,24 +37,39 @@ const traced = "openat,write,fsync,fdatasync,rename,renameat,renameat2"
 // Durable runs the calling test again in a child process under
 // `strace -f`, where each write is called in turn with a directory of
 // the parent's making, and fails t unless every rename into that
-// directory (there must be one at least) replaced the file with a
-// temporary file named by atomicfile, written and then synced before the
-// rename, and the directory was synced after the rename and before the
-// write returned. It skips, saying why, when strace is not installed,
+// directory or one below it (there must be one at least) replaced the file
+// with a temporary file beside it named by atomicfile, written and then
+// synced before the rename, and the file's directory was synced after the
+// rename and before the write returned. It skips, saying why, when strace is not installed,
 // unless RUNNERD_REQUIRE_STRACE=1 (.ci/run) makes that a failure.
 //
 // In the child, Durable calls the writes and returns: the test must do
 // nothing else there, so call Durable first in it.
 func Durable(t *testing.T, writes ...func(dir string) error) {
 	t.Helper()
-	for _, p := range durable(t, writes) {
+	Check{}.Durable(t, writes...)
+}
+
+// Check is Durable with exceptions.
+type Check struct {
+	// Exempt are the names of files made by a rename that nothing needs
+	// after a power loss (a log moved aside to name.1, a socket's link
+	// made anew at each start): their renames are not checked. Say why
+	// beside each.
+	Exempt []string
+}
+
+// Durable is the package's Durable, but for c's exceptions.
+func (c Check) Durable(t *testing.T, writes ...func(dir string) error) {
+	t.Helper()
+	for _, p := range c.durable(t, writes) {
 		t.Error(p)
 	}
 }
 
 // durable is Durable's run: in the parent it returns what the trace shows
 // is wrong; in the child it makes the writes.
-func durable(t *testing.T, writes []func(dir string) error) []string {
+func (c Check) durable(t *testing.T, writes []func(dir string) error) []string {
 	t.Helper()
 	if dir, child := os.LookupEnv(envDir); child {
 		for i, w := range writes {
@@ -65,9 +81,9 @@ func durable(t *testing.T, writes []func(dir string) error) []string {
 		return nil
 	}
 	dir, trace, _ := run(t, "")
-	problems := checkDurable(t, dir, parse(t, trace), len(writes))
+	renames, problems := c.check(t, dir, parse(t, trace), len(writes))
 	if len(problems) == 0 {
-		t.Logf("each rename into %s was of a temporary file written and synced before it, and the directory synced after it", dir)
+		t.Logf("each of %d renames under %s was of a temporary file written and synced before it, and its directory synced after it", renames, dir)
 	}
 	return problems
 }
@@ -231,7 +247,9 @@ func renamePaths(t *testing.T, c call) (string, string) {
 	return q[0][1], q[1][1]
 }
 
-func checkDurable(t *testing.T, dir string, calls []call, writes int) []string {
+// check returns how many renames into dir the trace holds and what is
+// wrong with them.
+func (c Check) check(t *testing.T, dir string, calls []call, writes int) (int, []string) {
 	t.Helper()
 	var problems []string
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
@@ -242,7 +260,7 @@ func checkDurable(t *testing.T, dir string, calls []call, writes int) []string {
 		}
 	}
 	if len(marks) != writes {
-		return []string{fmt.Sprintf("the child returned from %d writes, want %d", len(marks), writes)}
+		return 0, []string{fmt.Sprintf("the child returned from %d writes, want %d", len(marks), writes)}
 	}
 	renames := 0
 	for _, r := range calls {
@@ -250,15 +268,16 @@ func checkDurable(t *testing.T, dir string, calls []call, writes int) []string {
 			continue
 		}
 		old, target := renamePaths(t, r)
-		if filepath.Dir(target) != dir {
+		if !strings.HasPrefix(target, dir+"/") || slices.Contains(c.Exempt, filepath.Base(target)) {
 			continue
 		}
+		parent := filepath.Dir(target)
 		renames++
 		if !ok(r) {
 			fail("a rename into the directory failed: %s", r.line)
 			continue
 		}
-		if filepath.Dir(old) != dir || !strings.HasPrefix(filepath.Base(old), atomicfile.TempPrefix+filepath.Base(target)+"-") {
+		if filepath.Dir(old) != parent || !strings.HasPrefix(filepath.Base(old), atomicfile.TempPrefix+filepath.Base(target)+"-") {
 			fail("%s was not replaced by a temporary file of atomicfile's naming beside it: %s", target, r.line)
 		}
 		// The file: written, then synced, before the rename.
@@ -295,16 +314,16 @@ func checkDurable(t *testing.T, dir string, calls []call, writes int) []string {
 		}
 		dirSynced := false
 		for _, c := range calls {
-			if isSync(c) && ok(c) && fdPath(c) == dir && c.start > r.end && c.end < next {
+			if isSync(c) && ok(c) && fdPath(c) == parent && c.start > r.end && c.end < next {
 				dirSynced = true
 			}
 		}
 		if !dirSynced {
-			fail("the directory was not synced after the rename of %s and before the write returned", target)
+			fail("the directory %s was not synced after the rename of %s and before the write returned", parent, target)
 		}
 	}
 	if renames == 0 {
-		fail("nothing was renamed into %s: the writes did not replace a file there", dir)
+		fail("nothing was renamed under %s: the writes did not replace a file there", dir)
 	}
-	return problems
+	return renames, problems
 }

@@ -54,16 +54,16 @@ func TestCheckerCatchesUndurableWriters(t *testing.T) {
 		write func(dir string) error
 		want  string // in a problem; "" for none
 	}{
-		{"no_directory_sync", handWritten(true, false, atomicfile.TempPrefix), "the directory was not synced"},
+		{"no_directory_sync", handWritten(true, false, atomicfile.TempPrefix), "was not synced after the rename"},
 		{"no_file_sync", handWritten(false, true, atomicfile.TempPrefix), "was not synced after its last write"},
 		{"foreign_temporary_name", handWritten(true, true, "record.tmp."), "temporary file of atomicfile's naming"},
-		{"nothing_renamed", func(dir string) error { return os.WriteFile(filepath.Join(dir, "record"), nil, 0o600) }, "nothing was renamed"},
+		{"nothing_renamed", func(dir string) error { return os.WriteFile(filepath.Join(dir, "record"), nil, 0o600) }, "nothing was renamed under"},
 		{"hand_written_durable", handWritten(true, true, atomicfile.TempPrefix), ""},
 		{"atomicfile", func(dir string) error { return atomicfile.Write(filepath.Join(dir, "record"), []byte("x"), 0o600) }, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			problems := durable(t, []func(string) error{tt.write})
+			problems := Check{}.durable(t, []func(string) error{tt.write})
 			if _, child := os.LookupEnv(envDir); child {
 				return
 			}
