@@ -23,7 +23,7 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner": {"diagnostics", "handover", "heartbeat", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
 	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
 	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/process", "settlement", "wire"},
 
