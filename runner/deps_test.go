@@ -31,7 +31,7 @@ var moduleImports = map[string][]string{
 	"handover":   {"internal/boottime"},
 	"settlement": {"diagnostics", "internal/retry", "wire"},
 
-	"sandbox":                  {"internal/boottime", "wire"},
+	"sandbox":                  {"internal/atomicfile", "internal/boottime", "wire"},
 	"sandbox/docker":           {"sandbox"},
 	"sandbox/process":          {"sandbox", "sandbox/internal/pidfd"},
 	"sandbox/supervisor":       {"internal/atomicfile", "internal/boottime", "sandbox", "wire"},
