@@ -35,13 +35,14 @@ const returned = "stracetest: returned\n"
 const traced = "openat,write,fsync,fdatasync,rename,renameat,renameat2"
 
 // Durable runs the calling test again in a child process under
-// `strace -f`, where each write is called in turn with a directory of
-// the parent's making, and fails t unless every rename into that
-// directory or one below it (there must be one at least) replaced the file
-// with a temporary file beside it named by atomicfile, written and then
-// synced before the rename, and the file's directory was synced after the
-// rename and before the write returned. It skips, saying why, when strace is not installed,
-// unless RUNNERD_REQUIRE_STRACE=1 (.ci/run) makes that a failure.
+// `strace -f`, where each write is called in turn with a directory of the
+// parent's making, and fails t unless every rename into that directory or
+// one below it (there must be one at least) replaced the file with a
+// temporary file beside it named by atomicfile, written and then synced
+// before the rename, and the file's directory was synced after the rename
+// and before the write returned. It skips, saying why, when strace is not
+// installed, unless RUNNERD_REQUIRE_STRACE=1 (.ci/run) makes that a
+// failure.
 //
 // In the child, Durable calls the writes and returns: the test must do
 // nothing else there, so call Durable first in it.
@@ -81,7 +82,7 @@ func (c Check) durable(t *testing.T, writes []func(dir string) error) []string {
 		return nil
 	}
 	dir, trace, _ := run(t, "")
-	renames, problems := c.check(t, dir, parse(t, trace), len(writes))
+	renames, problems := c.check(dir, parse(t, trace), len(writes))
 	if len(problems) == 0 {
 		t.Logf("each of %d renames under %s was of a temporary file written and synced before it, and its directory synced after it", renames, dir)
 	}
@@ -178,7 +179,7 @@ var (
 	unfinRE    = regexp.MustCompile(`^(\w+)\((.*) <unfinished \.\.\.>$`)
 	resumedRE  = regexp.MustCompile(`^<\.\.\. (\w+) resumed>(.*)\) += (.*)$`)
 	fdPathRE   = regexp.MustCompile(`^\d+<(.*)>`)
-	quotedRE   = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"`)
+	pathRE     = regexp.MustCompile(`(?:\w+<([^>]*)>, )?"((?:[^"\\]|\\.)*)"`) // a path, after its directory descriptor if any
 	renameName = map[string]bool{"rename": true, "renameat": true, "renameat2": true}
 )
 
@@ -237,20 +238,28 @@ func ok(c call) bool { return c.end >= 0 && (c.result == "0" || strings.HasPrefi
 
 func isSync(c call) bool { return c.name == "fsync" || c.name == "fdatasync" }
 
-// renamePaths are a rename's old and new paths.
-func renamePaths(t *testing.T, c call) (string, string) {
-	t.Helper()
-	q := quotedRE.FindAllStringSubmatch(c.args, -1)
-	if len(q) < 2 || !filepath.IsAbs(q[0][1]) || !filepath.IsAbs(q[1][1]) {
-		t.Fatalf("cannot read the paths of %s", c.line)
+// renamePaths are a rename's old and new paths, made absolute from the
+// directory descriptors strace -y resolved; "" if they cannot be.
+func renamePaths(c call) (string, string) {
+	q := pathRE.FindAllStringSubmatch(c.args, -1)
+	if len(q) < 2 {
+		return "", ""
 	}
-	return q[0][1], q[1][1]
+	abs := func(m []string) string {
+		switch {
+		case filepath.IsAbs(m[2]):
+			return m[2]
+		case filepath.IsAbs(m[1]):
+			return filepath.Join(m[1], m[2])
+		}
+		return ""
+	}
+	return abs(q[0]), abs(q[1])
 }
 
 // check returns how many renames into dir the trace holds and what is
 // wrong with them.
-func (c Check) check(t *testing.T, dir string, calls []call, writes int) (int, []string) {
-	t.Helper()
+func (ck Check) check(dir string, calls []call, writes int) (int, []string) {
 	var problems []string
 	fail := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	var marks []int // where each write had returned
@@ -267,8 +276,8 @@ func (c Check) check(t *testing.T, dir string, calls []call, writes int) (int, [
 		if !isRename(r.name) {
 			continue
 		}
-		old, target := renamePaths(t, r)
-		if !strings.HasPrefix(target, dir+"/") || slices.Contains(c.Exempt, filepath.Base(target)) {
+		old, target := renamePaths(r)
+		if !strings.HasPrefix(target, dir+"/") || slices.Contains(ck.Exempt, filepath.Base(target)) {
 			continue
 		}
 		parent := filepath.Dir(target)
