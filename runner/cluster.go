@@ -76,7 +76,7 @@ func (p *clusterPin) check(id string) (pinned string, why string) {
 	case p.phase == pinUnreadable:
 		return "", clusterUnreadable
 	case p.phase == pinUnset:
-		if err := p.write(id); err != nil {
+		if err := atomicfile.Write(p.path, []byte(id+"\n"), 0o600); err != nil {
 			return "", clusterUnwritable
 		}
 		p.phase, p.id = pinSet, id
@@ -97,11 +97,6 @@ func (p *clusterPin) firstRefusal(why, id string) bool {
 	}
 	p.refused = key
 	return true
-}
-
-// write stores id durably, 0600 (atomicfile.Write).
-func (p *clusterPin) write(id string) error {
-	return atomicfile.Write(p.path, []byte(id+"\n"), 0o600)
 }
 
 // trustCluster checks the identity a control plane answered with against
