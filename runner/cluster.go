@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/runnerd/runnerd/internal/atomicfile"
 )
 
 // clusterFile holds, in the state directory, the control plane's cluster
@@ -74,7 +76,7 @@ func (p *clusterPin) check(id string) (pinned string, why string) {
 	case p.phase == pinUnreadable:
 		return "", clusterUnreadable
 	case p.phase == pinUnset:
-		if err := p.write(id); err != nil {
+		if err := atomicfile.Write(p.path, []byte(id+"\n"), 0o600); err != nil {
 			return "", clusterUnwritable
 		}
 		p.phase, p.id = pinSet, id
@@ -95,31 +97,6 @@ func (p *clusterPin) firstRefusal(why, id string) bool {
 	}
 	p.refused = key
 	return true
-}
-
-// write stores id atomically, 0600: a temporary file synced, renamed, and
-// the directory synced.
-func (p *clusterPin) write(id string) error {
-	dir := filepath.Dir(p.path)
-	f, err := os.CreateTemp(dir, ".tmp-cluster-*") // CreateTemp makes it 0600
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // a no-op after the rename
-	_, err = f.WriteString(id + "\n")
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), p.path)
-	}
-	if err != nil {
-		return err
-	}
-	return syncDir(dir)
 }
 
 // trustCluster checks the identity a control plane answered with against

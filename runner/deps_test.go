@@ -23,7 +23,7 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner": {"diagnostics", "handover", "heartbeat", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
 	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
 	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/process", "settlement", "wire"},
 
@@ -31,10 +31,10 @@ var moduleImports = map[string][]string{
 	"handover":   {"internal/boottime"},
 	"settlement": {"diagnostics", "internal/retry", "wire"},
 
-	"sandbox":                  {"internal/boottime", "wire"},
+	"sandbox":                  {"internal/atomicfile", "internal/boottime", "wire"},
 	"sandbox/docker":           {"sandbox"},
-	"sandbox/process":          {"sandbox", "sandbox/internal/pidfd"},
-	"sandbox/supervisor":       {"internal/boottime", "sandbox", "wire"},
+	"sandbox/process":          {"internal/atomicfile", "sandbox", "sandbox/internal/pidfd"},
+	"sandbox/supervisor":       {"internal/atomicfile", "internal/boottime", "sandbox", "wire"},
 	"sandbox/internal/pidfd":   {},
 	"sandbox/internal/testbin": {"sandbox/internal/pidfd"},
 
@@ -44,6 +44,9 @@ var moduleImports = map[string][]string{
 	"controlplane":                        {"controlplane/store", "wire"},
 	"controlplane/store":                  {"controlplane/store", "wire"},  // and the stores below it
 	"controlplane/store/sqlstore/sqltest": {"controlplane/store/sqlstore"}, // tests only: both stores behind one helper
+
+	"internal/atomicfile":            {},                      // durable replacement by rename, a leaf anything may import
+	"internal/atomicfile/stracetest": {"internal/atomicfile"}, // tests only
 
 	"internal/boottime": {},       // CLOCK_BOOTTIME, a leaf anything may import
 	"internal/fleet":    {"wire"}, // the process harness of integration and cmd/demo

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/atomicfile"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -69,44 +70,20 @@ func (s stateDir) path(attemptID string) string {
 	return filepath.Join(s.root, "attempts", attemptID+".json")
 }
 
-// save writes the record atomically: a 0600 temporary file in the same
-// directory, synced, renamed over the old one, and the directory synced.
+// save writes the record durably, 0600 (atomicfile.Write).
 func (s stateDir) save(r record) error {
 	if r.Claim.AttemptID == "" || strings.ContainsAny(r.Claim.AttemptID, `/\`) {
 		return errors.New("persist attempt: bad attempt id")
 	}
 	defer s.acquire()()
-	if err := s.write(r); err != nil {
+	b, err := json.Marshal(r)
+	if err == nil {
+		err = atomicfile.Write(s.path(r.Claim.AttemptID), b, 0o600)
+	}
+	if err != nil {
 		return fmt.Errorf("persist attempt %s: %w", r.Claim.AttemptID, err)
 	}
 	return nil
-}
-
-func (s stateDir) write(r record) error {
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	dir := filepath.Join(s.root, "attempts")
-	f, err := os.CreateTemp(dir, ".tmp-*") // CreateTemp makes it 0600
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name()) // a no-op after the rename
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return err
-	}
-	if err := os.Rename(f.Name(), s.path(r.Claim.AttemptID)); err != nil {
-		return err
-	}
-	return syncDir(dir)
 }
 
 // socket is the path of the attempt's re-attach socket (P5): beside its
@@ -180,23 +157,11 @@ func (s stateDir) exists(attemptID string) bool {
 // between, so the child had no payload and exited at its EOF.
 func (s stateDir) sweepTemp() {
 	dir := filepath.Join(s.root, "attempts")
-	tmps, _ := filepath.Glob(filepath.Join(dir, ".tmp-*"))
-	for _, t := range tmps {
-		_ = os.Remove(t)
-	}
+	_ = atomicfile.RemoveLeftovers(dir) // what is left is never read: load reads *.json
 	socks, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
 	for _, sock := range socks {
 		if !s.exists(strings.TrimSuffix(filepath.Base(sock), ".sock")) {
 			_ = os.Remove(sock)
 		}
 	}
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/atomicfile"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -76,10 +77,14 @@ func TestStateSurvivesCrashLeftovers(t *testing.T) {
 		}
 	}
 	dir := filepath.Join(root, "attempts")
-	// A write of att-a cut short: half a record in a temp file.
-	tmp := filepath.Join(dir, ".tmp-123456")
-	if err := os.WriteFile(tmp, []byte(`{"claim":{"attempt_id":"att-a","wor`), 0o600); err != nil {
-		t.Fatal(err)
+	// Writes of att-a cut short: half a record in a temporary file, named
+	// as atomicfile names them and as the previous release did.
+	tmp := filepath.Join(dir, atomicfile.TempPrefix+"att-a.json-123456")
+	oldTmp := filepath.Join(dir, ".tmp-654321")
+	for _, p := range []string{tmp, oldTmp} {
+		if err := os.WriteFile(p, []byte(`{"claim":{"attempt_id":"att-a","wor`), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A record corrupted on disk.
 	if err := os.WriteFile(filepath.Join(dir, "att-c.json"), []byte("{not json"), 0o600); err != nil {
@@ -105,8 +110,10 @@ func TestStateSurvivesCrashLeftovers(t *testing.T) {
 	}
 
 	s.sweepTemp()
-	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
-		t.Fatalf("temp file not swept: %v", err)
+	for _, p := range []string{tmp, oldTmp} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("temp file %s not swept: %v", filepath.Base(p), err)
+		}
 	}
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
 		t.Errorf("socket without a record not swept: %v", err)

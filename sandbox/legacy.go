@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/runnerd/runnerd/internal/atomicfile"
 )
 
 // NativeTurnFile is the file, in the supervisor's state directory, that
@@ -71,22 +73,7 @@ func AdoptLegacyState(workspace, stateDir string) (bool, error) {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return false, fmt.Errorf("adopt legacy state: %w", err)
 	}
-	tmp, err := os.CreateTemp(stateDir, NativeTurnFile+".*")
-	if err != nil {
-		return false, fmt.Errorf("adopt legacy state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = fmt.Fprintf(tmp, "%d\n", n)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), target)
-	}
-	if err != nil {
+	if err := atomicfile.Write(target, fmt.Appendf(nil, "%d\n", n), 0o600); err != nil {
 		return false, fmt.Errorf("adopt legacy state: %w", err)
 	}
 	_ = os.Remove(legacy)

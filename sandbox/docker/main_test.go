@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -36,6 +37,12 @@ var env struct {
 	hostAgent string   // host path of the same agent binary (process backend)
 }
 
+// built is what TestMain builds, handed to a test run again in a child
+// process in envBuilt.
+type built struct{ Runnerd, Image, HostAgent string }
+
+const envBuilt = "RUNNERD_DOCKER_TEST_BUILT"
+
 // Paths of the agents inside the test image.
 const (
 	imgDemoAgent = "/bin/demoagent"
@@ -62,6 +69,21 @@ func testMain(m *testing.M) int {
 	}
 	env.engine = eng
 
+	// A test run again in a child process (under strace: stracetest) uses
+	// what its parent built, which the parent removes.
+	if shared := os.Getenv(envBuilt); shared != "" {
+		var b built
+		if err := json.Unmarshal([]byte(shared), &b); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", envBuilt, err)
+			return 1
+		}
+		env.runnerd, env.image, env.hostAgent = b.Runnerd, b.Image, b.HostAgent
+		env.agent = []string{imgDemoAgent}
+		code := m.Run()
+		eng.Close()
+		return code
+	}
+
 	dir, err := os.MkdirTemp("", "runnerd-docker-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -72,6 +94,8 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "docker test setup: %v\n", err)
 		return 1
 	}
+	shared, _ := json.Marshal(built{Runnerd: env.runnerd, Image: env.image, HostAgent: env.hostAgent})
+	os.Setenv(envBuilt, string(shared))
 	code := m.Run()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	_, _ = eng.ImageRemove(ctx, env.image, image.RemoveOptions{Force: true, PruneChildren: true})

@@ -51,6 +51,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runnerd/runnerd/internal/atomicfile"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/pidfd"
 )
@@ -378,7 +379,7 @@ func (b *Backend) start(ctx context.Context, conv, id string) error {
 	b.mu.Lock()
 	b.children[pid] = cmd
 	b.mu.Unlock()
-	if err := writeFileAtomic(filepath.Join(dir, "supervisor.pid"), []byte(strconv.Itoa(pid)+"\n")); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, "supervisor.pid"), []byte(strconv.Itoa(pid)+"\n"), 0o600); err != nil {
 		b.kill(pid, 0)
 		return fmt.Errorf("record supervisor pid: %w", err)
 	}
@@ -507,27 +508,7 @@ func newID(dir string) (string, error) {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	id := "proc-" + hex.EncodeToString(b)
-	return id, writeFileAtomic(filepath.Join(dir, "id"), []byte(id+"\n"))
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return id, atomicfile.Write(filepath.Join(dir, "id"), []byte(id+"\n"), 0o600)
 }
 
 func readFull(f *os.File, buf []byte) (int, error) {

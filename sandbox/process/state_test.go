@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/runnerd/runnerd/internal/atomicfile"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
 )
@@ -145,7 +146,7 @@ func TestPreviousLayoutIsMigrated(t *testing.T) {
 	if err := os.RemoveAll(b.StateDir("conv-old")); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeFileAtomic(filepath.Join(b.Dir("conv-old"), "supervisor.pid"), []byte(strconv.Itoa(old.Process.Pid)+"\n")); err != nil {
+	if err := atomicfile.Write(filepath.Join(b.Dir("conv-old"), "supervisor.pid"), []byte(strconv.Itoa(old.Process.Pid)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 

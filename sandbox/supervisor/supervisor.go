@@ -42,6 +42,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/runnerd/runnerd/internal/atomicfile"
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
@@ -475,7 +476,7 @@ func (s *server) markState(hadBoundary bool) error {
 		}
 		recordStateTakenOver(s.log, s.nativeTurn)
 	}
-	if err := writeStateFile(s.cfg.StateDir, sandbox.StateVersionFile, fmt.Appendf(nil, "%d\n", sandbox.StateVersion)); err != nil {
+	if err := atomicfile.Write(filepath.Join(s.cfg.StateDir, sandbox.StateVersionFile), fmt.Appendf(nil, "%d\n", sandbox.StateVersion), 0o600); err != nil {
 		return fmt.Errorf("supervisor: write the state version: %w", err)
 	}
 	return nil
@@ -627,7 +628,7 @@ func (s *server) retain(r *sandbox.Retained) error {
 	s.retained = r
 	b, err := json.Marshal(r)
 	if err == nil {
-		err = writeStateFile(s.cfg.StateDir, sandbox.RetainedFile, append(b, '\n'))
+		err = atomicfile.Write(filepath.Join(s.cfg.StateDir, sandbox.RetainedFile), append(b, '\n'), 0o600)
 	}
 	if err != nil {
 		recordStateFailure(s.log, "retained_store")
@@ -693,7 +694,7 @@ func loadNativeTurn(dir string) (int64, error) {
 }
 
 func storeNativeTurn(dir string, n int64) error {
-	return writeStateFile(dir, nativeTurnFile, fmt.Appendf(nil, "%d\n", n))
+	return atomicfile.Write(filepath.Join(dir, nativeTurnFile), fmt.Appendf(nil, "%d\n", n), 0o600)
 }
 
 // stateFileExists reports whether the state directory holds name.
@@ -724,27 +725,6 @@ func loadRetained(dir string) (*sandbox.Retained, error) {
 		return nil, nil
 	}
 	return &r, nil
-}
-
-// writeStateFile replaces dir/name with data, durably.
-func writeStateFile(dir, name string, data []byte) error {
-	tmp, err := os.CreateTemp(dir, name+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), filepath.Join(dir, name))
 }
 
 func randomHex(n int) string {
