@@ -209,6 +209,13 @@ type Retained struct {
 	// an activation that verified and then ran nothing must not hide the
 	// interrupted one before it (K13). Empty if none did.
 	LastRan string `json:"last_ran,omitempty"`
+	// Idle, on a record that ran nothing (EndedNotRun), lists the
+	// activations after LastRan that ran nothing either, oldest first, at
+	// this same boundary. An activation can be admitted and still run
+	// nothing (its turn child stopped between the admission and the
+	// prompt); a quarantined conversation's interrupted activation is then
+	// one of these, and the records after it must still name it (K13).
+	Idle []string `json:"idle,omitempty"`
 	// Unrecorded, on a record that ran nothing (EndedNotRun), says that the
 	// turns up to NativeTurn ran under a release that kept no records (the
 	// previous release, StateVersionFile) and that no activation has run a

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -542,8 +543,11 @@ func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 		p := act.Previous
 		// The record names the interrupted activation, or is the record of
 		// a later one that ran nothing since it (LastRan), at this boundary.
+		// Or the interrupted activation ran nothing itself (admitted, its
+		// turn child stopped before the prompt), and so did every one after
+		// it: the record lists it among those (Idle).
 		names := p != nil && tu.InterruptedActivationID != "" && (p.Activation == tu.InterruptedActivationID ||
-			p.Ended == sandbox.EndedNotRun && p.LastRan == tu.InterruptedActivationID)
+			p.Ended == sandbox.EndedNotRun && (p.LastRan == tu.InterruptedActivationID || slices.Contains(p.Idle, tu.InterruptedActivationID)))
 		unrecorded := p != nil && p.Ended == sandbox.EndedNotRun && p.Unrecorded
 		if !names && !unrecorded || p.NativeTurn != act.NativeTurn {
 			var retained, ended string

@@ -329,6 +329,14 @@ func TestVerifyRetainedSandbox(t *testing.T) {
 		// interrupted one as the last that ran; one that ran a turn does not.
 		{"quarantined, a later activation ran nothing since", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, act), ""},
 		{"quarantined, a later activation ran nothing since another", true, ctr, ctr, 5, notRunAfter("inst.8.cafe", 5, "inst.6.beef"), ClassReceiptMismatch},
+		// The interrupted activation was admitted and ran nothing itself,
+		// and so did the ones after it: the record lists it among them.
+		{"quarantined, interrupted ran nothing, later ones neither", true, ctr, ctr, 4,
+			&sandbox.Retained{Activation: "inst.9.aaaa", NativeTurn: 4, Ended: sandbox.EndedNotRun, LastRan: "inst.6.beef", Idle: []string{act, "inst.8.cafe"}}, ""},
+		{"quarantined, others ran nothing, not the interrupted one", true, ctr, ctr, 4,
+			&sandbox.Retained{Activation: "inst.9.aaaa", NativeTurn: 4, Ended: sandbox.EndedNotRun, LastRan: "inst.6.beef", Idle: []string{"inst.8.cafe"}}, ClassReceiptMismatch},
+		{"quarantined, idle list on a record that ran a turn", true, ctr, ctr, 4,
+			&sandbox.Retained{Activation: "inst.9.aaaa", NativeTurn: 4, Ended: sandbox.EndedCompleted, Idle: []string{act}}, ClassReceiptMismatch},
 		{"quarantined, a later activation ran a turn", true, ctr, ctr, 5, &sandbox.Retained{Activation: "inst.8.cafe", NativeTurn: 5, Ended: sandbox.EndedCompleted, LastRan: act}, ClassReceiptMismatch},
 		// A state of the previous release, which kept no records: the
 		// supervisor that took it over says so (Unrecorded), and the turn

@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -408,7 +409,8 @@ func (s *server) activate(leaseDeadline boottime.Instant) (sandbox.Activation, e
 	// next one cannot find would be judged on its record's absence.
 	prev := s.retained
 	if err := s.retain(&sandbox.Retained{Activation: a.id, NativeTurn: s.nativeTurn, Ended: sandbox.EndedNotRun,
-		LastRan: lastRan(s.retained), Unrecorded: s.retained != nil && s.retained.Ended == sandbox.EndedNotRun && s.retained.Unrecorded}); err != nil {
+		LastRan: lastRan(s.retained), Idle: idleSince(s.retained),
+		Unrecorded: s.retained != nil && s.retained.Ended == sandbox.EndedNotRun && s.retained.Unrecorded}); err != nil {
 		s.retained = prev
 		return sandbox.Activation{}, fmt.Errorf("record the activation: %w", err)
 	}
@@ -438,6 +440,19 @@ func (s *server) completeBoundary() error {
 	s.nativeTurn = r.NativeTurn
 	recordBoundaryCompleted(s.log, from, r.NativeTurn)
 	return nil
+}
+
+// idleSince is the activations after the last that ran a turn that ran
+// nothing, as record r tells it, r's own included when it ran nothing.
+func idleSince(r *sandbox.Retained) []string {
+	if r == nil || r.Ended != sandbox.EndedNotRun {
+		return nil
+	}
+	idle := slices.Clip(r.Idle)
+	if r.Activation != "" {
+		idle = append(idle, r.Activation)
+	}
+	return idle
 }
 
 // lastRan is the last activation that ran a turn, as record r tells it.

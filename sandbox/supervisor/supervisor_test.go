@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"syscall"
@@ -823,11 +824,11 @@ func TestActivationCarriesTheRetainedRecord(t *testing.T) {
 	ran, _, _ := runTurn(t, c, "!events 1")
 	idle, err := c.Activate(ctx, 0)
 	want := sandbox.Retained{Activation: ran.ID, NativeTurn: 1, Ended: sandbox.EndedCompleted}
-	if err != nil || idle.Previous == nil || *idle.Previous != want {
+	if err != nil || idle.Previous == nil || !reflect.DeepEqual(*idle.Previous, want) {
 		t.Fatalf("after a completed turn: previous %+v, %v; want %+v", idle.Previous, err, want)
 	}
 	next, err := c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); err != nil || next.Previous == nil || *next.Previous != want {
+	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); err != nil || next.Previous == nil || !reflect.DeepEqual(*next.Previous, want) {
 		t.Fatalf("after an activation that ran nothing: previous %+v, %v; want %+v", next.Previous, err, want)
 	}
 	// A turn cut off by its driving connection: no receipt, a record.
@@ -842,7 +843,7 @@ func TestActivationCarriesTheRetainedRecord(t *testing.T) {
 
 	startProc(t, ws, sock, "--state", state)
 	after, err := c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: next.ID, NativeTurn: 2, Ended: "connection_dropped"}); err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 2 {
+	if want := (sandbox.Retained{Activation: next.ID, NativeTurn: 2, Ended: "connection_dropped"}); err != nil || after.Previous == nil || !reflect.DeepEqual(*after.Previous, want) || after.NativeTurn != 2 {
 		t.Fatalf("after a restart: %+v, %v; want previous %+v at native turn 2", after, err, want)
 	}
 	if _, err := c.Settle(ctx, next.ID); !errors.Is(err, sandbox.ErrUnknownActivation) {
@@ -898,7 +899,7 @@ func TestSupervisorKilledMidTurnRetainsItsActivation(t *testing.T) {
 	startProc(t, ws, sock, "--state", state)
 	after, err := c.Activate(ctx, 0)
 	want := sandbox.Retained{Activation: act.ID, NativeTurn: 1, Ended: sandbox.EndedUnfinished}
-	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
+	if err != nil || after.Previous == nil || !reflect.DeepEqual(*after.Previous, want) || after.NativeTurn != 1 {
 		t.Fatalf("after a kill mid-turn: %+v, %v; want previous %+v at native turn 1", after, err, want)
 	}
 }
@@ -931,7 +932,7 @@ func TestKillBetweenRecordAndBoundaryCompletesTheBoundary(t *testing.T) {
 	p = startProc(t, ws, sock, "--state", state)
 	after, err := c.Activate(ctx, 0)
 	want := sandbox.Retained{Activation: act.ID, NativeTurn: 2, Ended: sandbox.EndedCompleted}
-	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 2 {
+	if err != nil || after.Previous == nil || !reflect.DeepEqual(*after.Previous, want) || after.NativeTurn != 2 {
 		t.Fatalf("after a kill between the record and the boundary: %+v, %v; want previous %+v at native turn 2", after, err, want)
 	}
 	if raw, err := os.ReadFile(filepath.Join(state, sandbox.NativeTurnFile)); err != nil || string(raw) != "2\n" {
@@ -974,16 +975,37 @@ func TestNotRunActivationsKeepTheInterruptedOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); admitted.Previous == nil || *admitted.Previous != want {
+	if want := (sandbox.Retained{Activation: idle.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}); admitted.Previous == nil || !reflect.DeepEqual(*admitted.Previous, want) {
 		t.Fatalf("after an activation that ran nothing: previous %+v, want %+v", admitted.Previous, want)
 	}
 	p.kill()
 
 	startProc(t, ws, sock, "--state", state)
-	after, err := c.Activate(ctx, 0)
-	want := sandbox.Retained{Activation: admitted.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID}
-	if err != nil || after.Previous == nil || *after.Previous != want || after.NativeTurn != 1 {
+	after, err := c.Activate(ctx, 0) // the next turn: verifies, then its child dies before admission
+	want := sandbox.Retained{Activation: admitted.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID, Idle: []string{idle.ID}}
+	if err != nil || after.Previous == nil || !reflect.DeepEqual(*after.Previous, want) || after.NativeTurn != 1 {
 		t.Fatalf("after a restart: %+v, %v; want previous %+v at native turn 1", after, err, want)
+	}
+	// Its next attempt still finds the admitted activation, which ran
+	// nothing, among those that ran nothing since the last that ran (the
+	// chaos campaign's avoidable LOST with retained_receipt_mismatch: the
+	// record named only the last that ran, and the admitted one was gone
+	// from it).
+	again, err := c.Activate(ctx, 0)
+	want = sandbox.Retained{Activation: after.ID, NativeTurn: 1, Ended: sandbox.EndedNotRun, LastRan: ran.ID, Idle: []string{idle.ID, admitted.ID}}
+	if err != nil || again.Previous == nil || !reflect.DeepEqual(*again.Previous, want) {
+		t.Fatalf("two activations after the admitted one: %+v, %v; want previous %+v", again.Previous, err, want)
+	}
+	// A turn run ends the list: the next record names it as the last that ran.
+	turn, err := c.Run(ctx, again.ID, []string{demoAgent}, "!events 1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(t, turn)
+	turn.Close()
+	last, err := c.Activate(ctx, 0)
+	if err != nil || last.Previous == nil || last.Previous.Activation != again.ID || len(last.Previous.Idle) != 0 {
+		t.Fatalf("after a turn ran: previous %+v, %v; want the record of %s with nothing idle", last.Previous, err, again.ID)
 	}
 }
 
@@ -1013,11 +1035,11 @@ func TestPreviousReleaseStateIsTakenOver(t *testing.T) {
 	}
 	first, err := c.Activate(ctx, 0)
 	takenOver := sandbox.Retained{NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}
-	if err != nil || first.Previous == nil || *first.Previous != takenOver || first.NativeTurn != 3 {
+	if err != nil || first.Previous == nil || !reflect.DeepEqual(*first.Previous, takenOver) || first.NativeTurn != 3 {
 		t.Fatalf("first activation over the previous release's state: %+v, %v; want previous %+v at native turn 3", first, err, takenOver)
 	}
 	second, err := c.Activate(ctx, 0) // the first ran nothing
-	if want := (sandbox.Retained{Activation: first.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil || second.Previous == nil || *second.Previous != want {
+	if want := (sandbox.Retained{Activation: first.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil || second.Previous == nil || !reflect.DeepEqual(*second.Previous, want) {
 		t.Fatalf("after an activation that ran nothing: %+v, %v; want previous %+v", second.Previous, err, want)
 	}
 	p.kill()
@@ -1026,7 +1048,7 @@ func TestPreviousReleaseStateIsTakenOver(t *testing.T) {
 	// the activation that ran nothing still says so.
 	p = startProc(t, ws, sock, "--state", state)
 	after, err := c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: second.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Unrecorded: true}); err != nil || after.Previous == nil || *after.Previous != want {
+	if want := (sandbox.Retained{Activation: second.ID, NativeTurn: 3, Ended: sandbox.EndedNotRun, Idle: []string{first.ID}, Unrecorded: true}); err != nil || after.Previous == nil || !reflect.DeepEqual(*after.Previous, want) {
 		t.Fatalf("after a restart: %+v, %v; want previous %+v", after.Previous, err, want)
 	}
 	turn, err := c.Run(ctx, after.ID, []string{demoAgent}, "!events 1")
@@ -1036,7 +1058,7 @@ func TestPreviousReleaseStateIsTakenOver(t *testing.T) {
 	_, res := drain(t, turn)
 	turn.Close()
 	ran, err := c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: after.ID, NativeTurn: res.NativeTurn, Ended: sandbox.EndedCompleted}); err != nil || ran.Previous == nil || *ran.Previous != want {
+	if want := (sandbox.Retained{Activation: after.ID, NativeTurn: res.NativeTurn, Ended: sandbox.EndedCompleted}); err != nil || ran.Previous == nil || !reflect.DeepEqual(*ran.Previous, want) {
 		t.Fatalf("after a turn ran: %+v, %v; want previous %+v", ran.Previous, err, want)
 	}
 	if p.lines.contains(RecordStateTakenOver) {
@@ -1080,7 +1102,7 @@ func TestInterruptedTakeOverKeepsItsRecord(t *testing.T) {
 			}
 			s := startServe(t, func(c *Config) { c.StateDir = state })
 			act, err := s.c.Activate(context.Background(), 0)
-			if err != nil || act.NativeTurn != 3 || (act.Previous == nil) != (tt.want == nil) || tt.want != nil && *act.Previous != *tt.want {
+			if err != nil || act.NativeTurn != 3 || (act.Previous == nil) != (tt.want == nil) || tt.want != nil && !reflect.DeepEqual(*act.Previous, *tt.want) {
 				t.Fatalf("activation: %+v, %v; want previous %+v at native turn 3", act, err, tt.want)
 			}
 			if _, err := os.Stat(filepath.Join(state, sandbox.StateVersionFile)); err != nil {
@@ -1126,7 +1148,7 @@ func TestTurnNotStartedWithoutItsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	next, err := s.c.Activate(ctx, 0)
-	if want := (sandbox.Retained{Activation: act.ID, NativeTurn: 0, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || *next.Previous != want {
+	if want := (sandbox.Retained{Activation: act.ID, NativeTurn: 0, Ended: sandbox.EndedNotRun}); err != nil || next.Previous == nil || !reflect.DeepEqual(*next.Previous, want) {
 		t.Fatalf("after the refused turn and activation: %+v, %v; want previous %+v", next.Previous, err, want)
 	}
 	if b, err := os.ReadFile(filepath.Join(state, sandbox.RetainedFile)); err != nil || !strings.Contains(string(b), next.ID) {
