@@ -222,8 +222,7 @@ func TestServeAndSubmit(t *testing.T) {
 	wc := &wire.Client{BaseURL: addr}
 
 	// worker claims the next turn and ends it: succeeded, or failed with
-	// an admission whose answer it takes for lost (which loses the
-	// conversation, R30).
+	// its retained session gone (which loses the conversation, R31).
 	worker := func(succeed bool) error {
 		c, err := wc.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 10_000})
 		if err != nil {
@@ -237,7 +236,7 @@ func TestServeAndSubmit(t *testing.T) {
 		if _, err := wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: r, ActivationID: "a1"}); err != nil {
 			return err
 		}
-		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "admission_timeout", Ambiguous: true}
+		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "workspace_missing", Unrecoverable: true}
 		if succeed {
 			if _, err := wc.Settlement(ctx, c.WorkerToken, c.JobID, wire.SettlementRequest{AttemptRef: r, ActivationID: "a1",
 				Supervisor: wire.SupervisorReceipt{ActivationID: "a1", ReceiptID: "r1", NativeTurn: 1}}); err != nil {

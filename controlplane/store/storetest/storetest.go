@@ -69,6 +69,7 @@ var tests = []test{
 	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
 	{"R29_AbandonBeforeAdmissionKeepsConversation", testR29AbandonKeepsConversation},
 	{"R30_AdmittedTurnNeverRequeued", testR30AdmittedTurnNeverRequeued},
+	{"R30_AmbiguousAdmissionNeedsEvidence", testR30AmbiguousAdmissionNeedsEvidence},
 	{"R31_UnrecoverableSessionLosesConversation", testR31UnrecoverableSessionLosesConversation},
 	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
 	{"R35_ReaperQuarantinesAdmittedConversation", testR35ReaperQuarantinesAdmittedConversation},
