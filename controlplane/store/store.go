@@ -28,6 +28,10 @@ var (
 	ErrInvalid          = errors.New("invalid")                      // 400 invalid (wrap with detail)
 	ErrExists           = errors.New("already exists")               // 409 (host names)
 	ErrSchemaBehind     = errors.New("schema behind")                // Ready: a migration of this build is not applied
+	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
+	// leases over but not yet superseded by the reaper. Nothing is
+	// claimed; the host's next claim, with a new key, is an ordinary one.
+	ErrKeyTaken = errors.New("idempotency key is taken") // 204, the claim answered at once
 )
 
 // Release cap and backoff (K7), the defaults of every implementation.

@@ -96,6 +96,19 @@ func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Clai
 			if cs, err = s.replayClaims(ctx, tx, p.HostID, key.(string), p.Now); err != nil || len(cs) > 0 {
 				return err // a replay is the turns given before, not new ones: no pause stops it
 			}
+			// None of the key's attempts holds its lease; one still
+			// running (the reaper's to supersede) keeps the key, and a
+			// new attempt under it would break attempts_claim_key.
+			var taken int
+			err = tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM attempts
+				WHERE host_id = ? AND claim_key >= ? AND claim_key < ? AND state = 'running'`),
+				p.HostID, key, key.(string)+"/").Scan(&taken)
+			if err != nil {
+				return err
+			}
+			if taken > 0 {
+				return store.ErrKeyTaken
+			}
 		}
 		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
 			return err
@@ -171,8 +184,8 @@ func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot 
 // attempts, their claimed events numbered under each job's counter lock,
 // and what the answers need of their conversations. done is false when
 // the transaction must decide instead: no row for the host (paused or
-// unknown: the transaction words it) or a live attempt of the key (a
-// replay). A keyed claim first takes its key's lock, pipelined before
+// unknown: the transaction words it) or a running attempt of the key (a
+// replay, or a key taken by an attempt whose lease is over). A keyed claim first takes its key's lock, pipelined before
 // the statement: its retry, racing it, waits and then replays it.
 func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.ClaimSlot, ttl time.Duration, key any) ([]wire.Claim, bool, error) {
 	exp := fromNS(ns(p.Now.Add(ttl)))
@@ -268,7 +281,7 @@ const claimPGStatement = `WITH h AS (
 	SELECT id, name FROM hosts WHERE id = $1 AND paused_at IS NULL AND removed_at IS NULL FOR SHARE
 ), live AS (
 	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key >= CAST($8 AS TEXT) AND claim_key < CAST($8 AS TEXT) || '/'
-		AND state = 'running' AND lease_expires_at > $2
+		AND state = 'running'
 ), pick AS (
 	SELECT pos, row_number() OVER (ORDER BY pos) AS k FROM (
 		SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND sandbox_host_id = $1

@@ -84,6 +84,7 @@ var tests = []test{
 	{"Routing_ClaimsMeetRequirements", testRoutingClaimsMeetRequirements},
 	{"Routing_InvalidLabels", testRoutingInvalidLabels},
 	{"Claim_IdempotencyKeyReplays", testClaimIdempotencyKey},
+	{"Claim_KeyTakenPastItsLease", testClaimKeyTakenPastItsLease},
 	{"BatchClaim_LimitDistinctOneTurnPerConversation", testBatchClaimLimitDistinct},
 	{"BatchClaim_KeepsBackoffRoutingAffinityPause", testBatchClaimKeepsRules},
 	{"BatchClaim_IdempotencyKeyReplaysTheBatch", testBatchClaimKeyReplays},
