@@ -112,6 +112,12 @@ func (s *Store) retryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
+// isConstraint reports a unique violation of the named index on PostgreSQL.
+func isConstraint(err error, name string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == name
+}
+
 // isUniqueViolation reports a unique constraint refusing a row.
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError
