@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -314,6 +315,45 @@ func TestSQLiteSynchronousDefaultsToFull(t *testing.T) {
 			}
 			if got := d.synchronous(); got != tc.want {
 				t.Fatalf("synchronous %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// K9 through serve itself: the level its SQLite writer connection runs
+// at, read back from that connection (PRAGMA synchronous) and printed on
+// the serving line — FULL by default and when asked for, NORMAL only when
+// asked for. TestSQLiteSynchronousDefaultsToFull reads the flag alone.
+func TestServeWriterSynchronous(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"default", nil, "full"},
+		{"full by flag", []string{"--sqlite-synchronous", "full"}, "full"},
+		{"normal by flag", []string{"--sqlite-synchronous", "normal"}, "normal"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startServe(t, append([]string{"--data-dir", t.TempDir()}, tc.args...)...) // returns once the serving line is out
+			req, err := http.NewRequest(http.MethodGet, r.addr+"/readyz", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Close = true
+			resp, err := http.DefaultClient.Do(req) // answered: its start-up is over before it is stopped
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			var line string
+			for l := range strings.Lines(r.logs.String()) {
+				if strings.Contains(l, "serving ") {
+					line = l
+				}
+			}
+			if !strings.HasSuffix(strings.TrimSpace(line), "(synchronous="+tc.want+")") {
+				t.Fatalf("serve %v: serving line %q, want the writer's synchronous=%s\n%s", tc.args, line, tc.want, r.logs.String())
 			}
 		})
 	}
