@@ -281,7 +281,7 @@ func TestBrowserAdminPages(t *testing.T) {
 
 	// Conversations: LOST in the owner's plain words.
 	lostRow := visit(t, tab, f.url+"/admin/conversations", `tr[data-conversation="`+lost.ID+`"]`)
-	contains(t, "the lost conversation's row", lostRow, "Lost: This conversation is no longer available: a reply was interrupted partway through and could not be safely continued.")
+	contains(t, "the lost conversation's row", lostRow, "Lost: This conversation is no longer available: its saved working state could not be found, so it cannot be continued.")
 	for _, jargon := range []string{"lease", "attempt", "admitted", "R30"} {
 		if strings.Contains(strings.ToLower(lostRow[:strings.Index(lostRow, "continued.")]), jargon) {
 			t.Fatalf("the lost conversation's words say %q: %s", jargon, lostRow)
