@@ -97,6 +97,7 @@ var tests = []test{
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
 	{"Race_ReaperVsLateFinish", testRaceReaperVsLateFinish},
 	{"Race_EventsFollowerSeesEveryEventOnce", testRaceEventsFollowerSeesEveryEventOnce},
+	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 }
 
