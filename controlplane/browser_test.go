@@ -196,7 +196,7 @@ func TestBrowserAdminPages(t *testing.T) {
 		t.Fatal("host-a's renewal after the supersession was accepted")
 	}
 
-	// A conversation lost because its admission's answer never came (R30),
+	// A conversation lost because its retained session is gone (R31),
 	// and one quarantined because its admitted turn failed unsettled (K13).
 	lost := f.newConversation()
 	f.send(lost.ID, "hi")
@@ -205,7 +205,7 @@ func TestBrowserAdminPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := f.wc.Finish(ctx, l.WorkerToken, l.JobID, wire.FinishRequest{AttemptRef: ref(l), Outcome: wire.OutcomeFailed,
-		Class: "admission_timeout", Ambiguous: true}); err != nil {
+		Class: "workspace_missing", Unrecoverable: true}); err != nil {
 		t.Fatal(err)
 	}
 	quarantined := f.newConversation()
@@ -281,7 +281,7 @@ func TestBrowserAdminPages(t *testing.T) {
 
 	// Conversations: LOST in the owner's plain words.
 	lostRow := visit(t, tab, f.url+"/admin/conversations", `tr[data-conversation="`+lost.ID+`"]`)
-	contains(t, "the lost conversation's row", lostRow, "Lost: This conversation is no longer available: a reply was interrupted partway through and could not be safely continued.")
+	contains(t, "the lost conversation's row", lostRow, "Lost: This conversation is no longer available: its saved working state could not be found, so it cannot be continued.")
 	for _, jargon := range []string{"lease", "attempt", "admitted", "R30"} {
 		if strings.Contains(strings.ToLower(lostRow[:strings.Index(lostRow, "continued.")]), jargon) {
 			t.Fatalf("the lost conversation's words say %q: %s", jargon, lostRow)

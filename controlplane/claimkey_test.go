@@ -10,7 +10,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -125,4 +128,43 @@ func TestClaimKeyValidated(t *testing.T) {
 		body, _ := json.Marshal(wire.ClaimRequest{IdempotencyKey: key})
 		f.expect(http.MethodPost, wire.PathClaim, f.hostToken, string(body), http.StatusBadRequest, wire.CodeInvalid)
 	}
+}
+
+// A keyed claim asked again after its attempt's lease ran out, before the
+// reaper superseded it, on each database: the answer is 204 with no body
+// — nothing to claim, as documented — not a 503 from a second attempt
+// under the same key; the turn queued behind is not claimed, a record
+// says why, and once the reaper has superseded the attempt the same key
+// claims again.
+func TestClaimKeyTakenPastItsLease(t *testing.T) {
+	onEachDatabase(t, func(t *testing.T, db database) {
+		ctx := context.Background()
+		f := newFixtureOn(t, db)
+		first := f.send(f.newConversation().ID, "hello")
+		body, _ := json.Marshal(wire.ClaimRequest{WaitMS: 30_000, IdempotencyKey: "LATEKEY0123456789ABCDEFGHIJ"})
+		status, b := f.do(http.MethodPost, wire.PathClaim, f.hostToken, string(body))
+		var c wire.Claim
+		if err := json.Unmarshal(b, &c); status != http.StatusOK || err != nil || c.JobID != first.ID {
+			t.Fatalf("first keyed claim: %d %s", status, b)
+		}
+		behind := f.send(f.newConversation().ID, "behind")
+		f.clock.Advance(time.Duration(c.LeaseTTLMS)*time.Millisecond + time.Second)
+		status, b = f.do(http.MethodPost, wire.PathClaim, f.hostToken, string(body))
+		if status != http.StatusNoContent || len(b) != 0 {
+			t.Fatalf("the key again past its lease: %d %q, want 204 and no body", status, b)
+		}
+		if j := f.job(behind.ID); j.State != wire.JobQueued || len(j.Attempts) != 0 {
+			t.Fatalf("the turn behind after the late claim: %+v", j)
+		}
+		if !strings.Contains(f.logs.String(), controlplane.MsgClaimKeyTaken) {
+			t.Fatalf("no %s record:\n%s", controlplane.MsgClaimKeyTaken, f.logs.String())
+		}
+		if _, err := f.st.Reap(ctx, store.ReapParams{Now: f.clock.Now(), MaxWorkerLost: 3}); err != nil {
+			t.Fatal(err)
+		}
+		status, b = f.do(http.MethodPost, wire.PathClaim, f.hostToken, string(body))
+		if err := json.Unmarshal(b, &c); status != http.StatusOK || err != nil || c.Replayed {
+			t.Fatalf("the key after the reaper: %d %s, want a new claim", status, b)
+		}
+	})
 }

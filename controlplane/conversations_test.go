@@ -18,7 +18,7 @@ import (
 )
 
 // lostConversation runs one turn into a LOST conversation: admitted, then
-// failed before settlement (R30).
+// failed with its retained session gone (R31).
 func (f *fixture) lostConversation() string {
 	f.t.Helper()
 	c := f.turn()
@@ -26,7 +26,7 @@ func (f *fixture) lostConversation() string {
 	if _, err := f.wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: ref(c), ActivationID: "act-1"}); err != nil {
 		f.t.Fatal(err)
 	}
-	resp, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "admission_timeout", Ambiguous: true})
+	resp, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "workspace_missing", Unrecoverable: true})
 	if err != nil || resp.ConversationState != wire.ConversationLost {
 		f.t.Fatalf("finish: %+v, %v; want the conversation lost", resp, err)
 	}

@@ -263,3 +263,57 @@ func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 		}
 	})
 }
+
+// K3: a claim's lease is counted on the store's clock, never on the
+// replica's that serves it. Two replicas ten minutes ahead and behind on
+// one database whose clock stands still: each one's claim answers
+// lease_expires_at exactly the store's clock plus the lease granted, and
+// the attempt the job shows has the same expiry — read before any renewal
+// could overwrite it.
+func TestK3ClaimLeaseOnTheStoresClock(t *testing.T) {
+	onEachDatabase(t, func(t *testing.T, db database) {
+		ctx := context.Background()
+		storeNow := time.Date(2031, 3, 4, 5, 6, 7, 0, time.UTC)
+		const ttl = controlplane.DefaultMinLeaseTTL
+		var hostToken string
+		for i, skew := range []time.Duration{10 * time.Minute, -10 * time.Minute} {
+			st := db.open(t, sqlstore.WithClock(func(time.Time) time.Time { return storeNow }))
+			srv := controlplane.New(controlplane.Config{
+				Store: st, Logger: slog.New(slog.DiscardHandler),
+				Now: func() time.Time { return time.Now().Add(skew) },
+			})
+			hs := httptest.NewServer(srv.Handler())
+			t.Cleanup(hs.Close)
+			wc := &wire.Client{BaseURL: hs.URL, HTTP: hs.Client()}
+			if i == 0 {
+				hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
+				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), storeNow); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conv, err := st.CreateConversation(ctx, wire.CreateConversationRequest{Image: "demo", AgentCommand: []string{"demo-agent"}}, storeNow)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := st.EnqueueTurn(ctx, conv.ID, "hello", storeNow); err != nil {
+				t.Fatal(err)
+			}
+			c, err := wc.Claim(ctx, hostToken, wire.ClaimRequest{LeaseTTLMS: ttl.Milliseconds()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := storeNow.Add(ttl)
+			if !c.LeaseExpiresAt.Equal(want) || c.LeaseTTLMS != ttl.Milliseconds() {
+				t.Fatalf("claim through the replica %v off: lease_expires_at %v (ttl %d ms), want the store's clock + %v = %v",
+					skew, c.LeaseExpiresAt, c.LeaseTTLMS, ttl, want)
+			}
+			j, err := st.GetJob(ctx, c.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(j.Attempts) != 1 || !j.Attempts[0].LeaseExpiresAt.Equal(want) {
+				t.Fatalf("the claimed attempt through the replica %v off = %+v, want its lease to %v", skew, j.Attempts, want)
+			}
+		}
+	})
+}

@@ -9,6 +9,7 @@ import (
 // counts, classes and statuses, never a token, a body or an error's text.
 const (
 	MsgAttemptClaimed  = "controlplane_attempt_claimed"               // a claim was granted: job, attempt, host, generation, lease expiry
+	MsgClaimKeyTaken   = "controlplane_claim_key_taken"               // a keyed claim came after its key's attempts' leases ran out, before the reaper superseded them: answered 204, nothing claimed (host)
 	MsgLeasesResumed   = "controlplane_leases_resumed"                // live leases were extended after the control plane's own absence
 	MsgReaped          = "controlplane_reaped"                        // the reaper superseded expired attempts
 	MsgDetailReclaimed = "controlplane_detail_reclaimed"              // the retention sweep dropped old jobs' detail

@@ -28,7 +28,7 @@ func plain(t *testing.T, what, s string) {
 	}
 }
 
-// A conversation whose admission's answer never came is LOST (R30); a new
+// A conversation whose retained session is gone is LOST (R31); a new
 // message is refused with 409 conversation_lost in plain words, and stays
 // refused (R32).
 func TestLostConversationRefusesMessagesPlainly(t *testing.T) {
@@ -38,9 +38,9 @@ func TestLostConversationRefusesMessagesPlainly(t *testing.T) {
 	if _, err := f.wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: ref(c), ActivationID: "act-1"}); err != nil {
 		t.Fatal(err)
 	}
-	fr, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "admission_timeout", Ambiguous: true})
+	fr, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "workspace_missing", Unrecoverable: true})
 	if err != nil || fr.ConversationState != wire.ConversationLost {
-		t.Fatalf("finish of an ambiguous admission: %+v, %v; want the conversation lost", fr, err)
+		t.Fatalf("finish of a turn whose session is gone: %+v, %v; want the conversation lost", fr, err)
 	}
 	path := "/v1/conversations/" + c.Turn.ConversationID + "/messages"
 	for range 2 {

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -127,6 +128,13 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		claims, err = s.cfg.Store.ClaimMany(ctx, p)
 		return len(claims) > 0, err
 	})
+	if errors.Is(err, store.ErrKeyTaken) {
+		// The retry of a claim whose attempts' leases are over: what it
+		// claimed is the reaper's now, and waiting cannot free the key.
+		// Nothing to claim, at once; the host's next claim has a new key.
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgClaimKeyTaken, slog.String("host", h.Name))
+		found, err = false, nil
+	}
 	if err != nil {
 		s.fail(w, r, op, err)
 		return

@@ -238,8 +238,7 @@ func TestServeAndSubmit(t *testing.T) {
 	}
 
 	// worker claims the next turn and ends it: succeeded, or failed with
-	// an admission whose answer it takes for lost (which loses the
-	// conversation, R30).
+	// its retained session gone (which loses the conversation, R31).
 	worker := func(succeed bool) error {
 		c, err := wc.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 10_000})
 		if err != nil {
@@ -253,7 +252,7 @@ func TestServeAndSubmit(t *testing.T) {
 		if _, err := wc.Admission(ctx, c.WorkerToken, c.JobID, wire.AdmissionRequest{AttemptRef: r, ActivationID: "a1"}); err != nil {
 			return err
 		}
-		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "admission_timeout", Ambiguous: true}
+		fin := wire.FinishRequest{AttemptRef: r, Outcome: wire.OutcomeFailed, Class: "workspace_missing", Unrecoverable: true}
 		if succeed {
 			if _, err := wc.Settlement(ctx, c.WorkerToken, c.JobID, wire.SettlementRequest{AttemptRef: r, ActivationID: "a1",
 				Supervisor: wire.SupervisorReceipt{ActivationID: "a1", ReceiptID: "r1", NativeTurn: 1}}); err != nil {
@@ -331,6 +330,45 @@ func TestSQLiteSynchronousDefaultsToFull(t *testing.T) {
 			}
 			if got := d.synchronous(); got != tc.want {
 				t.Fatalf("synchronous %s, want %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// K9 through serve itself: the level its SQLite writer connection runs
+// at, read back from that connection (PRAGMA synchronous) and printed on
+// the serving line — FULL by default and when asked for, NORMAL only when
+// asked for. TestSQLiteSynchronousDefaultsToFull reads the flag alone.
+func TestServeWriterSynchronous(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"default", nil, "full"},
+		{"full by flag", []string{"--sqlite-synchronous", "full"}, "full"},
+		{"normal by flag", []string{"--sqlite-synchronous", "normal"}, "normal"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startServe(t, append([]string{"--data-dir", t.TempDir()}, tc.args...)...) // returns once the serving line is out
+			req, err := http.NewRequest(http.MethodGet, r.addr+"/readyz", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Close = true
+			resp, err := http.DefaultClient.Do(req) // answered: its start-up is over before it is stopped
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			var line string
+			for l := range strings.Lines(r.logs.String()) {
+				if strings.Contains(l, "serving ") {
+					line = l
+				}
+			}
+			if !strings.HasSuffix(strings.TrimSpace(line), "(synchronous="+tc.want+")") {
+				t.Fatalf("serve %v: serving line %q, want the writer's synchronous=%s\n%s", tc.args, line, tc.want, r.logs.String())
 			}
 		})
 	}

@@ -169,6 +169,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return err
 	}
 	defer st.Close()
+	// K9 as the writer's connection has it, not as it was asked for.
+	durability, err := st.WriterSynchronous(ctx)
+	if err != nil {
+		return err
+	}
+	if durability != "" {
+		where += " (synchronous=" + strings.ToLower(string(durability)) + ")"
+	}
 	tokenNote, err := userTokenFile(ctx, st, *tokenFile)
 	if err != nil {
 		return err

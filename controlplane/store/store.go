@@ -28,6 +28,10 @@ var (
 	ErrInvalid          = errors.New("invalid")                      // 400 invalid (wrap with detail)
 	ErrExists           = errors.New("already exists")               // 409 (host names)
 	ErrSchemaBehind     = errors.New("schema behind")                // Ready: a migration of this build is not applied
+	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
+	// leases over but not yet superseded by the reaper. Nothing is
+	// claimed; the host's next claim, with a new key, is an ordinary one.
+	ErrKeyTaken = errors.New("idempotency key is taken") // 204, the claim answered at once
 )
 
 // Release cap and backoff (K7), the defaults of every implementation.
@@ -346,9 +350,12 @@ type Store interface {
 	Release(ctx context.Context, ref wire.AttemptRef, req wire.ReleaseRequest, now time.Time) error
 	// Finish records the terminal report. The same report again gets the
 	// first answer (P2). Admitted and unsettled with any outcome but
-	// succeeded quarantines the conversation (K13); an ambiguous admission
-	// or an unrecoverable session marks it LOST (R30, R31). worker_lost on a
-	// never-admitted job requeues it without counting an attempt (P6).
+	// succeeded quarantines the conversation (K13); an unrecoverable
+	// session marks it LOST (R31). An ambiguous admission is judged on the
+	// attempt's admitted_at: none recorded, the turn ends as not started
+	// and the conversation is untouched (R30); recorded, K13's quarantine.
+	// worker_lost on a never-admitted job requeues it without counting an
+	// attempt (P6).
 	Finish(ctx context.Context, ref wire.AttemptRef, req wire.FinishRequest, now time.Time) (wire.FinishResponse, error)
 
 	// Reap supersedes attempts whose lease expired before Now-Grace with an

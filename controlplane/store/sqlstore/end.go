@@ -142,10 +142,15 @@ func (s *Store) finish(ctx context.Context, wk *store.Worker, ref wire.AttemptRe
 				return err
 			}
 			switch {
-			case req.Ambiguous:
-				// R30: an admission may have committed unseen; the
-				// prompt was never sent, and never will be.
-				err = s.loseConversation(ctx, tx, conv, reasonLostInterrupted, now)
+			case req.Ambiguous && !admitted.Valid && !req.Unrecoverable:
+				// R30: the runner never learned whether its admission
+				// committed, and the attempt's own record says it did
+				// not; ended now, the attempt can never be admitted. The
+				// turn never started and the conversation stays as it
+				// was: a missing answer is no evidence of a loss.
+				if state == wire.JobFailed {
+					reason = reasonNotStarted
+				}
 			case req.Unrecoverable && convState == wire.ConversationQuarantined:
 				// K13: the retained sandbox failed the verification.
 				err = s.loseConversation(ctx, tx, conv, reasonLostUnverified, now)

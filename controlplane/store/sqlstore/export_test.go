@@ -1,7 +1,5 @@
 package sqlstore
 
-import "context"
-
 // Commits is how many transactions SQLite's writer has committed.
 func Commits(s *Store) int64 { return s.GroupCommits().Commits }
 
@@ -10,16 +8,6 @@ func Commits(s *Store) int64 { return s.GroupCommits().Commits }
 func HoldWriter(s *Store) (release func()) {
 	s.sw.turn <- struct{}{}
 	return func() { <-s.sw.turn }
-}
-
-// WriterSynchronous reads PRAGMA synchronous on SQLite's writer
-// connection: 1 is NORMAL, 2 is FULL.
-func WriterSynchronous(ctx context.Context, s *Store) (int, error) {
-	var n int
-	err := s.write(ctx, func(tx txn) error {
-		return tx.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&n)
-	})
-	return n, err
 }
 
 // RenewStatements is how many coalesced renewal statements PostgreSQL's

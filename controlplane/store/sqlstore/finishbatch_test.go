@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -227,5 +228,102 @@ func TestPostgresFinishesCoalesce(t *testing.T) {
 	}
 	if c, ok, err := st.Claim(ctx, store.ClaimParams{HostID: h.ID, LeaseTTL: time.Minute, WorkerTokenHash: storetest.Hash("extra"), Now: now.Add(2 * time.Second)}); err != nil || ok {
 		t.Fatalf("a claim after the next turns took %s (%v, %v), want none", c.JobID, ok, err)
+	}
+}
+
+// TestPostgresCoalescedFinishesQuarantineAdmitted: K13 through the
+// coalesced finish. Admitted, unsettled turns finishing failed or
+// cancelled, queued together into one batch (and one alone, a batch of
+// one), are not the batch's to record — they change their conversation —
+// and each quarantines its conversation naming its job, fails (with the
+// interrupted reason) or is cancelled, and leaves the turn behind it
+// queued; none ends with its conversation usable.
+func TestPostgresCoalescedFinishesQuarantineAdmitted(t *testing.T) {
+	sqlstore.PostgresTestDSN(t)
+	ctx := context.Background()
+	st := sqlstore.OpenTestPostgres(t)
+	now, err := st.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 9 // the last one alone
+	token := func(i int) []byte { return storetest.Hash(fmt.Sprint("w", i)) }
+	outcome := func(i int) string {
+		if i%2 == 0 {
+			return wire.OutcomeFailed
+		}
+		return wire.OutcomeCancelled
+	}
+	claims := make([]wire.Claim, n)
+	behind := make([]string, n)
+	for i := range n {
+		conv, err := st.CreateConversation(ctx, wire.CreateConversationRequest{AgentCommand: []string{"a"}}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.EnqueueTurn(ctx, conv.ID, "first", now); err != nil {
+			t.Fatal(err)
+		}
+		j, err := st.EnqueueTurn(ctx, conv.ID, "behind", now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		behind[i] = j.ID
+		c, ok, err := st.Claim(ctx, store.ClaimParams{HostID: h.ID, LeaseTTL: time.Minute, WorkerTokenHash: token(i), Now: now})
+		if err != nil || !ok {
+			t.Fatalf("Claim %d = %v, %v", i, ok, err)
+		}
+		claims[i] = c
+		r := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
+		if _, err := st.Admit(ctx, r, "act", now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finish := func(i int) (wire.FinishResponse, error) {
+		c := claims[i]
+		r := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
+		return st.FinishAs(ctx, store.Worker{JobID: c.JobID, TokenHash: token(i)}, r,
+			wire.FinishRequest{AttemptRef: r, Outcome: outcome(i), Class: "agent_crash"}, now.Add(time.Second))
+	}
+	queued, release := sqlstore.HoldFinishes(st)
+	answers := make([]wire.FinishResponse, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n - 1 {
+		wg.Go(func() { answers[i], errs[i] = finish(i) })
+	}
+	for queued() < n-1 { // every finish waits behind the held lanes: one batch
+		runtime.Gosched()
+	}
+	release()
+	wg.Wait()
+	answers[n-1], errs[n-1] = finish(n - 1)
+	for i, c := range claims {
+		wantJob := map[string]string{wire.OutcomeFailed: wire.JobFailed, wire.OutcomeCancelled: wire.JobCancelled}[outcome(i)]
+		if errs[i] != nil || answers[i].JobState != wantJob || answers[i].ConversationState != wire.ConversationQuarantined {
+			t.Errorf("finish %d (%s, admitted, unsettled) = %+v, %v; want job %s, conversation quarantined", i, outcome(i), answers[i], errs[i], wantJob)
+			continue
+		}
+		cv, err := st.GetConversation(ctx, c.Turn.ConversationID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cv.State != wire.ConversationQuarantined || cv.InterruptedJobID != c.JobID {
+			t.Errorf("conversation of finish %d = %+v, want quarantined by %s", i, cv, c.JobID)
+		}
+		j, err := st.GetJob(ctx, c.JobID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.State != wantJob || j.Reason == "" || (wantJob == wire.JobFailed && !strings.Contains(j.Reason, "interrupted")) {
+			t.Errorf("job of finish %d = %s %q, want %s with its reason (a failure: interrupted)", i, j.State, j.Reason, wantJob)
+		}
+		if b, err := st.GetJob(ctx, behind[i]); err != nil || b.State != wire.JobQueued {
+			t.Errorf("the turn behind finish %d = %s, %v; want queued", i, b.State, err)
+		}
 	}
 }

@@ -23,11 +23,11 @@ func TestK9SQLiteSynchronousFullByDefault(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []sqlstore.Option
-		want int
+		want sqlstore.Synchronous
 	}{
-		{"default", nil, 2},
-		{"full", []sqlstore.Option{sqlstore.WithSynchronous(sqlstore.SyncFull)}, 2},
-		{"normal by choice", []sqlstore.Option{sqlstore.WithSynchronous(sqlstore.SyncNormal)}, 1},
+		{"default", nil, sqlstore.SyncFull},
+		{"full", []sqlstore.Option{sqlstore.WithSynchronous(sqlstore.SyncFull)}, sqlstore.SyncFull},
+		{"normal by choice", []sqlstore.Option{sqlstore.WithSynchronous(sqlstore.SyncNormal)}, sqlstore.SyncNormal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st, err := sqlstore.OpenSQLite(ctx, filepath.Join(t.TempDir(), "cp.db"), tc.opts...)
@@ -35,9 +35,9 @@ func TestK9SQLiteSynchronousFullByDefault(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			got, err := sqlstore.WriterSynchronous(ctx, st)
+			got, err := st.WriterSynchronous(ctx)
 			if err != nil || got != tc.want {
-				t.Fatalf("PRAGMA synchronous = %d, %v; want %d", got, err, tc.want)
+				t.Fatalf("PRAGMA synchronous = %s, %v; want %s", got, err, tc.want)
 			}
 		})
 	}

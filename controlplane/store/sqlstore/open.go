@@ -112,6 +112,37 @@ func (s *Store) retryable(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
 }
 
+// WriterSynchronous reads PRAGMA synchronous on SQLite's writer
+// connection, the one every write commits on: what K9 depends on, as the
+// database itself says it, not as it was asked for. "" on PostgreSQL.
+func (s *Store) WriterSynchronous(ctx context.Context) (Synchronous, error) {
+	if s.d != sqlite {
+		return "", nil
+	}
+	var n int
+	err := s.write(ctx, func(tx txn) error {
+		return tx.QueryRowContext(ctx, "PRAGMA synchronous").Scan(&n)
+	})
+	if err != nil {
+		return "", fmt.Errorf("read synchronous: %w", err)
+	}
+	switch n {
+	case 1:
+		return SyncNormal, nil
+	case 2:
+		return SyncFull, nil
+	case 0:
+		return "OFF", nil
+	}
+	return "EXTRA", nil
+}
+
+// isConstraint reports a unique violation of the named index on PostgreSQL.
+func isConstraint(err error, name string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == name
+}
+
 // isUniqueViolation reports a unique constraint refusing a row.
 func isUniqueViolation(err error) bool {
 	var pe *pgconn.PgError

@@ -135,6 +135,12 @@ SELECT GREATEST(COALESCE((SELECT MAX(seq) FROM job_events WHERE attempt_id = $2 
 	COALESCE((SELECT MAX(s) FROM unnest(CAST($6 AS BIGINT[])) AS s), 0)) FROM a`
 	var resp wire.EventsResponse
 	ok, err := s.workerRow(ctx, q, pgWorkerArgs(nowA, w, ref, seqs, times, types, data, int64(n)), &resp.StoredThrough)
+	if isConstraint(err, "job_events_runner_seq") {
+		// The same seqs stored meanwhile by an upload that raced this one
+		// (both saw none, and this one waited for the job's counter): a
+		// repeat, which rolled back whole and is AppendEvents' to answer.
+		return wire.EventsResponse{}, false, nil
+	}
 	if err != nil {
 		return resp, false, fmt.Errorf("append events: %w", err)
 	}

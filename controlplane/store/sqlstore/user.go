@@ -16,8 +16,7 @@ import (
 // Plain-language reasons shown to the conversation's owner (R32). The
 // infrastructure detail stays in the job's events.
 const (
-	reasonLostInterrupted = "This conversation is no longer available: a reply was interrupted partway through and could not be safely continued."
-	reasonLostSession     = "This conversation is no longer available: its saved working state could not be found, so it cannot be continued."
+	reasonLostSession = "This conversation is no longer available: its saved working state could not be found, so it cannot be continued."
 	// K13: a quarantined conversation whose retained sandbox failed the
 	// next turn's verification.
 	reasonLostUnverified  = "This conversation is no longer available: a reply was interrupted, and its saved working state is no longer the one that reply left, so it cannot be safely continued."

@@ -44,10 +44,12 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (wire.Claim, boo
 // so this is the first entries of two partial indexes, each in the order
 // of its ORDER BY (TestQueryPlansUseIndexes). With an idempotency key it
 // first looks for the host's live attempts of that key (every slot's,
-// slotKey) and answers them again (Replayed), the whole batch. On PostgreSQL an unkeyed claim, or a keyed one with no
-// live attempt of its key, is one statement (claimPG); the transaction
-// below is SQLite's way, and PostgreSQL's for a replay and a paused or
-// unknown host.
+// slotKey) and answers them again (Replayed), the whole batch; a key
+// whose attempts still run with their leases over is taken
+// (store.ErrKeyTaken) until the reaper supersedes them. On PostgreSQL an
+// unkeyed claim, or a keyed one with no running attempt of its key, is
+// one statement (claimPG); the transaction below is SQLite's way, and
+// PostgreSQL's for a replay, a taken key and a paused or unknown host.
 func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Claim, error) {
 	if len(p.WorkerTokenHash) == 0 || (len(p.KeyHash) > 0 && len(p.KeyHash) < 8) || len(p.More) >= maxBatchClaims {
 		return nil, fmt.Errorf("claim: %w: a worker token hash is required, a key hash of at least 8 bytes, and at most %d turns", store.ErrInvalid, maxBatchClaims)
@@ -95,6 +97,19 @@ func (s *Store) ClaimMany(ctx context.Context, p store.ClaimParams) ([]wire.Clai
 			var err error
 			if cs, err = s.replayClaims(ctx, tx, p.HostID, key.(string), p.Now); err != nil || len(cs) > 0 {
 				return err // a replay is the turns given before, not new ones: no pause stops it
+			}
+			// None of the key's attempts holds its lease; one still
+			// running (the reaper's to supersede) keeps the key, and a
+			// new attempt under it would break attempts_claim_key.
+			var taken int
+			err = tx.QueryRowContext(ctx, s.q(`SELECT COUNT(*) FROM attempts
+				WHERE host_id = ? AND claim_key >= ? AND claim_key < ? AND state = 'running'`),
+				p.HostID, key, key.(string)+"/").Scan(&taken)
+			if err != nil {
+				return err
+			}
+			if taken > 0 {
+				return store.ErrKeyTaken
 			}
 		}
 		if open, err := s.hostClaims(ctx, tx, p.HostID); err != nil || !open {
@@ -171,9 +186,10 @@ func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot 
 // attempts, their claimed events numbered under each job's counter lock,
 // and what the answers need of their conversations. done is false when
 // the transaction must decide instead: no row for the host (paused or
-// unknown: the transaction words it) or a live attempt of the key (a
-// replay). A keyed claim first takes its key's lock, pipelined before
-// the statement: its retry, racing it, waits and then replays it.
+// unknown: the transaction words it) or a running attempt of the key (a
+// replay, or a key taken by an attempt whose lease is over). A keyed
+// claim first takes its key's lock, pipelined before the statement: its
+// retry, racing it, waits and then replays it.
 func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.ClaimSlot, ttl time.Duration, key any) ([]wire.Claim, bool, error) {
 	exp := fromNS(ns(p.Now.Add(ttl)))
 	expJSON, err := json.Marshal(exp)
@@ -225,14 +241,14 @@ func claimedRows(rows interface {
 	host := false
 	for rows.Next() {
 		host = true
-		var replay bool
+		var keyed bool
 		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted sql.NullString
 		var seq, gen, epoch, native sql.NullInt64
-		if err := rows.Scan(&replay, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted); err != nil {
+		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted); err != nil {
 			return nil, false, err
 		}
-		if replay {
-			return nil, false, nil
+		if keyed {
+			return nil, false, nil // a replay or a taken key: the transaction's
 		}
 		if !jobID.Valid {
 			continue // the host's row with no job
@@ -266,9 +282,9 @@ func claimedRows(rows interface {
 // NULLs when none is: no row means the host is paused or unknown.
 const claimPGStatement = `WITH h AS (
 	SELECT id, name FROM hosts WHERE id = $1 AND paused_at IS NULL AND removed_at IS NULL FOR SHARE
-), live AS (
+), keyed AS (
 	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key >= CAST($8 AS TEXT) AND claim_key < CAST($8 AS TEXT) || '/'
-		AND state = 'running' AND lease_expires_at > $2
+		AND state = 'running'
 ), pick AS (
 	SELECT pos, row_number() OVER (ORDER BY pos) AS k FROM (
 		SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND sandbox_host_id = $1
@@ -284,7 +300,7 @@ const claimPGStatement = `WITH h AS (
 	UPDATE jobs SET state = 'running', generation = jobs.generation + 1,
 		attempt_count = jobs.attempt_count + 1, live_attempt_id = sl.a
 	FROM pick JOIN unnest(CAST($4 AS TEXT[]), CAST($5 AS TEXT[])) WITH ORDINALITY AS sl(a, t, k) ON sl.k = pick.k
-	WHERE jobs.pos = pick.pos AND jobs.state = 'queued' AND EXISTS (SELECT 1 FROM h) AND NOT EXISTS (SELECT 1 FROM live)
+	WHERE jobs.pos = pick.pos AND jobs.state = 'queued' AND EXISTS (SELECT 1 FROM h) AND NOT EXISTS (SELECT 1 FROM keyed)
 	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, sl.a, sl.t, sl.k
 ), att AS (
 	INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
@@ -300,7 +316,7 @@ const claimPGStatement = `WITH h AS (
 		CAST($10 AS TEXT) || CAST(j.generation AS TEXT) || ',"lease_owner":' || CAST(to_json(h.name) AS TEXT) || '}'
 	FROM j JOIN cnt ON cnt.job_id = j.id, h
 )
-SELECT EXISTS (SELECT 1 FROM live), j.id, j.a, j.conversation_id, j.seq, j.prompt, j.generation,
+SELECT EXISTS (SELECT 1 FROM keyed), j.id, j.a, j.conversation_id, j.seq, j.prompt, j.generation,
 	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
 	(SELECT ia.activation_id FROM jobs ij JOIN attempts ia ON ia.id = ij.admitted_attempt_id
 		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined')

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -169,9 +170,12 @@ func testClaimIdempotencyKey(t *testing.T, st store.Store) {
 	if !ok || c3.Replayed || c3.JobID != j3.ID {
 		t.Fatalf("the key after its attempt ended = %+v, %v", c3, ok)
 	}
-	// Past the lease, no replay: the reaper's to decide.
-	if c, ok := f.keyedClaim(f.host, "key-1", "att_key1d", 0, at(13*time.Second+TTL)); ok {
-		t.Fatalf("the key past its lease = %+v", c)
+	// Past the lease, no replay: the reaper's to decide, and the key is
+	// taken until it has (testClaimKeyTakenPastItsLease).
+	c, ok, err := st.Claim(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: at(13*time.Second + TTL),
+		AttemptID: "att_key1d", KeyHash: Hash("key-1"), WorkerTokenHash: Hash("key-1" + "att_key1d")})
+	if ok || !errors.Is(err, store.ErrKeyTaken) {
+		t.Fatalf("the key past its lease = %+v, %v, %v; want nothing, ErrKeyTaken", c, ok, err)
 	}
 	// Without a key, every claim is new (as before).
 	if _, ok := f.tryClaim(f.host, at(14*time.Second)); ok {
@@ -205,5 +209,67 @@ func testRaceSameClaimKey(t *testing.T, st store.Store) {
 	}
 	if j := f.job(got[0].JobID); len(j.Attempts) != 1 {
 		t.Fatalf("job after %d claims with one key: %+v", n, j)
+	}
+}
+
+// A keyed claim asked again after its attempt's lease ran out, before the
+// reaper superseded it (the host's retry, late): the key is taken by an
+// attempt that runs no more, so the claim takes nothing and says so
+// (ErrKeyTaken) — it neither replays an expired lease nor claims another
+// job under the same key. The job behind stays queued, unclaimed; once
+// the reaper has superseded the attempt the key claims anew. The same for
+// a batch, every slot's key.
+func testClaimKeyTakenPastItsLease(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	j1 := f.enqueue(f.conversation().ID, "first")
+	c1, ok := f.keyedClaim(f.host, "key-late", "att_late1", 0, T0)
+	if !ok || c1.JobID != j1.ID {
+		t.Fatalf("first keyed claim = %+v, %v", c1, ok)
+	}
+	j2 := f.enqueue(f.conversation().ID, "second")
+	j3 := f.enqueue(f.conversation().ID, "third")
+	late := at(TTL + time.Second)
+	_, ok, err := st.Claim(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: late,
+		AttemptID: "att_late2", KeyHash: Hash("key-late"), WorkerTokenHash: Hash("key-late" + "att_late2")})
+	wantErr(t, "the key again past its lease, before the reaper", err, store.ErrKeyTaken)
+	if ok {
+		t.Fatal("the late keyed claim claimed a turn")
+	}
+	batch := store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: late,
+		AttemptID: "att_late3", KeyHash: Hash("key-late"), WorkerTokenHash: Hash("key-late" + "att_late3"),
+		More: []store.ClaimSlot{{AttemptID: "att_late4", WorkerTokenHash: Hash("key-late" + "att_late4")}}}
+	cs, err := st.ClaimMany(f.ctx, batch)
+	wantErr(t, "a keyed batch again past its lease", err, store.ErrKeyTaken)
+	if len(cs) != 0 {
+		t.Fatalf("the late keyed batch claimed %v", jobsOf(cs))
+	}
+	for _, j := range []wire.Job{j2, j3} {
+		if got := f.job(j.ID); got.State != wire.JobQueued || len(got.Attempts) != 0 {
+			t.Fatalf("job %s after the late keyed claims = %+v, want queued with no attempt", j.ID, got)
+		}
+	}
+	if got := f.job(j1.ID); len(got.Attempts) != 1 || got.Attempts[0].State != wire.AttemptRunning {
+		t.Fatalf("the key's job = %+v, want its one attempt, not superseded by a claim", got)
+	}
+	if _, err := st.Reap(f.ctx, store.ReapParams{Now: at(TTL + 2*time.Second), MaxWorkerLost: 3}); err != nil {
+		t.Fatal(err)
+	}
+	c2, ok := f.keyedClaim(f.host, "key-late", "att_late5", 0, at(TTL+3*time.Second))
+	if !ok || c2.Replayed || c2.AttemptID != "att_late5" {
+		t.Fatalf("the key after the reaper = %+v, %v; want a new claim", c2, ok)
+	}
+
+	// A batch whose slots' attempts ran out: the same.
+	b := f.claimBatch(f.host, 2, "key-batch", at(TTL+3*time.Second))
+	if len(b) != 2 {
+		t.Fatalf("keyed batch = %v, want 2 turns", jobsOf(b))
+	}
+	f.enqueue(f.conversation().ID, "fourth")
+	cs, err = st.ClaimMany(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, Now: at(2*TTL + 4*time.Second),
+		AttemptID: "att_late6", KeyHash: Hash("key-batch"), WorkerTokenHash: Hash("key-batch" + "att_late6"),
+		More: []store.ClaimSlot{{AttemptID: "att_late7", WorkerTokenHash: Hash("key-batch" + "att_late7")}}})
+	wantErr(t, "the batch's key again past its leases", err, store.ErrKeyTaken)
+	if len(cs) != 0 {
+		t.Fatalf("the late keyed batch claimed %v", jobsOf(cs))
 	}
 }

@@ -294,3 +294,49 @@ func testRaceReaperVsLateFinish(t *testing.T, st store.Store) {
 	}
 	t.Logf("wins: %v", wins)
 }
+
+// The same upload sent several times at once (a runner's retry racing its
+// first request, still in flight): every one is answered 200 with the
+// same stored_through — a duplicate is a replay — and each event is
+// stored once, the job's events numbered without a gap.
+func testRaceSameSeqUploads(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	const uploads, rounds = 8, 5
+	j := f.enqueue(f.conversation().ID, "p")
+	c := f.claim(T0)
+	w := store.Worker{JobID: c.JobID, TokenHash: Hash(tokenOf(f, c))}
+	for round := range rounds {
+		events := []wire.Event{
+			{Seq: int64(2*round + 1), Time: T0, Type: "agent.output", Data: []byte(`{"text":"a"}`)},
+			{Seq: int64(2*round + 2), Time: T0, Type: "agent.output", Data: []byte(`{"text":"b"}`)},
+		}
+		var wg sync.WaitGroup
+		resps := make([]wire.EventsResponse, uploads)
+		errs := make([]error, uploads)
+		for i := range uploads {
+			wg.Go(func() { resps[i], errs[i] = st.AppendEventsAs(f.ctx, w, ref(c), events, at(time.Second)) })
+		}
+		wg.Wait()
+		for i := range uploads {
+			if errs[i] != nil || resps[i].StoredThrough != int64(2*round+2) {
+				t.Fatalf("round %d, upload %d = %+v, %v; want stored_through %d", round, i, resps[i], errs[i], 2*round+2)
+			}
+		}
+	}
+	all, err := st.JobEvents(f.ctx, j.ID, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runner := 0
+	for i, e := range all {
+		if e.ID != int64(i+1) {
+			t.Fatalf("event %d is numbered %d: %+v", i+1, e.ID, all)
+		}
+		if e.Source == "runner" {
+			runner++
+		}
+	}
+	if runner != 2*rounds {
+		t.Fatalf("%d runner events stored, want %d", runner, 2*rounds)
+	}
+}

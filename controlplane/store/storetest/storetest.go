@@ -69,6 +69,7 @@ var tests = []test{
 	{"R27_SettlementIdempotent", testR27SettlementIdempotent},
 	{"R29_AbandonBeforeAdmissionKeepsConversation", testR29AbandonKeepsConversation},
 	{"R30_AdmittedTurnNeverRequeued", testR30AdmittedTurnNeverRequeued},
+	{"R30_AmbiguousAdmissionNeedsEvidence", testR30AmbiguousAdmissionNeedsEvidence},
 	{"R31_UnrecoverableSessionLosesConversation", testR31UnrecoverableSessionLosesConversation},
 	{"R32_LostConversationRefusesMessages", testR32LostConversationRefusesMessages},
 	{"R35_ReaperQuarantinesAdmittedConversation", testR35ReaperQuarantinesAdmittedConversation},
@@ -83,6 +84,7 @@ var tests = []test{
 	{"Routing_ClaimsMeetRequirements", testRoutingClaimsMeetRequirements},
 	{"Routing_InvalidLabels", testRoutingInvalidLabels},
 	{"Claim_IdempotencyKeyReplays", testClaimIdempotencyKey},
+	{"Claim_KeyTakenPastItsLease", testClaimKeyTakenPastItsLease},
 	{"BatchClaim_LimitDistinctOneTurnPerConversation", testBatchClaimLimitDistinct},
 	{"BatchClaim_KeepsBackoffRoutingAffinityPause", testBatchClaimKeepsRules},
 	{"BatchClaim_IdempotencyKeyReplaysTheBatch", testBatchClaimKeyReplays},
@@ -95,6 +97,7 @@ var tests = []test{
 	{"Race_R36_ReleaseVsAdmission", testRaceReleaseVsAdmission},
 	{"Race_ReaperVsLateFinish", testRaceReaperVsLateFinish},
 	{"Race_EventsFollowerSeesEveryEventOnce", testRaceEventsFollowerSeesEveryEventOnce},
+	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 }
 
