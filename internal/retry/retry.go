@@ -100,7 +100,7 @@ func (p Policy) Client(base http.RoundTripper, observe func(Failure)) *retryable
 	}
 	tries := 0
 	return &retryablehttp.Client{
-		HTTPClient:   &http.Client{Transport: base, Timeout: p.TryTimeout},
+		HTTPClient:   &http.Client{Transport: roundTripOnly{base}, Timeout: p.TryTimeout},
 		RetryMax:     retryMax,
 		RetryWaitMin: p.Wait,
 		RetryWaitMax: max(p.Wait, p.MaxWait),
@@ -137,6 +137,15 @@ func (p Policy) Client(base http.RoundTripper, observe func(Failure)) *retryable
 			return nil, bare(err)
 		},
 	}
+}
+
+// roundTripOnly hides a shared transport's CloseIdleConnections, which
+// retryablehttp calls when a call gives up: one call's end must not drop
+// the pooled connections of every other.
+type roundTripOnly struct{ base http.RoundTripper }
+
+func (r roundTripOnly) RoundTrip(req *http.Request) (*http.Response, error) {
+	return r.base.RoundTrip(req)
 }
 
 // pause is the pause after try attempt+1 failed with resp (nil for a
