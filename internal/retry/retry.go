@@ -86,10 +86,14 @@ func (p Policy) HTTP(base http.RoundTripper, observe func(Failure)) *http.Client
 //   - ErrorHandler hands the last try's answer or error back as it came, so
 //     the wire client turns it into its typed error; no URL is added.
 //
-// observe, when not nil, sees every failed try, with the pause that
-// follows it (0 when none does), before that pause. The library's logger
-// is off: the records are the caller's, made in observe from a class and
-// a status (R15–R18).
+// RequestLogHook notes each try's number, which the library does not hand
+// CheckRetry. observe, when not nil, sees every failed try with the pause
+// that follows it (0 when none does), before that pause; CheckRetry calls
+// it, the one hook that sees transport failures and status answers alike
+// and knows the decision (ResponseLogHook misses transport failures, the
+// ErrorHandler a definitive answer). The library's logger is off: the
+// records are the caller's, made in observe from a class and a status
+// (R15–R18).
 func (p Policy) Client(base http.RoundTripper, observe func(Failure)) *retryablehttp.Client {
 	if base == nil {
 		base = http.DefaultTransport
@@ -98,23 +102,23 @@ func (p Policy) Client(base http.RoundTripper, observe func(Failure)) *retryable
 	if p.Tries <= 0 {
 		retryMax = int(^uint32(0) >> 1) // no bound but the context
 	}
-	tries := 0
+	try := 0 // the try in flight, as the library numbers it (RequestLogHook)
 	return &retryablehttp.Client{
-		HTTPClient:   &http.Client{Transport: roundTripOnly{base}, Timeout: p.TryTimeout},
-		RetryMax:     retryMax,
-		RetryWaitMin: p.Wait,
-		RetryWaitMax: max(p.Wait, p.MaxWait),
+		HTTPClient:     &http.Client{Transport: roundTripOnly{base}, Timeout: p.TryTimeout},
+		RetryMax:       retryMax,
+		RetryWaitMin:   p.Wait,
+		RetryWaitMax:   max(p.Wait, p.MaxWait),
+		RequestLogHook: func(_ retryablehttp.Logger, _ *http.Request, attempt int) { try = attempt + 1 },
 		CheckRetry: func(ctx context.Context, resp *http.Response, err error) (bool, error) {
 			if err == nil && resp.StatusCode >= 200 && resp.StatusCode <= 299 {
 				return false, nil
 			}
-			tries++
-			f := Failure{Try: tries, Err: failure(resp, err)}
+			f := Failure{Try: try, Err: failure(resp, err)}
 			f.Class = wire.Classify(f.Err)
 			var fe finalError
-			again := !errors.As(err, &fe) && ctx.Err() == nil && p.Retries(f.Class) && (p.Tries <= 0 || tries < p.Tries)
+			again := !errors.As(err, &fe) && ctx.Err() == nil && p.Retries(f.Class) && (p.Tries <= 0 || try < p.Tries)
 			if again {
-				f.Next = p.pause(tries-1, resp)
+				f.Next = p.pause(try-1, resp)
 				if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= f.Next {
 					again, f.Next = false, 0
 				}
