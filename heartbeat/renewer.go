@@ -129,7 +129,16 @@ func (v Verdict) Err() error {
 // goroutine of its own: between renewals it is a timer (time.AfterFunc), and
 // each renewal's request and answer run on that timer's short-lived
 // goroutine, which arms the timer again and ends. A parked goroutine per
-// held turn would cost its stack for the turn's whole life (issue 12 §6).
+// held turn would cost its stack for the turn's whole life.
+//
+// The renewer is not a retry policy and does not run under go-retryablehttp
+// or cenkalti/backoff as the receipts, reports and launch gate do: R14's
+// cadence is exact and has two clocks — the next renewal one interval after
+// the last acknowledged one was sent, a retry one RetryDelay after a failure
+// ended, each try bounded by its request timeout and the lease by the last
+// acknowledgement — and a generic retrier knows neither the send time of the
+// acknowledged try nor when to give the lease up; its timer state machine
+// is that schedule, written once.
 type Renewer struct {
 	cfg     Config
 	a       Attempt

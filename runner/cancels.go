@@ -63,7 +63,7 @@ func (d *Daemon) cancelWatched() []string {
 // Failures pause under the claim's schedule; the renewal answer stays the
 // fallback (P7) whatever this loop does.
 func (d *Daemon) cancelLoop(ctx context.Context) {
-	pauses := retry.Policy{Name: "cancels", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
+	pauses := retry.Policy{Name: "cancels", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax, Jitter: d.cfg.Jitter}.Backoff()
 	failures := 0
 	for ctx.Err() == nil {
 		ids := d.cancelWatched()
@@ -99,7 +99,7 @@ func (d *Daemon) cancelLoop(ctx context.Context) {
 				return
 			}
 			failures++
-			pause := jitter(pauses.Pause(failures), d.cfg.Jitter)
+			pause := pauses.NextBackOff()
 			if failures == 1 {
 				d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgCancelPollFailed,
 					slog.String(diagnostics.KeyClass, diagnostics.Class(ans.err)), slog.Int(diagnostics.KeyStatus, diagnostics.Status(ans.err)),
@@ -111,6 +111,7 @@ func (d *Daemon) cancelLoop(ctx context.Context) {
 			continue
 		}
 		failures = 0
+		pauses.Reset()
 		for _, id := range ans.ids {
 			d.mu.Lock()
 			a := d.cancelWatch[id]

@@ -28,8 +28,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	stop := claimCtx.Done()
 
 	// Failed claims pause under this schedule, never giving up.
-	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
-	failures := 0
+	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax, Jitter: d.cfg.Jitter}.Backoff()
 	failing := false
 	// The claim in progress: its idempotency key, the send of its first
 	// request and how many turns it asked for. A claim whose answer never
@@ -111,7 +110,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		case err == nil:
 			d.claimDone(len(got))
 			failing = false
-			failures = 0
+			claims.Reset()
 			for _, claim := range got {
 				d.startAttempt(runCtx, claim, first)
 			}
@@ -124,7 +123,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 				failing = false
 				d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
 			}
-			failures = 0
+			claims.Reset()
 			// The long poll already waited; a short random pause keeps a
 			// fleet's polls apart.
 			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
@@ -146,7 +145,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 				d.endpointMissing("claim", status)
 				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
 			}
-			if failures++; !wait(jitter(claims.Pause(failures), d.cfg.Jitter)) {
+			if !wait(claims.NextBackOff()) {
 				return
 			}
 		}

@@ -6,8 +6,10 @@ import (
 	"time"
 )
 
-// jitter spreads d by ±frac, so that a fleet does not poll or retry in
-// lockstep after an outage.
+// jitter spreads a periodic wait d (the host heartbeat, the sandbox sweep)
+// by ±frac, so that a fleet does not poll in lockstep. The backoffs after
+// failures take theirs from their ExponentialBackOff's randomisation
+// factor (retry.Policy.Backoff).
 func jitter(d time.Duration, frac float64) time.Duration {
 	if frac <= 0 || d <= 0 {
 		return d

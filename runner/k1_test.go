@@ -502,3 +502,56 @@ func TestK1ReportUnderOutage(t *testing.T) {
 		})
 	})
 }
+
+// K1: the restart's lease question is asked for a whole lease, the local
+// lease's validity being its context: with every answer 503 it is tried
+// every retry delay (R4) and the last try comes within one retry delay of
+// the lease's end — not one renewal interval or more before it. Then the
+// attempt is kept for the next start, and no record of the whole run
+// carries the worker token, the host token, the URL or the request's path.
+func TestK1LeaseQuestionAskedForAWholeLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newK1World(t)
+		c := w.claim("")
+		d, logs := w.daemon()
+		if err := d.state.save(record{Claim: c, ClaimedAt: time.Now()}); err != nil {
+			t.Fatal(err)
+		}
+		w.proxy.set(wire.OpRenew, nil, &answer{status: http.StatusServiceUnavailable})
+		start := time.Now()
+		if got := d.recoverOne(context.Background(), mustLoadOne(t, d)); got != decisionUnreachable {
+			t.Fatalf("decision %q, want %q", got, decisionUnreachable)
+		}
+		took := time.Since(start)
+		lease, delay := heartbeat.DefaultLeaseTTL, heartbeat.DefaultRetryDelay
+		tries := w.proxy.triesOf(wire.OpRenew, start)
+		if len(tries) == 0 {
+			t.Fatal("the lease question was never asked")
+		}
+		for i := 1; i < len(tries); i++ {
+			if gap := tries[i] - tries[i-1]; gap != delay {
+				t.Fatalf("tries at %v: a pause of %v, want %v (R4)", tries, gap, delay)
+			}
+		}
+		if last := tries[len(tries)-1]; last < lease-delay || last >= lease {
+			t.Errorf("last try at %v, want within one retry delay (%v) of the lease's end (%v); tries %v", last, delay, lease, tries)
+		}
+		if took > lease {
+			t.Errorf("the question was given up after %v, more than a lease (%v)", took, lease)
+		}
+		if !d.state.exists(c.AttemptID) {
+			t.Fatal("the attempt was forgotten without an answer")
+		}
+		if got := statusesOf(logs, "agent_control_failure", wire.OpRenew); !slices.Equal(got, []int{503}) {
+			t.Errorf("failure records %v, want one for the outage", got)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			for name, s := range map[string]string{"the worker token": c.WorkerToken, "the host token": w.hostToken,
+				"the URL": k1URL, "the path": wire.AttemptPath(c.JobID, wire.OpRenew)} {
+				if strings.Contains(line, s) {
+					t.Errorf("a record carries %s", name)
+				}
+			}
+		}
+	})
+}

@@ -4,20 +4,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
 )
 
 // launchGate keeps R37: consecutive launch failures (spawn failed, payload
 // undelivered, declined) stop claims on this host and back off
-// exponentially; the first good launch resets it. The run of failures is
+// exponentially (a cenkalti/backoff ExponentialBackOff: doubling from the
+// first pause to the longest, each spread by the jitter); the first good
+// launch resets it. The run of failures is
 // what host heartbeats report as launch_error.
 type launchGate struct {
-	threshold int          // failures in a row before claiming pauses
-	pauses    retry.Policy // the pause schedule once past the threshold
-	jitter    float64
+	threshold int // failures in a row before claiming pauses
 
-	mu          sync.Mutex // guards the fields below
+	mu          sync.Mutex                  // guards the fields below
+	pauses      *backoff.ExponentialBackOff // the pause schedule once past the threshold
 	consecutive int
 	class       string
 	since       time.Time
@@ -26,8 +29,8 @@ type launchGate struct {
 
 func newLaunchGate(threshold int, initial, max time.Duration, jitter float64) *launchGate {
 	// Never gives up: a host keeps trying.
-	return &launchGate{threshold: threshold, jitter: jitter,
-		pauses: retry.Policy{Name: "launch", Wait: initial, MaxWait: max}}
+	launches := retry.Policy{Name: "launch", Wait: initial, MaxWait: max, Jitter: jitter}
+	return &launchGate{threshold: threshold, pauses: launches.Backoff()}
 }
 
 // failure records a launch failure of the given class and returns how long
@@ -43,7 +46,7 @@ func (g *launchGate) failure(class string, now time.Time) time.Duration {
 	if g.consecutive < g.threshold {
 		return 0
 	}
-	d := jitter(g.pauses.Pause(g.consecutive-g.threshold+1), g.jitter)
+	d := g.pauses.NextBackOff()
 	g.pausedUntil = now.Add(d)
 	return d
 }
@@ -53,6 +56,7 @@ func (g *launchGate) success() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.consecutive, g.class, g.since, g.pausedUntil = 0, "", time.Time{}, time.Time{}
+	g.pauses.Reset()
 }
 
 // pause is how long claiming must still wait at now.

@@ -70,3 +70,38 @@ func TestR37LaunchGateBacksOffAndResets(t *testing.T) {
 		}
 	})
 }
+
+// R37: the launch gate's backoff is configured as the daemon says — its
+// randomisation factor is the jitter (pauses vary within ±jitter, and not
+// all alike; none without jitter), its maximum interval the longest pause
+// however long the run of failures, and each success starts it over.
+func TestR37LaunchGateJitterAndCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		exact := newLaunchGate(1, time.Second, 8*time.Second, 0)
+		for i, want := range []time.Duration{1, 2, 4, 8, 8, 8} {
+			if got := exact.failure("spawn_failed", time.Now()); got != want*time.Second {
+				t.Fatalf("without jitter, pause %d = %v, want %v", i, got, want*time.Second)
+			}
+		}
+
+		const jit = 0.2
+		g := newLaunchGate(1, time.Second, 8*time.Second, jit)
+		firsts := map[time.Duration]bool{}
+		for run := range 200 {
+			for i := range 20 {
+				p := g.failure("spawn_failed", time.Now())
+				base := min(time.Second<<i, 8*time.Second)
+				if lo, hi := time.Duration(float64(base)*(1-jit)), time.Duration(float64(base)*(1+jit)); p < lo || p > hi {
+					t.Fatalf("run %d, pause %d = %v, want %v..%v", run, i, p, lo, hi)
+				}
+				if i == 0 {
+					firsts[p] = true
+				}
+			}
+			g.success()
+		}
+		if len(firsts) < 50 {
+			t.Fatalf("only %d distinct first pauses in 200 runs: no jitter", len(firsts))
+		}
+	})
+}

@@ -37,8 +37,7 @@ const (
 // change is one record and a host heartbeat at once.
 func (d *Daemon) probeLoop(ctx context.Context, p backendProber) {
 	// While the backend fails, probes pause under the claims' schedule.
-	probes := retry.Policy{Name: "probe", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax}
-	failures := 0
+	probes := retry.Policy{Name: "probe", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax, Jitter: d.cfg.Jitter}.Backoff()
 	for {
 		pctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 		err := p.Probe(pctx)
@@ -49,10 +48,9 @@ func (d *Daemon) probeLoop(ctx context.Context, p backendProber) {
 		d.setBackend(err)
 		wait := jitter(d.cfg.HostHeartbeatInterval, d.cfg.Jitter)
 		if err != nil {
-			failures++
-			wait = jitter(probes.Pause(failures), d.cfg.Jitter)
+			wait = probes.NextBackOff()
 		} else {
-			failures = 0
+			probes.Reset()
 		}
 		if !sleep(ctx.Done(), wait) {
 			return

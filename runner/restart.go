@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -230,10 +231,12 @@ const (
 
 // askLease renews the attempt's lease to learn whether it is still ours,
 // under the report policy (K1) paced as a renewal — each try bounded by the
-// renewal timeout (R3), the next one RetryDelay later (R4) — for at most
-// one lease: a lease can be valid no longer than that after our last
-// acknowledged renewal. It returns the send time of the
-// answered try and the lease it granted. A refusal is recorded
+// renewal timeout (R3), the next one RetryDelay later (R4) — through a
+// retryablehttp client over the renewal transport, whose context is the
+// local lease's validity: a lease can be valid no longer than one lease
+// after our last acknowledged renewal, so the question is asked for a whole
+// lease and no pause that would outlast it is started. It returns the send
+// time of the answered try and the lease it granted. A refusal is recorded
 // (runnerd_report_refused); the first failure of an outage once.
 func (d *Daemon) askLease(ctx context.Context, a *attempt) (sent time.Time, ttl time.Duration, answer leaseAnswer) {
 	t := d.cfg.Timings
@@ -241,18 +244,12 @@ func (d *Daemon) askLease(ctx context.Context, a *attempt) (sent time.Time, ttl 
 	defer cancel()
 	policy := settlement.ReportPolicy(d.cfg.Reports)
 	policy.TryTimeout, policy.Wait, policy.MaxWait = t.RequestTimeout, t.RetryDelay, t.RetryDelay
-	req := wire.RenewRequest{AttemptRef: a.ref, LeaseTTLMS: t.LeaseTTL.Milliseconds()}
-	var resp wire.RenewResponse
-	err := policy.Do(ctx, func(ctx context.Context) error {
-		sent = time.Now()
-		var err error
-		resp, err = d.renew.Renew(ctx, a.claim.WorkerToken, a.claim.JobID, req)
-		return err
-	}, func(f retry.Failure) {
+	asked := wire.Client{BaseURL: d.renew.BaseURL, HTTP: policy.HTTP(sentAt{d.renew.HTTP.Transport, &sent}, func(f retry.Failure) {
 		if f.Try == 1 {
 			d.rec.ControlFailure(context.Background(), wire.OpRenew, a.id, f.Err)
 		}
-	})
+	})}
+	resp, err := asked.Renew(ctx, a.claim.WorkerToken, a.claim.JobID, wire.RenewRequest{AttemptRef: a.ref, LeaseTTLMS: t.LeaseTTL.Milliseconds()})
 	switch cls := wire.Classify(err); {
 	case err == nil:
 		return sent, time.Duration(resp.LeaseTTLMS) * time.Millisecond, leaseOurs
@@ -263,4 +260,16 @@ func (d *Daemon) askLease(ctx context.Context, a *attempt) (sent time.Time, ttl 
 		return sent, 0, leaseRefused
 	}
 	return sent, 0, leaseUnknown
+}
+
+// sentAt notes when each try of the lease question is sent: the answered
+// one's send time starts the granted lease (R1).
+type sentAt struct {
+	base http.RoundTripper
+	at   *time.Time
+}
+
+func (s sentAt) RoundTrip(req *http.Request) (*http.Response, error) {
+	*s.at = time.Now()
+	return s.base.RoundTrip(req)
 }

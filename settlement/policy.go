@@ -80,18 +80,21 @@ func uploadPolicy(p retry.Policy) retry.Policy {
 }
 
 // fence is the transport under every write of an attempt: after a lease
-// rejection nothing more leaves the process.
+// rejection nothing more leaves the process, and the call ends at once
+// (retry.Final) whatever its policy. It counts the tries of one write.
 type fence struct {
-	r    *Reporter
-	base http.RoundTripper
+	r     *Reporter
+	base  http.RoundTripper
+	tries *int
 }
 
 func (f fence) RoundTrip(req *http.Request) (*http.Response, error) {
+	*f.tries++
 	if f.r.Rejected() {
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		return nil, ErrLeaseRejected
+		return nil, retry.Final(ErrLeaseRejected)
 	}
 	return f.base.RoundTrip(req)
 }
@@ -111,9 +114,11 @@ type write struct {
 	tries  int
 }
 
-// do runs fn under w's policy through the fence. A lease rejection (the
-// owner's LeaseLost, or an answer that rejects the lease) ends it at once
-// and fences the attempt; the error then wraps ErrLeaseRejected.
+// do runs fn with a wire client whose every request goes through the fence
+// under w's policy: a retryablehttp client (w.policy.HTTP) makes the tries,
+// and its observer records them. A lease rejection (the owner's LeaseLost,
+// or an answer that rejects the lease) ends it at once and fences the
+// attempt; the error then wraps ErrLeaseRejected.
 func (r *Reporter) do(ctx context.Context, w *write, fn func(context.Context, *wire.Client) error) error {
 	if r.Rejected() {
 		return fmt.Errorf("%s: %w", w.op, ErrLeaseRejected)
@@ -122,20 +127,7 @@ func (r *Reporter) do(ctx context.Context, w *write, fn func(context.Context, *w
 	defer cancel(nil)
 	defer context.AfterFunc(r.fenced, func() { cancel(ErrLeaseRejected) })()
 	var prev *wire.StatusError
-	err := w.policy.Do(ctx, func(ctx context.Context) error {
-		w.tries++
-		err := fn(ctx, r.client)
-		switch {
-		case err == nil:
-			return nil
-		case RejectsLease(err):
-			r.reject(ErrLeaseRejected)
-			return retry.Final(err)
-		case r.Rejected():
-			return retry.Final(err)
-		}
-		return err
-	}, func(f retry.Failure) {
+	observe := func(f retry.Failure) {
 		if unsure(f.Err) {
 			w.unsure = true
 		}
@@ -149,7 +141,12 @@ func (r *Reporter) do(ctx context.Context, w *write, fn func(context.Context, *w
 		if !w.quiet && !w.every && f.Next > 0 {
 			r.recordRetry(w.op, f)
 		}
-	})
+	}
+	wc := &wire.Client{BaseURL: r.cfg.BaseURL, HTTP: w.policy.HTTP(fence{r: r, base: r.cfg.Transport, tries: &w.tries}, observe)}
+	err := fn(ctx, wc)
+	if RejectsLease(err) {
+		r.reject(ErrLeaseRejected)
+	}
 	if err != nil && r.Rejected() && !errors.Is(err, ErrLeaseRejected) {
 		return fmt.Errorf("%w: %w", ErrLeaseRejected, err)
 	}

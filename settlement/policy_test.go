@@ -53,6 +53,8 @@ func TestReceiptRetryMatrix(t *testing.T) {
 			at: []time.Duration{0, 15 * s, 30 * s}, took: 40 * s, want: ambiguous, classes: []string{"timeout", "timeout", "timeout"}},
 		{name: "read timeout twice then 200", faults: []fault{hang, hang}, tries: 3,
 			at: []time.Duration{0, 15 * s, 30 * s}, took: 30 * s, want: ok, classes: []string{"timeout", "timeout"}},
+		{name: "read timeout, 503, then 200", faults: []fault{hang, status(503)}, tries: 3,
+			at: []time.Duration{0, 15 * s, 20 * s}, took: 20 * s, want: ok, classes: []string{"timeout", "http_503"}},
 		{name: "answer lost once", faults: []fault{lose}, tries: 2,
 			at: []time.Duration{0, 5 * s}, took: 5 * s, want: ok, classes: []string{"eof"}},
 		{name: "answer lost three times", faults: []fault{lose, lose, lose}, tries: 3,

@@ -88,9 +88,8 @@ type ReporterConfig struct {
 // on it. The daemon holds one per attempt; a turn child's Session has one.
 // Safe for concurrent use.
 type Reporter struct {
-	cfg    ReporterConfig
-	rec    diagnostics.Recorder
-	client *wire.Client // through the fence
+	cfg ReporterConfig
+	rec diagnostics.Recorder
 
 	fenced context.Context // done once the lease is rejected
 	reject context.CancelCauseFunc
@@ -119,7 +118,6 @@ func NewReporter(cfg ReporterConfig) *Reporter {
 	cfg.Reports = ReportPolicy(cfg.Reports)
 	r := &Reporter{cfg: cfg, rec: diagnostics.NewRecorder(cfg.Logger)}
 	r.fenced, r.reject = context.WithCancelCause(context.Background())
-	r.client = &wire.Client{BaseURL: cfg.BaseURL, HTTP: &http.Client{Transport: fence{r: r, base: cfg.Transport}}}
 	return r
 }
 

@@ -295,7 +295,7 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 		var eb ErrorBody
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
 		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code,
-			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
+			RetryAfter: RetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	if resp.StatusCode == http.StatusNoContent || out == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, MaxBodyBytes))
@@ -307,9 +307,10 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 	return resp.StatusCode, nil
 }
 
-// retryAfter reads a Retry-After header: delay seconds or an HTTP date.
-// Anything unreadable, negative or past is 0.
-func retryAfter(v string, now time.Time) time.Duration {
+// RetryAfter reads a Retry-After header: delay seconds or an HTTP date.
+// Anything unreadable, negative or past is 0. The retry policies read it
+// (internal/retry) as StatusError.RetryAfter does.
+func RetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}

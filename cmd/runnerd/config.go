@@ -17,6 +17,7 @@ import (
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -86,8 +87,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
 	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
-	fs.DurationVar(&receiptTimeout, "receipt-timeout", 10*time.Second, "timeout of each receipt or report try (R24)")
-	fs.DurationVar(&receiptRetry, "receipt-retry", 5*time.Second, "pause between receipt or report tries (R24)")
+	fs.DurationVar(&receiptTimeout, "receipt-timeout", settlement.DefaultTryTimeout, "timeout of each receipt or report try (R24)")
+	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
 	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics (empty: off)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")

@@ -24,8 +24,9 @@ import (
 
 // Defaults of the Payload's zero fields.
 const (
-	DefaultRequestTimeout = 10 * time.Second // R24
-	DefaultRetryDelay     = 5 * time.Second  // R24
+	// The receipt policy's (R24), defined in settlement.
+	DefaultRequestTimeout = settlement.DefaultTryTimeout
+	DefaultRetryDelay     = settlement.DefaultWait
 	// supervisorCallTimeout bounds one lease deadline sent to the supervisor.
 	supervisorCallTimeout = 5 * time.Second
 	// InterruptGrace is how long the agent has to stop on SIGINT after the
