@@ -56,6 +56,8 @@ func supervise(args []string) int {
 //	silent    never answer; wait for STOP
 //	rejected  ACCEPT, PROGRESS (container recorded), RESULT failed with
 //	          LeaseRejected, as when the child's own write got a 409
+//	deaf      ACCEPT, PROGRESS, then ignore STOP, SIGTERM and its own
+//	          deadlines: only SIGKILL ends it
 //	reattach  ACCEPT, PROGRESS, wait until a lease moves (a new daemon's
 //	          REATTACH: the old one sends none), RESULT failed/scripted
 func fakeTurn() int {
@@ -114,6 +116,12 @@ func fakeTurn() int {
 		progress(settlement.Facts{})
 		<-ch.Context().Done()
 		return 0
+	case "deaf":
+		signal.Ignore(syscall.SIGTERM)
+		progress(settlement.Facts{})
+		for {
+			time.Sleep(time.Hour)
+		}
 	case "reattach":
 		progress(settlement.Facts{})
 		<-ch.LeaseChanged()
