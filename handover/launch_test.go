@@ -334,12 +334,26 @@ func TestTurnEnds(t *testing.T) {
 	t.Run("execution timeout after ACCEPT", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t, "hang-accepted") // ignores STOP and SIGTERM
-		cfg.ExecutionTimeout = 300 * time.Millisecond
 		cfg.StopGrace = 50 * time.Millisecond
 		cfg.KillGrace = 50 * time.Millisecond
-		turn, err := Launch(t.Context(), cfg, testPayload())
-		if err != nil {
-			t.Fatal(err)
+		// The timeout must come after ACCEPT: on a machine too loaded for
+		// the child to accept within one, try a longer one.
+		var turn *Turn
+		for _, timeout := range []time.Duration{300 * time.Millisecond, time.Second, 5 * time.Second, 20 * time.Second} {
+			cfg.ExecutionTimeout = timeout
+			var err error
+			turn, err = Launch(t.Context(), cfg, testPayload())
+			var na *NotAccepted
+			if errors.As(err, &na) && na.Class == ClassExecutionTimeout {
+				continue
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+		if turn == nil {
+			t.Fatal("the child never accepted before its execution timeout")
 		}
 		end := turn.Wait()
 		if end.Outcome != OutcomeKilled || end.Signal != syscall.SIGKILL || !end.TimedOut || end.Stopped {
