@@ -43,6 +43,17 @@ var ErrExecutionDeadline = errors.New("handover: execution deadline passed")
 // does not allow it (PROGRESS before ACCEPT, a second RESULT, …).
 var ErrOutOfOrder = errors.New("handover: frame out of order")
 
+// childPhase is where the child's answer stands. It only moves forward:
+// open, then declined, or accepted and then resulted.
+type childPhase int
+
+const (
+	childOpen     childPhase = iota // the payload is read; no answer sent
+	childDeclined                   // DECLINE sent: the turn is not ours
+	childAccepted                   // ACCEPT sent: the turn is ours (R35)
+	childResulted                   // RESULT sent after ACCEPT
+)
+
 // Child is the child's end of the handover: the payload it was given and
 // the frames it may send. Its methods are safe for concurrent use.
 type Child struct {
@@ -61,13 +72,13 @@ type Child struct {
 	// whose daemon is gone waits on it for the next daemon (P5).
 	lis *net.UnixListener
 
-	mu                           sync.Mutex // guards conn, the flags, the lease, the kept frames and writes
-	conn                         *net.UnixConn
-	accepted, declined, resulted bool
-	lease                        Lease            // the one with the latest Sent
-	orphanedAt                   boottime.Instant // when the daemon went away; zero while attached
-	lastProgress                 []byte           // sent again to a daemon that re-attaches
-	pendingResult                []byte           // a RESULT the daemon has not said it kept
+	mu            sync.Mutex // guards conn, phase, the lease, the kept frames and writes
+	conn          *net.UnixConn
+	phase         childPhase
+	lease         Lease            // the one with the latest Sent
+	orphanedAt    boottime.Instant // when the daemon went away; zero while attached
+	lastProgress  []byte           // sent again to a daemon that re-attaches
+	pendingResult []byte           // a RESULT the daemon has not said it kept
 
 	kept        chan struct{} // closed when the daemon kept the RESULT (KEPT)
 	closeOnce   sync.Once
@@ -319,7 +330,7 @@ func (c *Child) isClosing() bool {
 func (c *Child) markKept() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.resulted || c.pendingResult == nil {
+	if c.phase != childResulted || c.pendingResult == nil {
 		return false
 	}
 	c.pendingResult = nil
@@ -334,7 +345,7 @@ func (c *Child) markKept() bool {
 func (c *Child) orphan(conn *net.UnixConn) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.lis == nil || !c.accepted || c.conn != conn || c.isClosing() {
+	if c.lis == nil || c.phase < childAccepted || c.conn != conn || c.isClosing() {
 		return false
 	}
 	c.orphanedAt = boottime.Now()
@@ -412,7 +423,7 @@ func (c *Child) attachLocked(conn *net.UnixConn, r reattach) bool {
 		// The daemon checks too and stops us; we wait for the next one.
 		return false
 	}
-	if c.lastProgress != nil && !c.resulted && writeFrame(conn, FrameProgress, c.lastProgress) != nil {
+	if c.lastProgress != nil && c.phase != childResulted && writeFrame(conn, FrameProgress, c.lastProgress) != nil {
 		return false
 	}
 	if c.pendingResult != nil && writeFrame(conn, FrameResult, c.pendingResult) != nil {
@@ -442,7 +453,7 @@ func (c *Child) Context() context.Context { return c.ctx }
 func (c *Child) Accept() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.accepted || c.declined {
+	if c.phase != childOpen {
 		return fmt.Errorf("%w: ACCEPT after ACCEPT or DECLINE", ErrOutOfOrder)
 	}
 	body, err := appendEcho(nil, c.payload.Echo)
@@ -455,7 +466,7 @@ func (c *Child) Accept() error {
 	if err := writeFrame(c.conn, FrameAccept, body); err != nil {
 		return err
 	}
-	c.accepted = true
+	c.phase = childAccepted
 	return nil
 }
 
@@ -468,13 +479,13 @@ func (c *Child) Decline(class string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.accepted || c.declined {
+	if c.phase != childOpen {
 		return fmt.Errorf("%w: DECLINE after ACCEPT or DECLINE", ErrOutOfOrder)
 	}
 	if err := writeFrame(c.conn, FrameDecline, []byte(class)); err != nil {
 		return err
 	}
-	c.declined = true
+	c.phase = childDeclined
 	return nil
 }
 
@@ -485,7 +496,7 @@ func (c *Child) Decline(class string) error {
 func (c *Child) Progress(body []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.accepted || c.resulted {
+	if c.phase != childAccepted {
 		return fmt.Errorf("%w: PROGRESS before ACCEPT or after RESULT", ErrOutOfOrder)
 	}
 	c.lastProgress = append([]byte(nil), body...)
@@ -505,7 +516,7 @@ func (c *Child) Progress(body []byte) error {
 // the lease deadline passes (ErrParentGone then). Close and exit after it.
 func (c *Child) Result(body []byte) error {
 	c.mu.Lock()
-	if !c.accepted || c.resulted {
+	if c.phase != childAccepted {
 		c.mu.Unlock()
 		return fmt.Errorf("%w: RESULT before ACCEPT or twice", ErrOutOfOrder)
 	}
@@ -517,7 +528,7 @@ func (c *Child) Result(body []byte) error {
 		c.mu.Unlock()
 		return err
 	}
-	c.resulted = true
+	c.phase = childResulted
 	if c.lis == nil {
 		c.mu.Unlock()
 		return nil

@@ -276,6 +276,16 @@ func TestChildLeaseDeadline(t *testing.T) {
 			t.Fatalf("context cause %v, want a protocol stop", cause)
 		}
 	})
+	t.Run("lease deadline before the execution deadline", func(t *testing.T) {
+		// The payload of every launched turn has both: the earlier one,
+		// here the lease's, ends Deadlines.
+		now := boottime.Now()
+		p := testPayload()
+		p.Lease = Lease{Sent: now, Deadline: now.Add(150 * time.Millisecond)}
+		p.ExecDeadline = now.Add(time.Hour)
+		_, ch := openChildWith(t, p)
+		waitDeadlines(t, ch, ErrLeaseExpired, p.Lease.Deadline)
+	})
 	t.Run("execution deadline", func(t *testing.T) {
 		now := boottime.Now()
 		p := testPayload()

@@ -103,6 +103,8 @@ func childMain(mode string) int {
 		return middleMain(exe, mode)
 	case "listener-v2":
 		return listenerV2()
+	case "reattach-emfile":
+		return reattachEMFILE()
 	case "fds":
 		// Before OpenFD, which replaces fd 3 by a close-on-exec duplicate.
 		if fds, err = listFDs(); err != nil {
@@ -361,4 +363,66 @@ func listenerV2() int {
 	_ = writeFrame(conn, FrameAttached, body)
 	hang()
 	return 0
+}
+
+// reattachEMFILE is a stand-in daemon whose descriptors run out: it lowers
+// its own RLIMIT_NOFILE (the test process keeps its own), fills every
+// descriptor up to it, and re-attaches to the child waiting on
+// envTestSocket with 0, 1, 2, … descriptors left, printing one line per
+// try ("no_child", "unattached <pid> alive=<bool>", "other"), until a try
+// re-attaches: then "reattached", and the turn's end as "end <outcome>
+// <result>".
+func reattachEMFILE() int {
+	lim := unix.Rlimit{Cur: 256, Max: 256}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	lim.Max = old.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	var fill []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break // EMFILE: every descriptor is taken
+		}
+		fill = append(fill, f)
+	}
+	cfg := Config{Reattach: os.Getenv(envTestSocket), StopGrace: 30 * time.Second, KillGrace: 30 * time.Second, ExecutionTimeout: 2 * time.Minute}
+	for free := 0; free <= 8 && free < len(fill); free++ {
+		// free descriptors left for the try; the runtime's own are open already.
+		for _, f := range fill[len(fill)-free:] {
+			f.Close()
+		}
+		turn, err := Reattach(context.Background(), cfg, testPayload().Echo, testLease(time.Hour))
+		var ua *Unattached
+		switch {
+		case err == nil:
+			fmt.Println("reattached")
+			end := turn.Wait()
+			fmt.Printf("end %s %s\n", end.Outcome, end.Result)
+			return 0
+		case errors.Is(err, ErrNoChild):
+			fmt.Println("no_child")
+		case errors.As(err, &ua):
+			fmt.Printf("unattached %d alive=%t\n", ua.PID, ua.Alive())
+		default:
+			fmt.Println("other", err)
+		}
+		// Take the descriptors back for the next round.
+		fill = fill[:len(fill)-free]
+		for range free {
+			f, err := os.Open(os.DevNull)
+			if err != nil {
+				break
+			}
+			fill = append(fill, f)
+		}
+	}
+	fmt.Println("never_reattached")
+	return 1
 }

@@ -2,10 +2,12 @@ package handover
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -121,6 +123,111 @@ func TestReattachAfterParentKill(t *testing.T) {
 	}
 	if _, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour)); !errors.Is(err, ErrNoChild) {
 		t.Errorf("second Reattach: %v, want ErrNoChild", err)
+	}
+}
+
+// orphanedChild starts a stand-in daemon whose child (mode reattach)
+// accepts with a re-attach socket, kills the stand-in with SIGKILL and
+// returns the orphaned child's pid and its socket.
+func orphanedChild(t *testing.T) (int, string) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "att-42.sock")
+	pid, middle := startMiddle(t, "middle-reattach", sock)
+	middle.Process.Kill()
+	middle.Wait()
+	t.Cleanup(func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	return pid, sock
+}
+
+// TestReattachSilentChildIsNotGone (P5, R34, K5): an orphaned child that
+// does not answer REATTACH — frozen with SIGSTOP — is no evidence that it
+// is gone: Reattach says *Unattached, never ErrNoChild, and Alive says it
+// may be running. Once it runs again, a second Reattach takes its turn
+// over, and its RESULT arrives; after its exit Alive says it is gone.
+func TestReattachSilentChildIsNotGone(t *testing.T) {
+	pid, sock := orphanedChild(t)
+	if err := syscall.Kill(-pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t, "")
+	cfg.Reattach = sock
+	cfg.StopGrace = 300 * time.Millisecond
+	var ua *Unattached
+	for range 8 { // more tries than the listener's backlog holds
+		_, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour))
+		if errors.Is(err, ErrNoChild) || !errors.As(err, &ua) {
+			t.Fatalf("Reattach to a frozen child: %v, want *Unattached", err)
+		}
+		if !ua.Alive() {
+			t.Fatalf("Alive() = false for the frozen child %d (%v)", pid, ua)
+		}
+	}
+	if ua.PID != pid && ua.PID != 0 {
+		t.Errorf("Unattached names pid %d, want %d", ua.PID, pid)
+	}
+	if err := syscall.Kill(-pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	cfg.StopGrace = 30 * time.Second // bounds a failure only
+	var turn *Turn
+	for try := 1; turn == nil; try++ {
+		tu, err := Reattach(t.Context(), cfg, testPayload().Echo, testLease(time.Hour))
+		switch {
+		case err == nil:
+			turn = tu
+		case errors.As(err, &ua) && try < 20:
+			// The thawed child first drains the connections it was sent
+			// while frozen (their daemon has gone); a full backlog says so.
+			time.Sleep(50 * time.Millisecond)
+		default:
+			t.Fatalf("Reattach to the thawed child (try %d): %v", try, err)
+		}
+	}
+	if end := turn.Wait(); end.Outcome != OutcomeResult || string(end.Result) != "after false" {
+		t.Fatalf("end %+v (%q), want the child's RESULT after re-attachment", end, end.Result)
+	}
+	if err := awaitExit(pid); err != nil && !errors.Is(err, syscall.ESRCH) {
+		t.Fatal(err)
+	}
+	if ua.PID = pid; ua.Alive() {
+		t.Errorf("Alive() = true after the child %d exited", pid)
+	}
+}
+
+// TestReattachWithDescriptorsExhausted (P5, K5): a daemon out of
+// descriptors (EMFILE: a stand-in daemon with RLIMIT_NOFILE lowered and
+// filled, so that the test process keeps its own) cannot open the socket,
+// the pidfd or the epoll set: each such try is *Unattached with the child
+// alive, never ErrNoChild, and once descriptors are free again the same
+// daemon re-attaches and gets the turn's RESULT.
+func TestReattachWithDescriptorsExhausted(t *testing.T) {
+	pid, sock := orphanedChild(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // bounds a failure only
+	defer cancel()
+	daemon := exec.CommandContext(ctx, exe, childArg, "reattach-emfile")
+	daemon.Env = append(os.Environ(), envTestSocket+"="+sock)
+	daemon.Stderr = os.Stderr
+	b, err := daemon.Output()
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if err != nil {
+		t.Fatalf("stand-in daemon: %v; it said %q", err, lines)
+	}
+	unattached := 0
+	for _, l := range lines {
+		switch {
+		case l == "no_child", strings.HasPrefix(l, "other"), strings.HasSuffix(l, "alive=false"):
+			t.Fatalf("a daemon out of descriptors took the live child %d for gone: %q", pid, lines)
+		case strings.HasPrefix(l, "unattached"):
+			unattached++
+		}
+	}
+	t.Logf("stand-in daemon: %q", lines)
+	if unattached == 0 || len(lines) < 2 || lines[len(lines)-2] != "reattached" || lines[len(lines)-1] != "end result after false" {
+		t.Fatalf("stand-in daemon said %q; want unattached tries, then reattached and the child's RESULT", lines)
 	}
 }
 

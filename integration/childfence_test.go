@@ -214,3 +214,41 @@ func TestChildRefusedWriteStopsAgent(t *testing.T) {
 		})
 	}
 }
+
+// K5: the supervisor knows the lease deadline from the activation on, not
+// only from the first renewal. Daemon and turn child are frozen (SIGSTOP)
+// after the agent started and before any renewal was acknowledged — the
+// renewal interval is most of a 10 s lease — so the only deadline the
+// supervisor can have is the one the activation carried, the payload's:
+// the agent is gone by the claim's lease expiry (and the stop grace). A
+// supervisor activated without it would leave the agent running.
+func TestSupervisorGetsTheLeaseAtActivation(t *testing.T) {
+	t.Parallel()
+	const ttl = 10 * time.Second
+	e := newEnv(t, envOpts{leaseTTL: ttl})
+	d := e.startDaemon(func(cfg *fleet.DaemonConfig) {
+		cfg.LeaseTTL, cfg.RenewInterval, cfg.RenewTimeout = ttl, 8*time.Second, time.Second
+	})
+	c := e.conversation("frozen before the first renewal")
+	j := e.send(c.ID, "a long, quiet turn\n!silent 10m")
+	e.waitPrompts(c.ID, 1)
+	agents, children := e.agents(c.ID), e.turnChildren()
+	if len(agents) != 1 || len(children) != 1 {
+		t.Fatalf("want one agent and one turn child running; got %v and %v", agents, children)
+	}
+	e.freeze(d.Pid())
+	e.freeze(children[0].Pid)
+	frozenAt := time.Now()
+	att := e.job(j.ID).Attempts[0]
+	if renewed := att.LeaseExpiresAt.Sub(att.ClaimedAt); renewed > ttl+time.Second {
+		t.Fatalf("a renewal was acknowledged before the freeze (lease expiry %v after the claim): this machine took too long to start the agent for the test to show anything", renewed)
+	}
+	agentGone, err := waitGone(agents[0].Pid, waitFor)
+	if err != nil {
+		t.Fatalf("the agent outlived the lease with daemon and child frozen before the first renewal: the supervisor had no deadline from its activation: %v", err)
+	}
+	t.Logf("frozen %v after the claim; agent gone %v relative to the claim's lease expiry", frozenAt.Sub(att.ClaimedAt), agentGone.Sub(att.LeaseExpiresAt))
+	if agentGone.After(att.LeaseExpiresAt.Add(stopGrace + killGrace)) {
+		t.Errorf("the agent lived %v past the claim's lease expiry", agentGone.Sub(att.LeaseExpiresAt))
+	}
+}

@@ -49,9 +49,12 @@ type attempt struct {
 	d         *Daemon
 	claim     wire.Claim
 	claimedAt time.Time // as persisted; kept when the report is added
-	id        diagnostics.Attempt
-	ref       wire.AttemptRef
-	renewer   *heartbeat.Renewer
+	// claimedBoot is the claim on CLOCK_BOOTTIME, as persisted: the
+	// execution timeout of a re-attached turn counts from it.
+	claimedBoot boottime.Instant
+	id          diagnostics.Attempt
+	ref         wire.AttemptRef
+	renewer     *heartbeat.Renewer
 	// reporter sends the terminal report and fences the attempt (K1).
 	reporter *settlement.Reporter
 	// leases carries the newest acknowledged lease from the renewer to the
@@ -116,16 +119,19 @@ func (r stopReason) stopClass() string {
 }
 
 // stopTurn stops the child: STOP with the reason's class once it has
-// accepted, the launch's cancellation before.
+// accepted, the launch's cancellation before. A recovered attempt whose
+// child is not re-attached yet has neither: its wait (awaitReattach)
+// stops the child itself.
 func (a *attempt) stopTurn(r stopReason) {
 	a.mu.Lock()
 	t := a.turn
 	a.mu.Unlock()
-	if t != nil {
+	switch {
+	case t != nil:
 		t.StopWith(r.stopClass())
-		return
+	case a.stopChild != nil:
+		a.stopChild(handover.StopCause{Class: r.stopClass()})
 	}
-	a.stopChild(handover.StopCause{Class: r.stopClass()})
 }
 
 func (a *attempt) stopReason() stopReason {
@@ -190,13 +196,14 @@ func (d *Daemon) runAttempt(runCtx context.Context, claim *wire.Claim, sent time
 
 func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
 	a := &attempt{
-		d:          d,
-		claim:      *claim,
-		claimedAt:  time.Now(),
-		id:         diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
-		ref:        wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
-		leases:     make(chan handover.Lease, 1),
-		hostCancel: make(chan struct{}),
+		d:           d,
+		claim:       *claim,
+		claimedAt:   time.Now(),
+		claimedBoot: boottime.Now(),
+		id:          diagnostics.Attempt{JobID: claim.JobID, AttemptID: claim.AttemptID},
+		ref:         wire.AttemptRef{AttemptID: claim.AttemptID, LeaseGeneration: claim.LeaseGeneration},
+		leases:      make(chan handover.Lease, 1),
+		hostCancel:  make(chan struct{}),
 	}
 	a.reporter = d.newReporter(a.claim)
 	return a
@@ -216,7 +223,7 @@ func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
 	// record's file and its directory (stateDir.save) — and the only one P5
 	// needs before the child's ACCEPT: the payload goes over the
 	// socketpair, not a file, and nothing else on the way to ACCEPT syncs.
-	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt}); err != nil {
+	if err := d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, ClaimedBoot: a.claimedBoot}); err != nil {
 		if a.child != nil {
 			a.child.Close() // it never had the payload
 		}
@@ -448,7 +455,7 @@ func (d *Daemon) handoverConfig(a *attempt) handover.Config {
 // keepResult persists the child's RESULT before the child is told the
 // daemon has it (KEPT): from then on only this record holds it (P5).
 func (a *attempt) keepResult(body []byte) {
-	if err := a.d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, Result: body}); err != nil {
+	if err := a.d.state.save(record{Claim: a.claim, ClaimedAt: a.claimedAt, ClaimedBoot: a.claimedBoot, Result: body}); err != nil {
 		a.d.logErrClass(slog.LevelError, MsgPersistFailed, a.id, "persist_result", err)
 	}
 }

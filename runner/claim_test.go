@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"path/filepath"
 	"sync"
@@ -241,10 +242,12 @@ func TestR6HungHostHeartbeatGivesUpAfterControlTimeout(t *testing.T) {
 type bubbleCP struct {
 	st        store.Store
 	wc        *wire.Client
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	hostToken string
 }
 
-func newBubbleCP(t *testing.T, dir string) *bubbleCP {
+// newBubbleCP serves the control plane, through wrap when one is given.
+func newBubbleCP(t *testing.T, dir string, wrap ...func(http.Handler) http.Handler) *bubbleCP {
 	t.Helper()
 	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(dir, "cp.db"))
 	if err != nil {
@@ -252,12 +255,17 @@ func newBubbleCP(t *testing.T, dir string) *bubbleCP {
 	}
 	srv := controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), MinLeaseTTL: time.Second})
 	l := memnet.Listen("cp.test")
-	hs := &http.Server{Handler: srv.Handler()}
+	h := srv.Handler()
+	for _, w := range wrap {
+		h = w(h)
+	}
+	hs := &http.Server{Handler: h}
 	go hs.Serve(l)
 	t.Cleanup(func() { hs.Close(); st.Close() })
 	c := &bubbleCP{
 		st:        st,
 		wc:        &wire.Client{BaseURL: "http://cp.test", HTTP: &http.Client{Transport: &http.Transport{DialContext: l.Dial}}},
+		dial:      l.Dial,
 		hostToken: controlplane.NewToken(controlplane.HostTokenPrefix),
 	}
 	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), time.Now()); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox/supervisor"
 	"github.com/runnerd/runnerd/settlement"
@@ -25,6 +27,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "turn" {
 		os.Exit(fakeTurn())
+	}
+	if len(os.Args) > 2 && os.Args[1] == "old-daemon" {
+		os.Exit(oldDaemon(os.Args[2]))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "supervise" {
 		os.Exit(supervise(os.Args[2:]))
@@ -51,6 +56,10 @@ func supervise(args []string) int {
 //	silent    never answer; wait for STOP
 //	rejected  ACCEPT, PROGRESS (container recorded), RESULT failed with
 //	          LeaseRejected, as when the child's own write got a 409
+//	deaf      ACCEPT, PROGRESS, then ignore STOP, SIGTERM and its own
+//	          deadlines: only SIGKILL ends it
+//	reattach  ACCEPT, PROGRESS, wait until a lease moves (a new daemon's
+//	          REATTACH: the old one sends none), RESULT failed/scripted
 func fakeTurn() int {
 	ch, err := handover.OpenFromEnv()
 	if err != nil {
@@ -107,6 +116,19 @@ func fakeTurn() int {
 		progress(settlement.Facts{})
 		<-ch.Context().Done()
 		return 0
+	case "deaf":
+		signal.Ignore(syscall.SIGTERM)
+		progress(settlement.Facts{})
+		for {
+			time.Sleep(time.Hour)
+		}
+	case "reattach":
+		progress(settlement.Facts{})
+		<-ch.LeaseChanged()
+		rep := settlement.Facts{}.Report(ref, settlement.Result{Outcome: wire.OutcomeFailed, Class: "scripted"})
+		b, _ := json.Marshal(turn.Result{Report: rep, Outcome: wire.OutcomeFailed, Class: "scripted"})
+		_ = ch.Result(b)
+		return 0
 	case "stopped":
 		<-ch.Context().Done()
 		var se *handover.StopError
@@ -123,4 +145,42 @@ func fakeTurn() int {
 		return 0
 	}
 	return 93
+}
+
+// oldDaemonSpec is what oldDaemon launches: a turn child with the
+// attempt's re-attach socket and its payload (which holds the worker
+// token: the file is 0600).
+type oldDaemonSpec struct {
+	Socket string        `json:"socket"`
+	Echo   handover.Echo `json:"echo"`
+	Data   []byte        `json:"data"`
+}
+
+// oldDaemon stands for an earlier run of the daemon: it launches the turn
+// child of the spec at path ("turn", fakeTurn) with the attempt's re-attach
+// socket and an hour's lease, prints "ready <pid>" once the child accepted
+// and waits for the test to kill it (SIGKILL), which orphans the child.
+func oldDaemon(path string) int {
+	b, err := os.ReadFile(path)
+	var spec oldDaemonSpec
+	if err == nil {
+		err = json.Unmarshal(b, &spec)
+	}
+	exe, xerr := os.Executable()
+	if err = errors.Join(err, xerr); err != nil {
+		fmt.Fprintln(os.Stderr, "old daemon:", err)
+		return 2
+	}
+	now := boottime.Now()
+	t, err := handover.Launch(context.Background(),
+		handover.Config{Path: exe, Args: []string{"turn"}, Stderr: os.Stderr, Reattach: spec.Socket},
+		handover.Payload{Echo: spec.Echo, Lease: handover.Lease{Sent: now, Deadline: now.Add(time.Hour)}, ExecDeadline: now.Add(time.Hour), Data: spec.Data})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "old daemon:", err)
+		return 2
+	}
+	fmt.Printf("ready %d\n", t.PID())
+	for {
+		time.Sleep(time.Hour)
+	}
 }

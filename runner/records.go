@@ -56,6 +56,7 @@ const (
 	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"   // a child could not be moved into its scope (class); its turn runs on
 	MsgTurnReattached    = "runnerd_turn_reattached"     // a turn child of an earlier run was taken over at start (P5): how long it was orphaned
 	MsgReattachRefused   = "runnerd_reattach_refused"    // a surviving turn child speaks a protocol version this daemon does not: it was stopped
+	MsgReattachPending   = "runnerd_reattach_pending"    // a surviving turn child may be running but could not be re-attached (pid, alive, class, try, pause_ms): kept, renewed and tried again
 	MsgClaimBatchRefused = "runnerd_claim_batch_refused" // the control plane predates batched claims (400 unknown_field on max_claims): one turn per claim from now on
 )
 
@@ -81,6 +82,9 @@ const (
 	keyCgroup        = "cgroup"
 	keyScope         = "scope"
 	keyOrphanedMS    = "orphaned_ms"
+	keyExecLeftMS    = "exec_left_ms"
+	keyAlive         = "alive"
+	keyTry           = "try"
 	keyVersion       = "protocol_version"
 	keyHandover      = "handover"
 	keyHandedOver    = "handed_over"
@@ -95,10 +99,19 @@ func (d *Daemon) Hangup() {
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgHangupIgnored, slog.Int(keyRunning, d.running()))
 }
 
-// logReattached is MsgTurnReattached: the child's pid and how long it ran
-// without a daemon.
-func (d *Daemon) logReattached(a diagnostics.Attempt, pid int, orphaned time.Duration) {
-	d.logAttempt(slog.LevelInfo, MsgTurnReattached, a, slog.Int("pid", pid), slog.Int64(keyOrphanedMS, orphaned.Milliseconds()))
+// logReattached is MsgTurnReattached: the child's pid, how long it ran
+// without a daemon and how long the daemon's execution timer gives it.
+func (d *Daemon) logReattached(a diagnostics.Attempt, pid int, orphaned, execLeft time.Duration) {
+	d.logAttempt(slog.LevelInfo, MsgTurnReattached, a, slog.Int("pid", pid), slog.Int64(keyOrphanedMS, orphaned.Milliseconds()),
+		slog.Int64(keyExecLeftMS, execLeft.Milliseconds()))
+}
+
+// logReattachPending is MsgReattachPending: the child's pid (0 when the
+// socket could not be reached), whether it may be running, the class of the
+// failure, the try (0: the first, at start) and the pause before the next.
+func (d *Daemon) logReattachPending(a diagnostics.Attempt, ua *handover.Unattached, try int, pause time.Duration) {
+	d.logAttempt(slog.LevelWarn, MsgReattachPending, a, slog.Int("pid", ua.PID), slog.Bool(keyAlive, ua.Alive()),
+		slog.String(diagnostics.KeyClass, diagnostics.Class(ua.Err)), slog.Int(keyTry, try), slog.Int64(keyPauseMS, pause.Milliseconds()))
 }
 
 // handOver leaves an accepted turn running at the handover (P5): nothing

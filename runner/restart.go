@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/settlement"
@@ -28,6 +30,8 @@ const (
 	decisionStopped     = "stopped"     // the daemon was stopped meanwhile
 	decisionReattached  = "reattached"  // the turn child was there: it goes on under this daemon (P5)
 	decisionFromResult  = "from_result" // the child's persisted RESULT was reported
+	decisionPending     = "pending"     // the child may be running but could not be re-attached yet: tried again (awaitReattach)
+	decisionKilled      = "killed"      // a child never re-attached was killed for a cancel, the drain or the execution timeout, and reported so
 )
 
 // recoverAll resolves every attempt an earlier run left in the state
@@ -39,7 +43,10 @@ const (
 //	answered 200        the lease is still ours: with no report persisted,
 //	                    re-attach to the child if it is there — it goes on
 //	                    as if nothing had happened (runnerd_turn_reattached)
-//	                    and is reported by this daemon; otherwise build the
+//	                    and is reported by this daemon; one that may be
+//	                    running but cannot be re-attached now (silent,
+//	                    unwatchable) is kept and tried again while it may
+//	                    run (awaitReattach), never taken for gone; otherwise build the
 //	                    report from the persisted RESULT, re-send the
 //	                    persisted report (idempotent, P2), or, with neither,
 //	                    finish as worker_lost (never admitted: requeued, not
@@ -55,8 +62,9 @@ const (
 //	                    meanwhile; the child fences itself)
 //
 // The attempts are resolved concurrently; each holds a slot while it is,
-// and a re-attached turn holds its slot until it ends. recoverAll returns
-// once every attempt is resolved or re-attached.
+// and a re-attached (or pending) turn holds its slot until it ends.
+// recoverAll returns once every attempt is resolved, re-attached or
+// pending.
 func (d *Daemon) recoverAll(ctx context.Context) {
 	d.state.sweepTemp()
 	recs, bad := d.state.load()
@@ -74,14 +82,15 @@ func (d *Daemon) recoverAll(ctx context.Context) {
 	wg.Wait()
 }
 
-// recoverOne resolves one persisted attempt and returns its decision.
+// recoverOne resolves one persisted attempt and returns its decision;
+// decisionPending when its child may be running but could not be
+// re-attached yet, which is decided (and recorded) later.
 func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	c := r.Claim
 	a := d.newAttempt(&c)
-	a.claimedAt = r.ClaimedAt
+	a.claimedAt, a.claimedBoot = r.ClaimedAt, r.ClaimedBoot
 	decide := func(decision string) string {
-		d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
-			slog.Bool("report_persisted", r.Report != nil))
+		d.logRecovered(a, r, decision)
 		return decision
 	}
 
@@ -109,10 +118,28 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	}
 	d.startRenewer(a, hbAttempt)
 	if r.Report == nil {
-		if d.reattach(ctx, a) {
-			return decide(decisionReattached)
+		switch decision := d.reattach(ctx, a, r); decision {
+		case decisionReattached:
+			return decide(decision)
+		case decisionPending:
+			return decision
 		}
 	}
+	return decide(d.settleRecovered(ctx, a, r, nil))
+}
+
+func (d *Daemon) logRecovered(a *attempt, r record, decision string) {
+	d.logAttempt(slog.LevelInfo, MsgRecovered, a.id, slog.String(keyDecision, decision),
+		slog.Bool("report_persisted", r.Report != nil))
+}
+
+// settleRecovered reports a recovered attempt whose lease is ours and whose
+// child is gone (or never re-attached), and returns the decision: the
+// persisted report again, the one built from the persisted RESULT, the one
+// of a child the daemon had to kill (killed, how it ended), or worker_lost.
+// It stops the renewer.
+func (d *Daemon) settleRecovered(ctx context.Context, a *attempt, r record, killed *handover.Ended) string {
+	c := r.Claim
 	defer d.m.holdLease(d.leaseLeft(a.renewer))()
 	over := make(chan struct{})
 	watched := make(chan struct{})
@@ -139,7 +166,15 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 		rep, outcome = d.reportOf(a, handover.Ended{Outcome: handover.OutcomeResult, Result: r.Result, ExitCode: -1})
 		if childSawLeaseRejected(handover.Ended{Outcome: handover.OutcomeResult, Result: r.Result}) {
 			d.forget(a, "lease_lost")
-			return decide(decisionRejected)
+			return decisionRejected
+		}
+	case killed != nil:
+		// The daemon ended the child it could not re-attach: for the user's
+		// cancel, the drain or the execution timeout (K6).
+		decision = decisionKilled
+		rep, outcome = d.reportOf(a, *killed)
+		if class, failed := rep.Failed(); failed {
+			d.rec.TurnFailed(context.Background(), a.id, diagnostics.StageTurn, class)
 		}
 	default:
 		decision, outcome = decisionWorkerLost, wire.OutcomeWorkerLost
@@ -151,40 +186,55 @@ func (d *Daemon) recoverOne(ctx context.Context, r record) string {
 	d.finish(ctx, a, rep, outcome)
 	switch {
 	case ctx.Err() != nil:
-		return decide(decisionStopped)
+		return decisionStopped
 	case d.state.exists(c.AttemptID):
 		// Kept: refused, or the lease expired locally with no verdict (K1).
-		return decide(decisionUnsent)
+		return decisionUnsent
 	case a.stopReason() == stopLease:
-		return decide(decisionRejected)
+		return decisionRejected
 	}
-	return decide(decision)
+	return decision
+}
+
+// execDeadline is when the daemon's own timer ends the attempt's turn
+// (ExecTimeout and its margin after the claim), on CLOCK_BOOTTIME: a step
+// of the wall clock moves it neither way. A record of a release before
+// ClaimedBoot counts from the wall-clock claim time.
+func (d *Daemon) execDeadline(a *attempt) boottime.Instant {
+	total := d.cfg.ExecTimeout + d.cfg.ExecTimeoutMargin
+	if a.claimedBoot.IsZero() {
+		return boottime.Now().Add(total - time.Since(a.claimedAt))
+	}
+	return a.claimedBoot.Add(total)
 }
 
 // reattachConfig is the handover configuration of a re-attached turn: the
-// launch's, with the execution timeout left since the claim.
+// launch's, with the execution timeout left until execDeadline.
 func (d *Daemon) reattachConfig(a *attempt) handover.Config {
 	cfg := d.handoverConfig(a)
-	cfg.ExecutionTimeout = max(cfg.ExecutionTimeout-time.Since(a.claimedAt), time.Second)
+	cfg.ExecutionTimeout = max(d.execDeadline(a).Sub(boottime.Now()), time.Second)
 	return cfg
 }
 
 // reattach takes over the attempt's turn child if it is still there (P5):
 // its newly renewed lease goes to the child, and the turn runs on as one
-// this daemon launched, holding a slot until it ends. false: no child to
-// re-attach to (gone, never accepted, or of a protocol version this daemon
-// does not speak: then it has been stopped).
-func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
-	// Not runCtx: its end is the handover, which leaves the child running.
-	t, err := handover.Reattach(context.WithoutCancel(runCtx), d.reattachConfig(a), a.echo(), d.bootLease(a.renewer.Lease()))
-	var ve *handover.VersionError
-	if errors.As(err, &ve) {
-		d.logReattachRefused(a.id, ve.Version)
+// this daemon launched, holding a slot until it ends (decisionReattached).
+// A child that may be running but could not be re-attached at once
+// (handover.Unattached: frozen, busy, or this daemon out of descriptors)
+// is no evidence of its absence: its record, renewer and slot are kept and
+// awaitReattach tries again (decisionPending). "" means no child to
+// re-attach to: gone, never accepted, or of a protocol version this daemon
+// does not speak (then it has been stopped).
+func (d *Daemon) reattach(runCtx context.Context, a *attempt, r record) string {
+	t, err := d.tryReattach(runCtx, a)
+	var ua *handover.Unattached
+	switch {
+	case err == nil:
+	case errors.As(err, &ua):
+		d.logReattachPending(a.id, ua, 0, 0)
+	default:
+		return ""
 	}
-	if err != nil {
-		return false
-	}
-	d.logReattached(a.id, t.PID(), t.Orphaned())
 	conv := a.claim.Turn.ConversationID
 	d.holdSlot()
 	d.holdConversation(conv)
@@ -193,12 +243,141 @@ func (d *Daemon) reattach(runCtx context.Context, a *attempt) bool {
 		defer d.attempts.Done()
 		defer d.freeSlot()
 		defer d.releaseConversation(conv)
+		defer d.watchCancel(a)() // a cancel reaches a re-attached turn the fast way too (K10)
+		if t == nil {
+			var end pendingEnd
+			if t, end = d.awaitReattach(runCtx, a, ua); t == nil {
+				d.logRecovered(a, r, d.pendingOver(runCtx, a, r, end))
+				return
+			}
+			d.logRecovered(a, r, decisionReattached)
+		}
 		defer d.m.holdLease(d.leaseLeft(a.renewer))()
 		defer func() { a.renewer.Stop(); <-a.renewer.Done() }()
-		defer d.watchCancel(a)() // a cancel reaches a re-attached turn the fast way too (K10)
 		d.superviseTurn(runCtx, a, t)
 	}()
-	return true
+	if t == nil {
+		return decisionPending
+	}
+	return decisionReattached
+}
+
+// tryReattach is one try of handover.Reattach with the lease as it stands.
+func (d *Daemon) tryReattach(runCtx context.Context, a *attempt) (*handover.Turn, error) {
+	// Not runCtx: its end is the handover, which leaves the child running.
+	cfg := d.reattachConfig(a)
+	t, err := handover.Reattach(context.WithoutCancel(runCtx), cfg, a.echo(), d.bootLease(a.renewer.Lease()))
+	var ve *handover.VersionError
+	if errors.As(err, &ve) {
+		d.logReattachRefused(a.id, ve.Version)
+	}
+	if err == nil {
+		d.logReattached(a.id, t.PID(), t.Orphaned(), cfg.ExecutionTimeout)
+	}
+	return t, err
+}
+
+// How awaitReattach ended without a turn.
+type pendingEnd int
+
+const (
+	pendingGone       pendingEnd = iota // the child exited by itself (or was of another version)
+	pendingKilled                       // the daemon killed it: a stop reason or the execution timeout
+	pendingTimedOut                     // killed for the execution timeout (K6)
+	pendingLeaseLost                    // the lease is gone: write nothing
+	pendingHandedOver                   // the handover: the child is the next start's
+)
+
+// awaitReattach tries again, under its backoff, to re-attach a child that
+// may still be running but could not be taken over (first), for as long
+// as it may be running: until a try takes it over, or /proc shows it gone.
+// The lease is renewed meanwhile, and the child, which hears nothing of
+// the renewals, fences itself by its own lease deadline (K5): it stops its
+// agent and exits, and is gone. The daemon ends it first only on evidence:
+// the lease is gone, the user cancelled, the drain timed out, or the
+// execution deadline passed (K6) — it is killed (by a pidfd of the process
+// with its start time) and awaited. It never takes a child that may still
+// run for gone. A handover leaves it for the next start.
+func (d *Daemon) awaitReattach(runCtx context.Context, a *attempt, first *handover.Unattached) (*handover.Turn, pendingEnd) {
+	defer d.m.holdLease(d.leaseLeft(a.renewer))()
+	tries := retry.Policy{Name: "reattach", Wait: d.cfg.Timings.RetryDelay, MaxWait: d.cfg.Timings.Interval}.Backoff()
+	deadline := d.execDeadline(a)
+	ua, killed, timedOut := first, false, false
+	for n := 1; ua.Alive(); n++ {
+		pause := tries.NextBackOff()
+		timer := time.NewTimer(pause)
+		w := &a.heard
+		select {
+		case <-w.renewerDone:
+			a.renewerEnded()
+		case <-w.cancelled:
+			a.cancel(cancelViaRenewal)
+		case <-w.hostCancelled:
+			a.cancel(cancelViaHostPoll)
+		case <-w.drained:
+			a.drained()
+		case <-d.handingOver:
+			timer.Stop()
+			return nil, pendingHandedOver
+		case <-timer.C:
+		}
+		timer.Stop()
+		why := a.stopReason()
+		if why == stopLease {
+			ua.Kill() // it writes nothing more; its record is forgotten
+			return nil, pendingLeaseLost
+		}
+		t, err := d.tryReattach(runCtx, a)
+		if err == nil {
+			if why != stopNone {
+				t.StopWith(why.stopClass()) // heard while it was not attached
+			}
+			return t, 0
+		}
+		var next *handover.Unattached
+		if !errors.As(err, &next) {
+			break // gone (ErrNoChild), or of another version and stopped
+		}
+		d.logReattachPending(a.id, next, n, pause)
+		if next.PID != 0 || ua.PID == 0 {
+			ua = next // one that could not reach the socket knows no pid: keep the last that did
+		}
+		if past := !boottime.Now().Before(deadline); why != stopNone || past {
+			ua.Kill()
+			killed, timedOut = true, timedOut || past
+		}
+	}
+	switch {
+	case timedOut:
+		return nil, pendingTimedOut
+	case killed:
+		return nil, pendingKilled
+	}
+	return nil, pendingGone
+}
+
+// pendingOver resolves an attempt whose child awaitReattach never took
+// over, and returns its decision.
+func (d *Daemon) pendingOver(runCtx context.Context, a *attempt, r record, end pendingEnd) string {
+	switch end {
+	case pendingHandedOver:
+		a.renewer.Stop()
+		<-a.renewer.Done()
+		return decisionStopped
+	case pendingLeaseLost:
+		if expiredLocally(a.renewer) {
+			// No answer for a whole lease is no verdict: the next start asks.
+			return decisionUnreachable
+		}
+		d.forget(a, "lease_lost")
+		return decisionRejected
+	case pendingKilled, pendingTimedOut:
+		return d.settleRecovered(runCtx, a, r, &handover.Ended{
+			Outcome: handover.OutcomeKilled, ExitCode: -1, Signal: syscall.SIGKILL,
+			Stopped: end == pendingKilled, TimedOut: end == pendingTimedOut,
+		})
+	}
+	return d.settleRecovered(runCtx, a, r, nil)
 }
 
 // stopOrphan stops a surviving child of an attempt whose lease is no
@@ -211,6 +390,10 @@ func (d *Daemon) stopOrphan(a *attempt, r record) {
 	cfg := d.reattachConfig(a)
 	cfg.OnProgress, cfg.OnResult, cfg.Leases = nil, nil, nil
 	t, err := handover.Reattach(context.Background(), cfg, a.echo(), handover.Lease{})
+	var ua *handover.Unattached
+	if errors.As(err, &ua) {
+		ua.Kill() // it cannot hear a STOP; its own deadline would end it too (K5)
+	}
 	if err != nil {
 		return
 	}

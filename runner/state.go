@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/internal/atomicfile"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -20,6 +21,10 @@ import (
 type record struct {
 	Claim     wire.Claim `json:"claim"`
 	ClaimedAt time.Time  `json:"claimed_at"`
+	// ClaimedBoot is the claim on CLOCK_BOOTTIME, which the execution
+	// timeout of a re-attached turn counts from: a step of the wall clock
+	// moves neither. Zero in a record of a release before it.
+	ClaimedBoot boottime.Instant `json:"claimed_boot,omitempty"`
 	// Report is the terminal report, persisted before it is sent so that a
 	// daemon restarted before the answer re-sends the same idempotent
 	// report (P2). Exactly one of Finish, Release, Abandon is set.

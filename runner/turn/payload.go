@@ -51,11 +51,28 @@ type DockerOptions struct {
 	LogMaxFiles int    `json:"log_max_files,omitempty"`
 }
 
+// Stage is how far a turn has come, as each PROGRESS says (and the
+// execution timeout's record names).
+type Stage string
+
+// The stages of a turn, in the order they can come.
+const (
+	StageAccepted           Stage = "accepted"
+	StageContainerRecorded  Stage = "container_recorded"
+	StageAdmissionFailed    Stage = "admission_failed"
+	StageAdmitted           Stage = "admitted"
+	StagePromptFailed       Stage = "prompt_failed"
+	StagePromptSent         Stage = "prompt_sent"
+	StageSettledInterrupted Stage = "settled_interrupted"
+	StageAgentExited        Stage = "agent_exited"
+	StageSettled            Stage = "settled"
+)
+
 // Progress is the body of a PROGRESS frame: what the turn has established so
 // far, so that a daemon whose child died can still choose the right report
 // (abandon when a container was recorded and nothing was admitted).
 type Progress struct {
-	Stage string           `json:"stage"`
+	Stage Stage            `json:"stage"`
 	Facts settlement.Facts `json:"facts"`
 	At    time.Time        `json:"at"`
 }

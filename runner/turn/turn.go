@@ -149,7 +149,7 @@ type turn struct {
 	spec    sandbox.Spec
 	sess    *settlement.Session
 	fence   context.Context // ends when the lease is gone (run)
-	stage   string          // the last progress stage, for records
+	stage   Stage           // the last progress stage, for records
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -204,7 +204,7 @@ func (t *turn) run(ctx context.Context) Result {
 	outcome, class = byStop(ctx, outcome, class)
 	if class == ClassExecTimeout {
 		// R18, K6: the positive record, naming the phase it struck in.
-		t.log.Warn(diagnostics.MsgExecutionTimeout, diagnostics.KeyStage, t.stage)
+		t.log.Warn(diagnostics.MsgExecutionTimeout, diagnostics.KeyStage, string(t.stage))
 	}
 	// Asked of the sources, not of fence: its AfterFuncs may not have run yet.
 	expired := errors.Is(context.Cause(t.ch.Deadlines()), handover.ErrLeaseExpired)
@@ -311,7 +311,7 @@ func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Resu
 // its class.
 func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	fail := func(class string) (string, string) { return wire.OutcomeFailed, class }
-	t.progress("accepted")
+	t.progress(StageAccepted)
 	if ctx.Err() != nil {
 		// Stopped before it began (a preflight cut short): byStop names it.
 		return fail(ClassAgentInterrupted)
@@ -361,19 +361,19 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 			"settled_native_turn", t.p.Claim.Turn.NativeTurn,
 			"unrecorded", act.Previous != nil && act.Previous.Unrecorded)
 	}
-	t.progress("container_recorded")
+	t.progress(StageContainerRecorded)
 
 	adm, err := t.sess.Admit(ctx, act.ID)
 	if err != nil {
 		// Ambiguous or refused: the prompt is never sent (R25, R30); the
 		// Facts say which, and the report follows from them.
-		t.progress("admission_failed")
+		t.progress(StageAdmissionFailed)
 		if errors.Is(err, settlement.ErrAmbiguousAdmission) {
 			return fail(settlement.ClassAdmissionAmbiguous)
 		}
 		return fail(ClassAdmissionRefused)
 	}
-	t.progress("admitted")
+	t.progress(StageAdmitted)
 
 	// The driving connection does not end on the user's cancel: the cancel
 	// interrupts the agent at the supervisor instead, which settles an
@@ -386,13 +386,13 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return cl.Run(ctx, act.ID, t.spec.AgentCommand, prompt)
 	})
 	if err != nil {
-		t.progress("prompt_failed")
+		t.progress(StagePromptFailed)
 		if errors.Is(err, sandbox.ErrStartFailed) {
 			return fail(ClassAgentStart)
 		}
 		return fail(ClassAgentInterrupted)
 	}
-	t.progress("prompt_sent")
+	t.progress(StagePromptSent)
 	defer stream.Close()
 	intr := t.interruptOnCancel(ctx, runCtx, cl, act.ID, dropRun)
 	defer intr.wait()
@@ -416,7 +416,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		}); err != nil {
 			return fail(ClassSettlement)
 		}
-		t.progress("settled_interrupted")
+		t.progress(StageSettledInterrupted)
 		return wire.OutcomeCancelled, ClassCancelled
 	}
 	if err != nil {
@@ -430,7 +430,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassAgentInterrupted)
 	}
 	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn)
-	t.progress("agent_exited")
+	t.progress(StageAgentExited)
 
 	// The agent's turn is over: settle it even if the user's cancel arrives
 	// now, or a completed turn would fail closed and lose its conversation
@@ -442,7 +442,7 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}); err != nil {
 		return fail(ClassSettlement)
 	}
-	t.progress("settled")
+	t.progress(StageSettled)
 	// R23: a failed notice is recorded by the session and does not fail the turn.
 	_ = t.sess.Notify(settleCtx)
 	if class := exitClass(res); class != "" {
@@ -615,7 +615,7 @@ var errSignalled = errors.New("turn child signalled to stop")
 
 // progress sends the Facts so far; a lost PROGRESS only makes the daemon's
 // fallback report less precise, never wrong (the store guards every write).
-func (t *turn) progress(stage string) {
+func (t *turn) progress(stage Stage) {
 	t.stage = stage
 	b, err := json.Marshal(Progress{Stage: stage, Facts: t.sess.Facts(), At: time.Now().UTC()})
 	if err == nil {
