@@ -44,7 +44,7 @@ func (c *cp) lostConversation() string {
 	if _, err := c.wc.Admission(ctx, cl.WorkerToken, cl.JobID, wire.AdmissionRequest{AttemptRef: ref, ActivationID: "act-1"}); err != nil {
 		c.t.Fatal(err)
 	}
-	resp, err := c.wc.Finish(ctx, cl.WorkerToken, cl.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "scripted", Ambiguous: true})
+	resp, err := c.wc.Finish(ctx, cl.WorkerToken, cl.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "workspace_missing", Unrecoverable: true})
 	if err != nil || resp.ConversationState != wire.ConversationLost {
 		c.t.Fatalf("finish: %+v, %v; want the conversation lost", resp, err)
 	}

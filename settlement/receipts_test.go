@@ -43,7 +43,9 @@ func writesAfter(w *world, attemptID string, n int) []string {
 // TestAdmissionLostAfterCommit: every try of the admission reaches the
 // control plane and commits, and every answer is lost. The turn never
 // sends the prompt, asks no more, reports the admission as ambiguous, and
-// the control plane marks the conversation LOST instead of requeuing (R25, R30).
+// the control plane, whose own record shows the admission, neither requeues
+// the turn (R25, R30) nor loses the conversation on the missing answer: it
+// quarantines it, and the next turn verifies the sandbox (K13).
 func TestAdmissionLostAfterCommit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		w := newWorld(t)
@@ -91,8 +93,8 @@ func TestAdmissionLostAfterCommit(t *testing.T) {
 		if !req.Ambiguous || req.Outcome != wire.OutcomeFailed {
 			t.Errorf("finish request %+v; want failed and admission_ambiguous", req)
 		}
-		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationLost {
-			t.Errorf("conversation %s, want lost", conv.State)
+		if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationQuarantined {
+			t.Errorf("conversation %s, want quarantined", conv.State)
 		}
 		if j := w.job(c.JobID); j.State == wire.JobQueued || j.State == wire.JobRunning {
 			t.Errorf("job %s, want ended", j.State)

@@ -640,7 +640,10 @@ type FinishRequest struct {
 	Class   string `json:"class,omitempty"`  // error class for failures
 	Reason  string `json:"reason,omitempty"` // operator detail, no secrets
 	// Ambiguous marks an admission whose answer never came (R30): the
-	// prompt was not sent and the conversation must become LOST.
+	// prompt was not sent and the turn is never requeued. The store judges
+	// it by its own record of the admission: none, and the turn failed as
+	// not started (the conversation usable); one, and the conversation is
+	// quarantined (K13) — never LOST on the missing answer alone.
 	Ambiguous bool `json:"admission_ambiguous,omitempty"`
 	// Unrecoverable says the retained session is provably gone or not the
 	// one the control plane settled (R31: the workspace vanished, or the
