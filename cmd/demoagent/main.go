@@ -17,6 +17,8 @@
 //	!crash        kill itself with SIGKILL
 //	!hang         never end
 //
+// With --acp it speaks the Agent Client Protocol instead (acp.go).
+//
 // Any other directive is reported as an "unknown_directive" event and
 // ignored. Directives live here only: the product never reads a prompt for
 // them (K12). Other lines are echoed as one "message" event. Every event
@@ -37,6 +39,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "--acp" {
+		os.Exit(runACP(os.Args[1:]))
+	}
 	end := run(os.Stdin, os.Stdout, ".")
 	switch {
 	case end.crash:
