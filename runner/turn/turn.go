@@ -358,24 +358,13 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	if class := t.verify(sb, act); class != "" {
 		return fail(class)
 	}
-	record := func() error { return t.sess.RecordContainer(ctx, sb.Backend, sb.ID) }
-	if t.p.Claim.Turn.Quarantined {
-		record = func() error { return t.sess.ResumeContainer(ctx, sb.Backend, sb.ID, act.NativeTurn) }
-	}
-	if err := record(); err != nil {
-		return fail(ClassContainerRecord)
-	}
-	if t.p.Claim.Turn.Quarantined {
-		t.log.Info(diagnostics.MsgConversationResumed, "native_turn", act.NativeTurn,
-			"settled_native_turn", t.p.Claim.Turn.NativeTurn,
-			"unrecorded", act.Previous != nil && act.Previous.Unrecorded)
-	}
-	t.progress("container_recorded")
 	acpTurn := t.p.Claim.Turn.AgentProtocol == wire.AgentProtocolACP
 	if acpTurn {
 		// The agent is started, initialized and its session created or
-		// loaded before admission: an agent that cannot get that far
-		// fails the turn with no prompt sent.
+		// loaded before admission, and before the container is recorded:
+		// an agent that cannot get that far fails the turn with no prompt
+		// sent, and a session that cannot be loaded is reported
+		// unrecoverable (as a boundary mismatch is).
 		if sb.Version < sandbox.Version3 {
 			t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", "supervisor_outdated", "version", sb.Version)
 			return fail(ClassSandboxUnavailable)
@@ -395,6 +384,19 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		}
 		t.progress("agent_prepared")
 	}
+	record := func() error { return t.sess.RecordContainer(ctx, sb.Backend, sb.ID) }
+	if t.p.Claim.Turn.Quarantined {
+		record = func() error { return t.sess.ResumeContainer(ctx, sb.Backend, sb.ID, act.NativeTurn) }
+	}
+	if err := record(); err != nil {
+		return fail(ClassContainerRecord)
+	}
+	if t.p.Claim.Turn.Quarantined {
+		t.log.Info(diagnostics.MsgConversationResumed, "native_turn", act.NativeTurn,
+			"settled_native_turn", t.p.Claim.Turn.NativeTurn,
+			"unrecorded", act.Previous != nil && act.Previous.Unrecorded)
+	}
+	t.progress("container_recorded")
 
 	adm, err := t.sess.Admit(ctx, act.ID)
 	if err != nil {
