@@ -32,8 +32,9 @@ import (
 //	--init=exit         exit while asked to initialize
 //	--init=garbage      write a malformed JSON-RPC line before answering
 //
-// Directives of the prompt, beside !events N, !sleep D, !crash and !hang
-// (which ignores session/cancel):
+// Directives of the prompt, beside !events N, !sleep D and !silent D (both
+// silent, ending early on session/cancel), !crash and !hang (which ignores
+// session/cancel):
 //
 //	!stop REASON      end the turn with that stop reason (max_tokens, refusal, …)
 //	!error            answer session/prompt with a JSON-RPC error
@@ -223,7 +224,7 @@ func (d *acpDemo) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptResp
 			for i := 1; i <= n; i++ {
 				d.say(ctx, sid, fmt.Sprintf("delta %d of %d", i, n))
 			}
-		case "sleep":
+		case "sleep", "silent":
 			dur, _ := time.ParseDuration(arg)
 			select {
 			case <-time.After(dur):
