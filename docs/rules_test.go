@@ -42,10 +42,13 @@ func ruleIDs() []string {
 	for i := 1; i <= 13; i++ {
 		ids = append(ids, fmt.Sprintf("K%d", i))
 	}
+	for i := 1; i <= 6; i++ {
+		ids = append(ids, fmt.Sprintf("A%d", i))
+	}
 	return ids
 }
 
-var rowRE = regexp.MustCompile(`^\| ([RPK]\d+) \| (.+) \|$`)
+var rowRE = regexp.MustCompile(`^\| ([RPKA]\d+) \| (.+) \|$`)
 
 // unproven starts a row that says why a rule has no proving test yet.
 const unproven = "not proven yet:"
