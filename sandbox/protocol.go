@@ -23,6 +23,12 @@ import (
 //	{"op":"settle","activation":…} {"receipt":{…}}
 //	{"op":"interrupt",             {"receipt":{…}}  once the agent stopped
 //	 "activation":…,"grace_ms":…}
+//	{"op":"prepare","protocol":"acp", {"prepared":{…}} the ACP agent runs with its session
+//	 "activation":…,"command":[…]}
+//	{"op":"run","protocol":"acp",  as "run" above; the events are its session/updates,
+//	 "permission_policy":…,…}      and {"op":"answer","request_id":…,"option_id":…}
+//	                               lines on the driving connection answer its
+//	                               permission requests under "ask"
 //	any                            {"error":{"code":…,"message":…}} and close
 //
 // The connection that sent "run" is the driving connection: when it closes
