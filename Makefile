@@ -33,9 +33,10 @@ chaos:
 		$(GO) test -count=1 -timeout 90m -run '^TestChaos$$' -v ./integration/chaos/
 
 SANDBOX ?= process
+AGENT ?= lines
 
 demo: build
-	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX)
+	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX) --agent $(AGENT)
 
 dev: build
 	$(BIN)/demo --bin $(BIN) --sandbox $(SANDBOX) --dev

@@ -29,6 +29,7 @@ const (
 	MsgResultUndelivered   = "agent_turn_result_undelivered"    // the turn's result could not reach the daemon
 	MsgSandboxUnavailable  = "agent_sandbox_unavailable"        // the sandbox could not be ensured
 	MsgActivationFailed    = "agent_activation_failed"          // the supervisor refused or failed activation
+	MsgAgentPrepareFailed  = "agent_prepare_failed"             // an ACP agent could not be started, initialized or given its session
 	MsgBoundaryMismatch    = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)
 	MsgContainerReplaced   = "agent_container_replaced"         // a quarantined conversation's sandbox is not its recorded container (K13)
 	MsgReceiptMismatch     = "agent_retained_receipt_mismatch"  // a quarantined conversation's supervisor retains no record of the interrupted activation (K13)

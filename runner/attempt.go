@@ -473,9 +473,10 @@ func (d *Daemon) payload(c wire.Claim) []byte {
 			Runnerd:  d.cfg.Executable,
 			Docker:   d.cfg.Docker,
 		},
-		RequestTimeoutMS: d.cfg.Receipts.TryTimeout.Milliseconds(),
-		RetryDelayMS:     d.cfg.Receipts.Wait.Milliseconds(),
-		LogFormat:        d.cfg.LogFormat,
+		RequestTimeoutMS:    d.cfg.Receipts.TryTimeout.Milliseconds(),
+		RetryDelayMS:        d.cfg.Receipts.Wait.Milliseconds(),
+		LogFormat:           d.cfg.LogFormat,
+		PermissionTimeoutMS: d.cfg.PermissionTimeout.Milliseconds(),
 	}
 	b, _ := json.Marshal(p) // plain data: cannot fail
 	return b

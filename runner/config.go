@@ -124,6 +124,9 @@ type Config struct {
 	// Receipts paces the turn child's receipts: their TryTimeout and Wait
 	// (settlement.ReceiptPolicy keeps the rest of R24).
 	Receipts retry.Policy
+	// PermissionTimeout bounds how long an ACP permission request under
+	// the ask policy waits for the conversation's owner; 0: 10 min.
+	PermissionTimeout time.Duration
 	// Reports is the policy of the terminal reports the daemon sends —
 	// finish, abandon, release — and of the restart's lease question
 	// (settlement.ReportPolicy fills its zero fields, K1).

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runnerd/runnerd/internal/boottime"
@@ -147,6 +148,48 @@ func (c *Client) Interrupt(ctx context.Context, activationID string, grace time.
 	return *resp.Receipt, nil
 }
 
+// Prepare makes the conversation's ACP agent ready for the activation's
+// turn, before admission: a running agent with its session is kept; else
+// the agent is started, initialized, and its kept session loaded
+// (session/load) or, for a conversation that has none yet, created
+// (session/new with the workspace as cwd). No prompt is sent. It fails
+// with ErrAgentUnresponsive (no answer within the supervisor's bound),
+// ErrStartFailed (the agent could not be started or exited),
+// ErrSessionNotLoadable (the kept session cannot be loaded: the agent does
+// not advertise loadSession, refused it, or the session id was lost).
+func (c *Client) Prepare(ctx context.Context, activationID string, command []string) (Prepared, error) {
+	if c.version() < Version3 {
+		return Prepared{}, outdated(OpPrepare, c.version())
+	}
+	resp, err := c.call(ctx, c.version(), Request{Op: OpPrepare, Activation: activationID, Command: command, Protocol: AgentProtocolACP})
+	if err != nil {
+		return Prepared{}, err
+	}
+	if resp.Prepared == nil {
+		return Prepared{}, protocolError(OpPrepare, "expected prepared")
+	}
+	return *resp.Prepared, nil
+}
+
+// ACPOptions are an ACP turn's: its conversation's permission policy
+// (wire.PermissionAllow, PermissionReject or PermissionAsk) and, under ask,
+// how long a request waits for the owner (0: DefaultPermissionTimeout).
+type ACPOptions struct {
+	PermissionPolicy  string
+	PermissionTimeout time.Duration
+}
+
+// RunACP is Run for a conversation of the ACP protocol: one session/prompt
+// to the agent Prepare made ready. Under the ask policy a permission
+// request is an event "permission_requested"; Turn.Answer answers it.
+func (c *Client) RunACP(ctx context.Context, activationID, prompt string, o ACPOptions) (*Turn, error) {
+	if c.version() < Version3 {
+		return nil, outdated(OpRun, c.version())
+	}
+	return c.run(ctx, Request{Op: OpRun, Activation: activationID, Protocol: AgentProtocolACP, PermissionPolicy: o.PermissionPolicy,
+		PermissionTimeoutMS: o.PermissionTimeout.Milliseconds(), Prompt: prompt})
+}
+
 // Run hands the prompt to the agent — once — and returns the turn's event
 // stream. It must be called only after the admission acknowledgement
 // (R25); the caller (settlement.SendPrompt) gates it.
@@ -170,7 +213,11 @@ func (c *Client) Run(ctx context.Context, activationID string, command []string,
 	if len(command) == 0 {
 		return nil, fmt.Errorf("supervisor run: %w: empty agent command", ErrProtocol)
 	}
-	msg, err := encodeRequest(c.version(), Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt})
+	return c.run(ctx, Request{Op: OpRun, Activation: activationID, Command: command, Prompt: prompt})
+}
+
+func (c *Client) run(ctx context.Context, req Request) (*Turn, error) {
+	msg, err := encodeRequest(c.version(), req)
 	if err != nil {
 		return nil, fmt.Errorf("supervisor run: %w", err)
 	}
@@ -208,6 +255,7 @@ type Turn struct {
 	PID int
 
 	conn   net.Conn
+	wmu    sync.Mutex // serialises Answer's writes
 	r      *bufio.Reader
 	stop   func() bool
 	result *Result
@@ -238,6 +286,20 @@ func (t *Turn) Next() (Event, error) {
 		t.fail(protocolError(OpRun, "unexpected message in stream"))
 	}
 	return Event{}, t.err
+}
+
+// Answer sends the owner's answer to a pending permission request of an
+// ACP turn (the "request_id" of its "permission_requested" event). It may
+// be called while another goroutine reads the turn.
+func (t *Turn) Answer(requestID, optionID string) error {
+	msg, err := encodeRequest(Version3, Request{Op: OpAnswer, RequestID: requestID, OptionID: optionID})
+	if err != nil {
+		return err
+	}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	_, err = t.conn.Write(msg)
+	return err
 }
 
 // Result is the turn's outcome once Next returned io.EOF; before that, or
@@ -373,6 +435,8 @@ var codeErrors = map[string]error{
 	CodeStartFailed:       ErrStartFailed,
 	CodeDeadlinePassed:    ErrDeadlinePassed,
 	CodeOutdated:          ErrOutdated,
+	CodeAgentUnresponsive: ErrAgentUnresponsive,
+	CodeNotLoadable:       ErrSessionNotLoadable,
 }
 
 // CodeOf is the protocol code of a sentinel error; CodeProtocol for

@@ -23,6 +23,12 @@ import (
 //	{"op":"settle","activation":…} {"receipt":{…}}
 //	{"op":"interrupt",             {"receipt":{…}}  once the agent stopped
 //	 "activation":…,"grace_ms":…}
+//	{"op":"prepare","protocol":"acp", {"prepared":{…}} the ACP agent runs with its session
+//	 "activation":…,"command":[…]}
+//	{"op":"run","protocol":"acp",  as "run" above; the events are its session/updates,
+//	 "permission_policy":…,…}      and {"op":"answer","request_id":…,"option_id":…}
+//	                               lines on the driving connection answer its
+//	                               permission requests under "ask"
 //	any                            {"error":{"code":…,"message":…}} and close
 //
 // The connection that sent "run" is the driving connection: when it closes
@@ -66,13 +72,16 @@ import (
 //	2  lease_deadline on activate, deadline, interrupt, status's version,
 //	   and activate's "previous": the retained record of the activation it
 //	   fenced (Retained, R26, K13).
+//	3  prepare, and "protocol":"acp" on run: the conversation's agent
+//	   spoken to over the Agent Client Protocol (docs/agents.md).
 //
 // A backend replaces an idle supervisor older than ProtocolVersion at the
 // next turn, over the same sandbox and state (docs/operations.md).
 const (
 	Version1        = 1
 	Version2        = 2
-	ProtocolVersion = Version2 // the newest, which this build's supervisor speaks
+	Version3        = 3
+	ProtocolVersion = Version3 // the newest, which this build's supervisor speaks
 )
 
 // Operations.
@@ -83,7 +92,15 @@ const (
 	OpSettle    = "settle"
 	OpDeadline  = "deadline"
 	OpInterrupt = "interrupt"
+	OpPrepare   = "prepare"
+	// OpAnswer is sent on the driving connection of an ACP run, after its
+	// "run" request: the answer to a pending permission request.
+	OpAnswer = "answer"
 )
+
+// AgentProtocolACP on a request: the conversation's agent speaks the Agent
+// Client Protocol (wire.AgentProtocolACP). Absent: the line protocol.
+const AgentProtocolACP = wire.AgentProtocolACP
 
 // Bounds of an interrupt's grace (Request.GraceMS).
 const (
@@ -109,7 +126,9 @@ const (
 	CodeProtocol          = "protocol"
 	CodeStartFailed       = "start_failed" // the agent command could not be started
 	CodeDeadlinePassed    = "deadline_passed"
-	CodeOutdated          = "outdated" // the client's own: the supervisor's version lacks the operation
+	CodeOutdated          = "outdated"                 // the client's own: the supervisor's version lacks the operation
+	CodeAgentUnresponsive = "agent_unresponsive"       // the ACP agent did not answer initialize or its session call in time
+	CodeNotLoadable       = "acp_session_not_loadable" // the kept ACP session cannot be loaded
 )
 
 // Request is one client request.
@@ -124,6 +143,35 @@ type Request struct {
 	// GraceMS is how long interrupt lets the agent stop on SIGINT before
 	// it is killed.
 	GraceMS int64 `json:"grace_ms,omitempty"`
+	// Protocol is AgentProtocolACP on prepare and on run of an ACP
+	// conversation (Version3); absent for the line protocol.
+	Protocol string `json:"protocol,omitempty"`
+	// PermissionPolicy is an ACP run's answer to permission requests.
+	PermissionPolicy string `json:"permission_policy,omitempty"`
+	// PermissionTimeoutMS bounds, on an ACP run under the ask policy, how
+	// long a permission request waits for the owner's answer before it is
+	// answered cancelled (0: DefaultPermissionTimeout).
+	PermissionTimeoutMS int64 `json:"permission_timeout_ms,omitempty"`
+	// RequestID and OptionID are an "answer" on the driving connection of
+	// an ACP run: the owner's choice for a pending permission request.
+	RequestID string `json:"request_id,omitempty"`
+	OptionID  string `json:"option_id,omitempty"`
+}
+
+// DefaultPermissionTimeout is how long an ACP permission request under the
+// ask policy waits for the owner's answer.
+const DefaultPermissionTimeout = 10 * time.Minute
+
+// Prepared is the answer to prepare: the agent runs with the
+// conversation's session. The session id itself stays in the
+// supervisor's state.
+type Prepared struct {
+	PID int `json:"pid"`
+	// Started: the agent process was started for this answer (it was not
+	// running); Loaded: the kept session was loaded into it (session/load),
+	// rather than created (session/new) or kept running.
+	Started bool `json:"started,omitempty"`
+	Loaded  bool `json:"loaded,omitempty"`
 }
 
 // Response is one line from the supervisor; exactly one field is set.
@@ -136,6 +184,7 @@ type Response struct {
 	End        *Result                 `json:"end,omitempty"`
 	Receipt    *wire.SupervisorReceipt `json:"receipt,omitempty"`
 	Deadline   *Deadline               `json:"deadline,omitempty"`
+	Prepared   *Prepared               `json:"prepared,omitempty"`
 }
 
 // Deadline is the answer to deadline: the lease deadline the supervisor now
@@ -225,6 +274,10 @@ type Retained struct {
 	// turn interrupted under that release is verified as that release
 	// verified it: the exact container and the boundary (K13).
 	Unrecorded bool `json:"unrecorded,omitempty"`
+	// ACPSession is, for a conversation of the ACP protocol, the agent's
+	// session id the supervisor keeps (and loads into a new agent
+	// process): part of the boundary a quarantined conversation verifies.
+	ACPSession string `json:"acp_session,omitempty"`
 }
 
 // How a retained activation ended (Retained.Ended), beside the stop reasons.
@@ -289,4 +342,21 @@ type Result struct {
 	// "native_turn" the agent reported in an event, else the supervisor's
 	// own count of turns handed to the agent.
 	NativeTurn int64 `json:"native_turn"`
+	// StopReason is an ACP turn's stop reason as the agent gave it
+	// (end_turn, max_tokens, max_turn_requests, refusal, cancelled).
+	StopReason string `json:"stop_reason,omitempty"`
+	// Failure names how an ACP turn failed although it ended:
+	// FailureACPError (the agent answered session/prompt with a JSON-RPC
+	// error) or FailureACPAgentExit (the agent exited during the turn).
+	Failure string `json:"failure,omitempty"`
 }
+
+// Failures of an ACP turn (Result.Failure).
+const (
+	FailureACPError     = "acp_prompt_error"
+	FailureACPAgentExit = "acp_agent_exit"
+	// FailureACPConnection: the agent's stdio stopped being a connection
+	// (it closed its stdout, or flooded notifications past the bounded
+	// queue); the supervisor stopped it.
+	FailureACPConnection = "acp_connection_lost"
+)

@@ -201,6 +201,15 @@ var (
 	// not executable). No process ran, so the prompt did not reach the
 	// agent; the activation is spent all the same.
 	ErrStartFailed = errors.New("agent command could not be started")
+	// ErrAgentUnresponsive: the ACP agent did not answer initialize (or
+	// its session call) within the supervisor's bound; it was stopped. No
+	// prompt reached it.
+	ErrAgentUnresponsive = errors.New("the agent did not answer")
+	// ErrSessionNotLoadable: the conversation's ACP session cannot be
+	// loaded into a new agent process: the agent does not advertise
+	// loadSession, refused session/load, or the kept id is gone. A new
+	// session would forget the conversation, so none is made.
+	ErrSessionNotLoadable = errors.New("the kept agent session cannot be loaded")
 	// ErrBusy: the turn is still running, so it cannot be settled yet.
 	ErrBusy = errors.New("turn still running")
 	// ErrNotRun: settle was asked for an activation that never ran a turn.

@@ -7,6 +7,7 @@ package wire
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -131,6 +132,48 @@ type CreateConversationRequest struct {
 	// Requires are labels a host must have to be given the conversation's
 	// turns (at most MaxLabels, with the sandbox's).
 	Requires Labels `json:"requires,omitempty"`
+	// AgentProtocol is how the supervisor speaks to the agent:
+	// AgentProtocolLines (the default) or AgentProtocolACP.
+	AgentProtocol string `json:"agent_protocol,omitempty"`
+	// PermissionPolicy answers an ACP agent's permission requests:
+	// PermissionAllow, PermissionReject or PermissionAsk (the default for
+	// ACP). Not applicable to lines, which must leave it empty.
+	PermissionPolicy string `json:"permission_policy,omitempty"`
+}
+
+// Agent protocols of a conversation (CreateConversationRequest.AgentProtocol).
+const (
+	AgentProtocolLines = "lines" // the prompt on stdin, JSON lines on stdout, one process per turn
+	AgentProtocolACP   = "acp"   // the Agent Client Protocol over the agent's stdio, one process per conversation
+)
+
+// Permission policies of an ACP conversation.
+const (
+	PermissionAllow  = "allow"  // the first allow option
+	PermissionReject = "reject" // a reject option
+	PermissionAsk    = "ask"    // the owner answers through the control plane
+)
+
+// CheckAgentProtocol returns the protocol and policy a conversation is
+// created with, defaults filled in, or which field is wrong.
+func CheckAgentProtocol(protocol, policy string) (string, string, error) {
+	switch protocol {
+	case "", AgentProtocolLines:
+		if policy != "" {
+			return "", "", fmt.Errorf("permission_policy applies only to agent_protocol %q", AgentProtocolACP)
+		}
+		return AgentProtocolLines, "", nil
+	case AgentProtocolACP:
+	default:
+		return "", "", fmt.Errorf("agent_protocol must be %q or %q", AgentProtocolLines, AgentProtocolACP)
+	}
+	switch policy {
+	case "":
+		return protocol, PermissionAsk, nil
+	case PermissionAllow, PermissionReject, PermissionAsk:
+		return protocol, policy, nil
+	}
+	return "", "", fmt.Errorf("permission_policy must be %q, %q or %q", PermissionAllow, PermissionReject, PermissionAsk)
 }
 
 // Conversation is one retained agent session.
@@ -154,7 +197,9 @@ type Conversation struct {
 	SandboxHost string `json:"sandbox_host,omitempty"`
 	// Requires are the labels a host must have to take its turns: the
 	// request's, with sandbox=<Sandbox> when it named one.
-	Requires Labels `json:"requires,omitempty"`
+	Requires         Labels `json:"requires,omitempty"`
+	AgentProtocol    string `json:"agent_protocol"`
+	PermissionPolicy string `json:"permission_policy,omitempty"`
 }
 
 // ConversationList is GET /v1/conversations.
@@ -388,9 +433,13 @@ type Turn struct {
 	Prompt         string   `json:"prompt"`
 	Image          string   `json:"image"`
 	AgentCommand   []string `json:"agent_command"`
-	ContainerID    string   `json:"container_id,omitempty"` // last recorded retained sandbox
-	Epoch          int64    `json:"workspace_epoch"`        // last settled boundary
-	NativeTurn     int64    `json:"native_turn"`
+	// AgentProtocol is the conversation's (AgentProtocolLines when empty:
+	// a control plane of an earlier release sends none).
+	AgentProtocol    string `json:"agent_protocol,omitempty"`
+	PermissionPolicy string `json:"permission_policy,omitempty"`
+	ContainerID      string `json:"container_id,omitempty"` // last recorded retained sandbox
+	Epoch            int64  `json:"workspace_epoch"`        // last settled boundary
+	NativeTurn       int64  `json:"native_turn"`
 	// Quarantined: the conversation's last admitted turn was interrupted
 	// without a recorded settlement (K13). The turn resumes only the exact
 	// retained container ContainerID and a native turn boundary of

@@ -55,6 +55,7 @@ func main() {
 
 type options struct {
 	bin, listen, sandbox, host string
+	agent                      string // lines or acp
 	dev, keep                  bool
 }
 
@@ -67,6 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.listen, "listen", "", "control plane address (default 127.0.0.1:0 for the demo, 127.0.0.1:8080 with --dev)")
 	fs.StringVar(&o.sandbox, "sandbox", "process", "sandbox backend of the daemon: process or docker")
 	fs.StringVar(&o.host, "host-name", "demo-host", "the daemon's host name (the docker backend labels its containers with it)")
+	fs.StringVar(&o.agent, "agent", wire.AgentProtocolLines, "how the daemon speaks to the demo agent: lines or acp (the Agent Client Protocol, demoagent --acp)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directory (database, logs, workspaces) afterwards")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -76,6 +78,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "demo: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if o.agent != wire.AgentProtocolLines && o.agent != wire.AgentProtocolACP {
+		fmt.Fprintf(stderr, "demo: --agent must be %s or %s\n", wire.AgentProtocolLines, wire.AgentProtocolACP)
 		return 2
 	}
 	if o.listen == "" {
@@ -118,6 +124,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		keep = true
 		f.down(stdout)
 		return 1
+	}
+	if o.agent == wire.AgentProtocolACP {
+		// The same conversations over ACP: the demo agent's ACP side, its
+		// permission requests (none in these scripts) allowed.
+		sb.agent = append(sb.agent, "--acp")
+		sb.protocol, sb.permission = wire.AgentProtocolACP, wire.PermissionAllow
 	}
 	if o.dev {
 		f.printDev(stdout, sb)
@@ -348,6 +360,9 @@ type sandboxSetup struct {
 	backend string // the conversations' sandbox requirement (routing)
 	image   string
 	agent   []string
+	// protocol and permission are the conversations' agent_protocol and
+	// permission_policy ("" for lines).
+	protocol, permission string
 	// transcripts: the agent's workspace is a host directory the demo can read.
 	transcripts bool
 	// cleanup removes what the backend keeps after the daemon is gone;
@@ -416,7 +431,8 @@ func runConversations(ctx context.Context, f *running, sb sandboxSetup) ([]turnR
 	var ids []string
 	convs := make([]wire.Conversation, len(conversations))
 	for i, c := range conversations {
-		conv, err := u.Create(ctx, wire.CreateConversationRequest{Title: c.title, Image: sb.image, AgentCommand: sb.agent, Sandbox: sb.backend})
+		conv, err := u.Create(ctx, wire.CreateConversationRequest{Title: c.title, Image: sb.image, AgentCommand: sb.agent, Sandbox: sb.backend,
+			AgentProtocol: sb.protocol, PermissionPolicy: sb.permission})
 		if err != nil {
 			return nil, ids, fmt.Errorf("create conversation %s: %w", c.title, err)
 		}

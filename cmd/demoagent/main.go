@@ -20,6 +20,8 @@
 //	              workspace) exists: a test's turn that lasts until the
 //	              test lets it end, however slow the machine
 //
+// With --acp it speaks the Agent Client Protocol instead (acp.go).
+//
 // Any other directive is reported as an "unknown_directive" event and
 // ignored. Directives live here only: the product never reads a prompt for
 // them (K12). Other lines are echoed as one "message" event. Every event
@@ -40,6 +42,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "--acp" {
+		os.Exit(runACP(os.Args[1:]))
+	}
 	end := run(os.Stdin, os.Stdout, ".")
 	switch {
 	case end.crash:

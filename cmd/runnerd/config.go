@@ -89,6 +89,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
 	fs.DurationVar(&receiptTimeout, "receipt-timeout", settlement.DefaultTryTimeout, "timeout of each receipt or report try (R24)")
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
+	fs.DurationVar(&c.PermissionTimeout, "permission-timeout", 10*time.Minute, "how long an ACP permission request under the ask policy waits for the owner's answer before it is answered cancelled")
 	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics (empty: off)")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
@@ -140,7 +141,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		{"launch-backoff-max", launchBackoffMx}, {"claim-wait", c.ClaimWait}, {"claim-backoff", c.ClaimBackoff},
 		{"claim-backoff-max", c.ClaimBackoffMax}, {"host-heartbeat-interval", c.HostHeartbeatInterval},
 		{"control-timeout", c.ControlTimeout}, {"receipt-timeout", receiptTimeout}, {"receipt-retry", receiptRetry},
-		{"watchdog-interval", o.watchdog},
+		{"watchdog-interval", o.watchdog}, {"permission-timeout", c.PermissionTimeout},
 	} {
 		if d.v <= 0 {
 			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)

@@ -26,6 +26,9 @@ type Payload struct {
 	RequestTimeoutMS int64 `json:"request_timeout_ms,omitempty"`
 	// RetryDelayMS is the pause between receipt tries (R24); 0 means 5 s.
 	RetryDelayMS int64 `json:"retry_delay_ms,omitempty"`
+	// PermissionTimeoutMS bounds how long an ACP permission request under
+	// the ask policy waits for the owner; 0 means 10 min.
+	PermissionTimeoutMS int64 `json:"permission_timeout_ms,omitempty"`
 	// LogFormat is "json" or "text", for the child's own records on stderr.
 	LogFormat string `json:"log_format,omitempty"`
 }

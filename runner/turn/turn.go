@@ -55,7 +55,17 @@ const (
 	ClassSettlement         = "settlement_failed"
 	ClassCancelled          = "cancelled"
 	ClassHostStopped        = "host_stopped" // the daemon's drain or shutdown ended the turn (P6)
+	// An ACP conversation's agent before admission: it did not answer
+	// initialize or its session call (the conversation stays usable), or
+	// its kept session cannot be loaded into a new process (A6: the
+	// conversation is unrecoverable, never silently on a new session).
+	ClassAgentUnresponsive = "agent_unresponsive"
+	ClassACPNotLoadable    = "acp_session_not_loadable"
 )
+
+// EventStopReason is the event an ACP turn ends with: the agent's stop
+// reason (end_turn, max_tokens, max_turn_requests, refusal, cancelled).
+const EventStopReason = "stop_reason"
 
 // STOP reason classes the daemon sends after ACCEPT, beside ClassCancelled
 // and handover.ClassExecutionTimeout.
@@ -292,7 +302,8 @@ func stoppedForLeaseLoss(ctx context.Context) bool {
 
 func result(f settlement.Facts, ref wire.AttemptRef, outcome, class string) Result {
 	rep := f.Report(ref, settlement.Result{Outcome: outcome, Class: class})
-	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost || class == ClassContainerReplaced || class == ClassReceiptMismatch) {
+	if rep.Finish != nil && (class == ClassBoundaryMismatch || class == ClassWorkspaceLost || class == ClassContainerReplaced || class == ClassReceiptMismatch ||
+		class == ClassACPNotLoadable) {
 		// R31: the retained session is provably not the settled one; the
 		// conversation cannot continue, so say so rather than fail every
 		// later turn the same way.
@@ -349,6 +360,32 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	if class := t.verify(sb, act); class != "" {
 		return fail(class)
 	}
+	acpTurn := t.p.Claim.Turn.AgentProtocol == wire.AgentProtocolACP
+	if acpTurn {
+		// The agent is started, initialized and its session created or
+		// loaded before admission, and before the container is recorded:
+		// an agent that cannot get that far fails the turn with no prompt
+		// sent, and a session that cannot be loaded is reported
+		// unrecoverable (as a boundary mismatch is).
+		if sb.Version < sandbox.Version3 {
+			t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", "supervisor_outdated", "version", sb.Version)
+			return fail(ClassSandboxUnavailable)
+		}
+		if _, err := cl.Prepare(ctx, act.ID, t.spec.AgentCommand); err != nil {
+			t.progress("agent_prepare_failed")
+			t.log.Warn(diagnostics.MsgAgentPrepareFailed, "error_class", sandbox.CodeOf(err))
+			switch {
+			case errors.Is(err, sandbox.ErrAgentUnresponsive):
+				return fail(ClassAgentUnresponsive)
+			case errors.Is(err, sandbox.ErrSessionNotLoadable):
+				return fail(ClassACPNotLoadable)
+			case errors.Is(err, sandbox.ErrStartFailed):
+				return fail(ClassAgentStart)
+			}
+			return fail(ClassSandboxUnavailable)
+		}
+		t.progress("agent_prepared")
+	}
 	record := func() error { return t.sess.RecordContainer(ctx, sb.Backend, sb.ID) }
 	if t.p.Claim.Turn.Quarantined {
 		record = func() error { return t.sess.ResumeContainer(ctx, sb.Backend, sb.ID, act.NativeTurn) }
@@ -383,6 +420,10 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	runCtx, dropRun := context.WithCancel(runCtx)
 	defer dropRun()
 	stream, err := settlement.SendPrompt(runCtx, adm, func(ctx context.Context, prompt string) (*sandbox.Turn, error) {
+		if acpTurn {
+			return cl.RunACP(ctx, act.ID, prompt, sandbox.ACPOptions{PermissionPolicy: t.p.Claim.Turn.PermissionPolicy,
+				PermissionTimeout: time.Duration(t.p.PermissionTimeoutMS) * time.Millisecond})
+		}
 		return cl.Run(ctx, act.ID, t.spec.AgentCommand, prompt)
 	})
 	if err != nil {
@@ -431,6 +472,11 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	}
 	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn)
 	t.progress(StageAgentExited)
+	if res.StopReason != "" {
+		// How an ACP agent ended its turn, on the job page among its events.
+		b, _ := json.Marshal(map[string]string{"stop_reason": res.StopReason})
+		t.sess.Event(EventStopReason, b)
+	}
 
 	// The agent's turn is over: settle it even if the user's cancel arrives
 	// now, or a completed turn would fail closed and lose its conversation
@@ -560,6 +606,12 @@ func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 				"retained_native_turn", native, "interrupted_activation", tu.InterruptedActivationID, "supervisor_native_turn", act.NativeTurn)
 			return ClassReceiptMismatch
 		}
+		if tu.AgentProtocol == wire.AgentProtocolACP && act.NativeTurn > 0 && p.ACPSession == "" {
+			// An ACP session that ran turns is resumed only with its kept
+			// session id (A6): a record without one is no evidence of it.
+			t.log.Error(diagnostics.MsgReceiptMismatch, "retained_activation", p.Activation, "retained_acp_session", false)
+			return ClassReceiptMismatch
+		}
 	}
 	ok := act.NativeTurn == tu.NativeTurn || tu.Quarantined && act.NativeTurn == tu.NativeTurn+1
 	if !ok {
@@ -575,6 +627,8 @@ func (t *turn) verify(sb sandbox.Sandbox, act sandbox.Activation) string {
 // signal ended it; "" for a clean exit.
 func exitClass(res sandbox.Result) string {
 	switch {
+	case res.Failure != "":
+		return res.Failure // an ACP turn that ended in a JSON-RPC error or the agent's exit
 	case res.Signal != "":
 		return ClassAgentSignal + "_" + strings.TrimPrefix(res.Signal, "SIG")
 	case res.ExitCode < 0:

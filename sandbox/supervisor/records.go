@@ -30,7 +30,21 @@ const (
 	RecordBoundaryCompleted = "supervisor_boundary_completed"
 	RecordOrphanReaped      = "supervisor_orphan_reaped"
 	RecordFailed            = "supervisor_failed"
+	RecordACPPrepared       = "supervisor_acp_prepared"
+	// RecordACPNotLoadable: the conversation's ACP session cannot be
+	// resumed in a new agent process; reason says why.
+	RecordACPNotLoadable = "supervisor_acp_session_not_loadable"
 )
+
+var discardLogger = slog.New(slog.DiscardHandler)
+
+func recordACPPrepared(l *slog.Logger, pid int, loaded, loadSession bool) {
+	l.Info(RecordACPPrepared, slog.Int("pid", pid), slog.Bool("loaded", loaded), slog.Bool("load_session", loadSession))
+}
+
+func recordACPNotLoadable(l *slog.Logger, reason string) {
+	l.Warn(RecordACPNotLoadable, slog.String("reason", reason))
+}
 
 func recordStarted(l *slog.Logger, nativeTurn int64) {
 	l.Info(RecordStarted, slog.Int64("native_turn", nativeTurn))

@@ -90,6 +90,11 @@ type Config struct {
 	MaxConns int
 	// Ready, if set, is called once the socket is listening.
 	Ready func()
+	// ACPTimeout bounds each of an ACP agent's answers to initialize and to
+	// session/new or session/load; an agent that does not answer in time is
+	// stopped and the turn fails before admission (agent_unresponsive).
+	// Default 30 s.
+	ACPTimeout time.Duration
 	// Subreaper makes the supervisor a child subreaper that reaps orphans:
 	// processes an agent left behind are reparented to it and, once dead,
 	// reaped between turns (never while an agent runs, so the agent's own
@@ -127,6 +132,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 32
+	}
+	if c.ACPTimeout <= 0 {
+		c.ACPTimeout = 30 * time.Second
 	}
 	return c, nil
 }
@@ -173,6 +181,15 @@ type server struct {
 	// stored in RetainedFile (as its turn starts, and as it ends); nil if
 	// the state holds none.
 	retained *sandbox.Retained
+	// acp is the conversation's ACP agent once prepared, until it exits;
+	// acpStarting the one being started (so that the orphan reaper leaves
+	// it alone); acpSession the session id kept in ACPSessionFile, which
+	// every retained record carries.
+	acp         *acpAgent
+	acpStarting *acpAgent
+	acpSession  string
+
+	prepareMu sync.Mutex // held by one prepare at a time; taken before mu
 }
 
 // Serve runs the supervisor until ctx ends, then stops any running agent
@@ -306,6 +323,12 @@ func Serve(ctx context.Context, cfg Config) error {
 	cmu.Unlock()
 	stopReaper()
 	wg.Wait()
+	s.mu.Lock()
+	ag := s.acp
+	s.mu.Unlock()
+	if ag != nil {
+		ag.kill() // the conversation's ACP agent does not outlive its supervisor
+	}
 	recordStopped(s.log)
 	return acceptErr
 }
@@ -349,6 +372,12 @@ func (s *server) handle(ctx context.Context, conn net.Conn) {
 			resp = errReply(err)
 		} else {
 			resp.Receipt = &r
+		}
+	case sandbox.OpPrepare:
+		if p, err := s.prepare(req); err != nil {
+			resp = errReply(err)
+		} else {
+			resp.Prepared = &p
 		}
 	case sandbox.OpRun:
 		s.run(ctx, conn, req)
@@ -587,7 +616,13 @@ func (s *server) interrupt(id string, grace time.Duration) (wire.SupervisorRecei
 		case <-t.done:
 			timer.Stop()
 		case <-timer.C:
-			t.stop(stopInterrupt) // kills the group; the reason stays as it was
+			if t.acpCancel != nil {
+				// An ACP agent that does not answer its cancel is killed,
+				// and the turn is not settled (A3, K13).
+				t.cancelUnanswered()
+			} else {
+				t.stop(stopInterrupt) // kills the group; the reason stays as it was
+			}
 			<-t.done
 		}
 	}
@@ -609,7 +644,9 @@ func (s *server) stopRunning(why stopReason) {
 // when no agent runs: every child is then an orphan an agent left behind
 // (start forks agents under the same lock).
 func (s *server) reapOrphansLocked() {
-	if !s.cfg.Subreaper || s.running != nil {
+	// A live ACP agent is a child too, between turns: its own reaper must
+	// see its exit, and reaps the orphans once it has.
+	if !s.cfg.Subreaper || s.running != nil || s.acp != nil || s.acpStarting != nil {
 		return
 	}
 	for {
@@ -640,6 +677,7 @@ func (s *server) retainTurn(a *activation, n int64, ended string) {
 // is r even if the write fails, which is recorded and returned. Called
 // with s.mu held.
 func (s *server) retain(r *sandbox.Retained) error {
+	r.ACPSession = s.acpSession
 	s.retained = r
 	b, err := json.Marshal(r)
 	if err == nil {

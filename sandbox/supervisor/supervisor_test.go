@@ -460,7 +460,7 @@ func TestProtocolRefusesMalformedRequests(t *testing.T) {
 	for _, tc := range []struct{ name, line string }{
 		{"not json", "hello\n"},
 		{"unknown field", `{"v":1,"op":"status","extra":1}` + "\n"},
-		{"unknown version", `{"v":3,"op":"status"}` + "\n"},
+		{"unknown version", `{"v":4,"op":"status"}` + "\n"},
 		{"no version", `{"op":"status"}` + "\n"},
 		{"unknown op", `{"v":1,"op":"explode"}` + "\n"},
 		{"trailing data", `{"v":1,"op":"status"} {}` + "\n"},

@@ -31,6 +31,9 @@ const (
 	stopShutdown             // the supervisor is stopping
 	stopDeadline             // the activation's lease deadline passed (K5)
 	stopInterrupt            // interrupted on request (K10): the one stop that settles
+	// stopCancelUnanswered: an ACP agent did not end its turn within the
+	// grace after session/cancel, and was killed (A3).
+	stopCancelUnanswered
 )
 
 func (r stopReason) String() string {
@@ -45,6 +48,8 @@ func (r stopReason) String() string {
 		return "lease_deadline"
 	case stopInterrupt:
 		return "interrupted_on_request"
+	case stopCancelUnanswered:
+		return "cancel_unanswered"
 	}
 	return "none"
 }
@@ -57,9 +62,16 @@ type agentTurn struct {
 	grace  time.Duration      // how long a stopped turn may still write to it
 	moved  chan struct{}      // one pending notice that the lease deadline moved
 	pid    int                // the agent's pid, also its process group id
+	// acpCancel, on an ACP turn, is how it is interrupted on request:
+	// session/cancel instead of SIGINT. Set before the turn can be
+	// interrupted.
+	acpCancel func()
 
-	mu     sync.Mutex // guards reason and reaped
+	mu     sync.Mutex // guards reason, reaped and over
 	reason stopReason
+	// over: the ACP turn ended (end); a stop from then on is no stop of
+	// it, and must not kill the agent the conversation keeps.
+	over bool
 	// reaped is set before the agent's leader is reaped: from then on its
 	// process group id may be reused, and no signal goes to it but from
 	// the reaper, which kills the group first.
@@ -75,9 +87,24 @@ func (t *agentTurn) interrupt() {
 		return
 	}
 	t.reason = stopInterrupt
+	if t.acpCancel != nil {
+		t.acpCancel()
+		return
+	}
 	if !t.reaped {
 		_ = unix.Kill(-t.pid, unix.SIGINT)
 	}
+}
+
+// cancelUnanswered: an ACP turn's session/cancel was not answered within
+// its grace; the kill that follows leaves it interrupted, not settled.
+func (t *agentTurn) cancelUnanswered() {
+	t.mu.Lock()
+	if t.reason == stopInterrupt {
+		t.reason = stopCancelUnanswered
+	}
+	t.mu.Unlock()
+	t.stop(stopCancelUnanswered)
 }
 
 func (t *agentTurn) deadlineMoved() {
@@ -124,14 +151,25 @@ func (s *server) fence(a *activation, t *agentTurn) {
 
 func (t *agentTurn) stop(why stopReason) {
 	t.mu.Lock()
-	if t.reason == stopNone {
+	if t.reason == stopNone && !t.over {
 		t.reason = why
 	}
+	over := t.over
 	t.mu.Unlock()
-	t.cancel()
+	if !over {
+		t.cancel()
+	}
 	// A driver that stopped reading must not hold up whoever stops the
 	// turn (a newer activation waits for it): writes to it end after grace.
 	_ = t.conn.SetWriteDeadline(time.Now().Add(t.grace))
+}
+
+// end marks an ACP turn over and returns why it was stopped, if it was.
+func (t *agentTurn) end() stopReason {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.over = true
+	return t.reason
 }
 
 func (t *agentTurn) stopReason() stopReason {
@@ -144,6 +182,14 @@ func (t *agentTurn) stopReason() stopReason {
 // agent with the prompt on stdin, streams its stdout lines as events and
 // ends with the result. The connection closing stops the agent.
 func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
+	if req.Protocol == sandbox.AgentProtocolACP {
+		s.runACP(conn, req)
+		return
+	}
+	if req.Protocol != "" {
+		_ = writeMsg(conn, errReply(fmt.Errorf("%w: unknown agent protocol", sandbox.ErrProtocol)))
+		return
+	}
 	if len(req.Command) == 0 || req.Command[0] == "" {
 		_ = writeMsg(conn, errReply(fmt.Errorf("%w: empty agent command", sandbox.ErrProtocol)))
 		return

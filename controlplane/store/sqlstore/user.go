@@ -41,7 +41,7 @@ const (
 // conversationCols reads a conversation with the name of its sandbox's
 // host (FROM conversationFrom).
 const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
-	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id`
+	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id, c.agent_protocol, c.permission_policy`
 
 const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
@@ -50,7 +50,7 @@ func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, er
 	var cmd, requires string
 	var created int64
 	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
-		&created, &c.SandboxHost, &requires, &c.InterruptedJobID); err != nil {
+		&created, &c.SandboxHost, &requires, &c.InterruptedJobID, &c.AgentProtocol, &c.PermissionPolicy); err != nil {
 		return c, err
 	}
 	if requires != "" {
@@ -75,6 +75,10 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w: %w", store.ErrInvalid, err)
 	}
+	protocol, policy, err := wire.CheckAgentProtocol(req.AgentProtocol, req.PermissionPolicy)
+	if err != nil {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w: %w", store.ErrInvalid, err)
+	}
 	cmd, err := json.Marshal(req.AgentCommand)
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
@@ -82,14 +86,17 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 	c := wire.Conversation{
 		ID: newID("conv"), Title: req.Title, Image: req.Image, AgentCommand: req.AgentCommand,
 		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)), Requires: requires,
+		AgentProtocol: protocol, PermissionPolicy: policy,
 	}
 	route := requires.String()
 	err = s.write(ctx, func(tx txn) error {
 		if err := s.ensureRoute(ctx, tx, route, requires); err != nil {
 			return err
 		}
-		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at, requires)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now), route)
+		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at, requires,
+			agent_protocol, permission_policy)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now), route,
+			c.AgentProtocol, c.PermissionPolicy)
 		return err
 	})
 	if err != nil {

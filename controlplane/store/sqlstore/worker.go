@@ -242,9 +242,9 @@ func claimedRows(rows interface {
 	for rows.Next() {
 		host = true
 		var keyed bool
-		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted sql.NullString
+		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted, protocol, policy sql.NullString
 		var seq, gen, epoch, native sql.NullInt64
-		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted); err != nil {
+		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted, &protocol, &policy); err != nil {
 			return nil, false, err
 		}
 		if keyed {
@@ -257,6 +257,7 @@ func claimedRows(rows interface {
 			LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds(),
 			Turn: wire.Turn{ConversationID: conv.String, Seq: seq.Int64, Prompt: prompt.String, Image: image.String,
 				ContainerID: container.String, Epoch: epoch.Int64, NativeTurn: native.Int64,
+				AgentProtocol: protocol.String, PermissionPolicy: policy.String,
 				// K13: verify the activation the interrupted turn was admitted under, then resume
 				Quarantined: state.String == wire.ConversationQuarantined, InterruptedActivationID: interrupted.String}}
 		if err := json.Unmarshal([]byte(cmd.String), &c.Turn.AgentCommand); err != nil {
@@ -319,7 +320,8 @@ const claimPGStatement = `WITH h AS (
 SELECT EXISTS (SELECT 1 FROM keyed), j.id, j.a, j.conversation_id, j.seq, j.prompt, j.generation,
 	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
 	(SELECT ia.activation_id FROM jobs ij JOIN attempts ia ON ia.id = ij.admitted_attempt_id
-		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined')
+		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined'),
+	c.agent_protocol, c.permission_policy
 FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
 ORDER BY j.pos`
 
@@ -372,9 +374,11 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 // admitted under, which the supervisor must retain a record of (K13).
 func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
 	var cmd, state, interrupted string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state, interrupted_job_id
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state, interrupted_job_id,
+		agent_protocol, permission_policy
 		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
-		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state, &interrupted); err != nil {
+		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state, &interrupted,
+		&c.Turn.AgentProtocol, &c.Turn.PermissionPolicy); err != nil {
 		return err
 	}
 	c.Turn.Quarantined = state == wire.ConversationQuarantined // K13: verify, then resume

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +34,40 @@ func BuildDemoAgent(dir string) (string, error) {
 	return out, nil
 }
 
+// binDir is Main's directory of built binaries, removed when the tests end.
+var binDir string
+
+var exampleAgent struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// ExampleAgent builds, once per test binary, the ACP SDK's own example
+// agent (github.com/coder/acp-go-sdk/example/agent, from the module
+// cache): an ACP agent this project did not write. Only under Main.
+func ExampleAgent(t testing.TB) string {
+	t.Helper()
+	exampleAgent.once.Do(func() {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		}
+		out := filepath.Join(binDir, "acp-example-agent")
+		cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "github.com/coder/acp-go-sdk/example/agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			exampleAgent.err = fmt.Errorf("build the ACP example agent: %w\n%s", err, b)
+			return
+		}
+		exampleAgent.path = out
+	})
+	if exampleAgent.err != nil {
+		t.Fatal(exampleAgent.err)
+	}
+	return exampleAgent.path
+}
+
 // WaitGone waits, on a pidfd and not by polling, until process pid has
 // exited (a zombie counts as exited), or the timeout passes.
 func WaitGone(pid int, timeout time.Duration) error { return pidfd.WaitExit(pid, timeout) }
@@ -53,6 +88,7 @@ func Main(m *testing.M, demoAgent *string, roles map[string]func(args []string) 
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	binDir = dir
 	*demoAgent, err = BuildDemoAgent(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
