@@ -140,8 +140,10 @@ func TestPropertyPromptOnceNoWriteAfterRejection(t *testing.T) {
 			}
 			fin := w.in.Hits(wire.OpFinish)
 			if errors.Is(admErr, settlement.ErrAmbiguousAdmission) && len(fin) > 0 && fin[len(fin)-1].delivered == http.StatusOK && j.Admitted {
-				if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationLost {
-					bad("ambiguous admission reported, conversation %s", conv.State)
+				// Admitted, so never requeued, and never LOST on the missing
+				// answer alone: quarantined, the next turn verifies (K13).
+				if conv := w.conversation(c.Turn.ConversationID); conv.State != wire.ConversationQuarantined {
+					bad("ambiguous admission reported, conversation %s, want quarantined", conv.State)
 				}
 			}
 		})
