@@ -413,24 +413,9 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	}
 
 	s.mu.Lock()
-	if why == stopNone || why == stopInterrupt {
-		// The agent ended the turn itself (or died doing it): the prompt
-		// reached it and nothing of the turn runs any more.
-		n := s.nativeTurn + 1
-		res.NativeTurn = n
-		a.state = actCompleted
-		ended := sandbox.EndedCompleted
-		if why == stopInterrupt {
-			a.state = actInterruptSettled
-			ended = sandbox.EndedInterruptSettled
-		}
-		a.result = res
-		s.retainTurn(a, n, ended)
-	} else {
-		s.retainTurn(a, s.nativeTurn, why.String())
-		a.state = actInterrupted
-	}
-	s.running = nil
+	// The agent ended the turn itself (or died doing it): the prompt
+	// reached it and nothing of the turn runs any more.
+	s.endTurnLocked(a, &res, why, s.nativeTurn+1, s.nativeTurn)
 	s.mu.Unlock()
 	close(t.done)
 

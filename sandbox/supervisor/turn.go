@@ -276,33 +276,13 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 	res := resultOf(cmd, waitErr)
 	why := t.stopReason()
 	s.mu.Lock()
-	if why == stopNone || why == stopInterrupt {
-		// Ended on its own, or interrupted on request: either way the
-		// prompt reached the agent and nothing of the turn runs any more,
-		// so the native session moved on by this turn (K10).
-		if reported == 0 {
-			reported = s.nativeTurn + 1
-		}
-		res.NativeTurn = reported
-		a.state = actCompleted
-		ended := sandbox.EndedCompleted
-		if why == stopInterrupt {
-			a.state = actInterruptSettled
-			ended = sandbox.EndedInterruptSettled
-		}
-		a.result = res
-		s.retainTurn(a, reported, ended)
-	} else {
-		// The agent said how far its session got, if it did; keep that,
-		// uncertain as the turn is: it has no receipt either way.
-		n := s.nativeTurn
-		if reported > 0 {
-			n = reported
-		}
-		s.retainTurn(a, n, why.String())
-		a.state = actInterrupted
+	// The agent said how far its session got, if it did; keep that, on a
+	// turn it ended or one stopped without a receipt alike.
+	settled, unsettled := s.nativeTurn+1, s.nativeTurn
+	if reported > 0 {
+		settled, unsettled = reported, reported
 	}
-	s.running = nil
+	s.endTurnLocked(a, &res, why, settled, unsettled)
 	s.reapOrphansLocked()
 	s.mu.Unlock()
 	close(t.done)
@@ -327,6 +307,30 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		}
 		_ = writeMsg(conn, errReply(err))
 	}
+}
+
+// endTurnLocked records how activation a's turn ended, by either protocol.
+// Ended on its own, or interrupted on request: either way the prompt
+// reached the agent and nothing of the turn runs any more, so the native
+// session moved on by this turn, to settled (K10), and res is the result to
+// settle. Stopped any other way, it has no receipt: the record keeps the
+// stop reason at unsettled. Called with s.mu held.
+func (s *server) endTurnLocked(a *activation, res *sandbox.Result, why stopReason, settled, unsettled int64) {
+	if why == stopNone || why == stopInterrupt {
+		res.NativeTurn = settled
+		a.state = actCompleted
+		ended := sandbox.EndedCompleted
+		if why == stopInterrupt {
+			a.state = actInterruptSettled
+			ended = sandbox.EndedInterruptSettled
+		}
+		a.result = *res
+		s.retainTurn(a, settled, ended)
+	} else {
+		s.retainTurn(a, unsettled, why.String())
+		a.state = actInterrupted
+	}
+	s.running = nil
 }
 
 // start checks the token, spends the activation and starts the agent, all
