@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/runnerd/runnerd/internal/fleet"
 )
 
 // startMiddle runs a stand-in daemon (mode middle-reattach,
@@ -146,7 +148,7 @@ func orphanedChild(t *testing.T) (int, string) {
 // over, and its RESULT arrives; after its exit Alive says it is gone.
 func TestReattachSilentChildIsNotGone(t *testing.T) {
 	pid, sock := orphanedChild(t)
-	if err := syscall.Kill(-pid, syscall.SIGSTOP); err != nil {
+	if err := fleet.Freeze(pid, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	cfg := testConfig(t, "")

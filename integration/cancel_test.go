@@ -217,7 +217,7 @@ func TestCancelReachesRunningTurnWithinSeconds(t *testing.T) {
 		t.Fatalf("the agent still runs after the cancel: %v", err)
 	}
 	got := e.waitEnded(j.ID)
-	stopped, ended := gone.Sub(cancelAt), got.EndedAt.Sub(cancelAt)
+	stopped, ended := gone.Seen.Sub(cancelAt), got.EndedAt.Sub(cancelAt)
 	t.Logf("cancel delivery with renewals every %v: agent stopped %v after the cancel, job ended %v after it", renewal, stopped, ended)
 	if ended > 10*time.Second {
 		t.Errorf("the job ended %v after the cancel, want well within the %v renewal interval", ended, renewal)

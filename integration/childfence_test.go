@@ -38,14 +38,14 @@ func (e *env) silentTurn(title string) (wire.Job, proc, proc) {
 	return j, agents[0], children[0]
 }
 
-// freeze stops p with SIGSTOP; the test's cleanup thaws it first, so that
-// the harness can stop it as usual.
+// freeze stops p with SIGSTOP and returns once it is stopped; the test's
+// cleanup thaws it first, so that the harness can stop it as usual.
 func (e *env) freeze(pid int) {
 	e.t.Helper()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+	e.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	if err := fleet.FreezeProcess(pid, waitFor); err != nil {
 		e.t.Fatal(err)
 	}
-	e.t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
 }
 
 // K5: the daemon frozen (SIGSTOP) during a silent turn renews nothing and
@@ -81,19 +81,18 @@ func TestFrozenDaemonChildStopsAgentAtDeadline(t *testing.T) {
 		t.Fatalf("record %s: %v", lines[0], err)
 	}
 	deadline := wallOf(boottime.Instant(rec.Deadline))
-	past := agentGone.Sub(deadline)
-	t.Logf("daemon frozen at %s; the child's lease deadline %v later; the agent gone %v past the deadline (limit: stop grace %v)",
-		frozenAt.Format("15:04:05.000"), deadline.Sub(frozenAt), past, stopGrace)
-	if past > stopGrace {
-		t.Errorf("the agent lived %v past the lease deadline, more than the stop grace %v", past, stopGrace)
+	t.Logf("daemon frozen at %s; the child's lease deadline %v later; the agent last seen %v and seen gone %v past the deadline (limit: stop grace %v)",
+		frozenAt.Format("15:04:05.000"), deadline.Sub(frozenAt), agentGone.LastAlive.Sub(deadline), agentGone.Seen.Sub(deadline), stopGrace)
+	if lived := agentGone.LastAlive.Sub(deadline); lived > stopGrace {
+		t.Errorf("the agent lived %v past the lease deadline, more than the stop grace %v", lived, stopGrace)
 	}
-	if past < -50*time.Millisecond {
-		t.Errorf("the agent was stopped %v before the lease deadline", -past)
+	if early := deadline.Sub(agentGone.Seen); early > 50*time.Millisecond {
+		t.Errorf("the agent was stopped %v before the lease deadline", early)
 	}
 	if childGone, err := waitGone(child.Pid, waitFor); err != nil {
 		t.Errorf("the turn child did not end after its deadline: %v", err)
 	} else {
-		t.Logf("turn child gone %v past the deadline", childGone.Sub(deadline))
+		t.Logf("turn child seen gone %v past the deadline", childGone.Seen.Sub(deadline))
 	}
 	att := e.job(j.ID).Attempts[0]
 	if deadline.After(att.LeaseExpiresAt) {
@@ -149,9 +148,9 @@ func TestDeadTurnChildSupervisorStopsAgent(t *testing.T) {
 			}
 			expiry := e.job(j.ID).Attempts[0].LeaseExpiresAt
 			t.Logf("child %s at %s; agent gone %v later, %v relative to the store's lease expiry",
-				tc.sig, at.Format("15:04:05.000"), agentGone.Sub(at), agentGone.Sub(expiry))
-			if agentGone.After(expiry.Add(stopGrace)) {
-				t.Errorf("the agent lived %v past the store's lease expiry", agentGone.Sub(expiry))
+				tc.sig, at.Format("15:04:05.000"), agentGone.Seen.Sub(at), agentGone.Seen.Sub(expiry))
+			if agentGone.LastAlive.After(expiry.Add(stopGrace)) {
+				t.Errorf("the agent lived %v past the store's lease expiry", agentGone.LastAlive.Sub(expiry))
 			}
 			if !alive(supPid) {
 				t.Error("the supervisor died with the agent; it is retained for the conversation")
@@ -182,7 +181,7 @@ func TestChildRefusedWriteStopsAgent(t *testing.T) {
 			if len(agents) > 1 {
 				t.Fatalf("want at most one agent, got %v", agents)
 			}
-			var gone time.Time
+			var gone fleet.Exit
 			if len(agents) == 1 {
 				var err error
 				if gone, err = waitGone(agents[0].Pid, waitFor); err != nil {
@@ -193,10 +192,9 @@ func TestChildRefusedWriteStopsAgent(t *testing.T) {
 			if len(refused) == 0 {
 				t.Fatal("no event upload reached the proxy")
 			}
-			if !gone.IsZero() {
-				after := gone.Sub(refused[0].at)
-				t.Logf("agent gone %v after the child's first refused write", after)
-				if after > leaseTTL {
+			if !gone.Seen.IsZero() {
+				t.Logf("agent seen gone %v after the child's first refused write", gone.Seen.Sub(refused[0].at))
+				if after := gone.LastAlive.Sub(refused[0].at); after > leaseTTL {
 					t.Errorf("the agent lived %v after the refusal, longer than a lease: it was not stopped at once", after)
 				}
 			}
@@ -247,8 +245,8 @@ func TestSupervisorGetsTheLeaseAtActivation(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the agent outlived the lease with daemon and child frozen before the first renewal: the supervisor had no deadline from its activation: %v", err)
 	}
-	t.Logf("frozen %v after the claim; agent gone %v relative to the claim's lease expiry", frozenAt.Sub(att.ClaimedAt), agentGone.Sub(att.LeaseExpiresAt))
-	if agentGone.After(att.LeaseExpiresAt.Add(stopGrace + killGrace)) {
-		t.Errorf("the agent lived %v past the claim's lease expiry", agentGone.Sub(att.LeaseExpiresAt))
+	t.Logf("frozen %v after the claim; agent gone %v relative to the claim's lease expiry", frozenAt.Sub(att.ClaimedAt), agentGone.Seen.Sub(att.LeaseExpiresAt))
+	if agentGone.LastAlive.After(att.LeaseExpiresAt.Add(stopGrace + killGrace)) {
+		t.Errorf("the agent lived %v past the claim's lease expiry", agentGone.LastAlive.Sub(att.LeaseExpiresAt))
 	}
 }

@@ -106,7 +106,7 @@ func TestCancelFromUserAPIStopsRunningTurn(t *testing.T) {
 		t.Fatalf("the agent still runs after the cancel: %v", err)
 	}
 	got := e.waitEnded(j.ID)
-	t.Logf("agent stopped %v after the cancel; job ended %v after it", gone.Sub(cancelAt), got.EndedAt.Sub(cancelAt))
+	t.Logf("agent stopped %v after the cancel; job ended %v after it", gone.Seen.Sub(cancelAt), got.EndedAt.Sub(cancelAt))
 	if got.State != wire.JobCancelled || got.Outcome != wire.OutcomeCancelled || len(got.Attempts) != 1 {
 		t.Fatalf("want cancelled on its one attempt; got %s", describeJob(got))
 	}

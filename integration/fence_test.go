@@ -74,15 +74,15 @@ func TestBlackholedControlPlaneSelfFences(t *testing.T) {
 		t.Fatalf("no %s event: %s", evSuperseded, describeJob(job))
 	}
 	t.Logf("black hole at %s; agent gone %v later, turn child %v later; lease expired (store) %v after the black hole; superseded %v after the agent was gone",
-		holedAt.Format("15:04:05.000"), agentGone.Sub(holedAt), childGone.Sub(holedAt), att.LeaseExpiresAt.Sub(holedAt), sup.Time.Sub(agentGone))
-	if !agentGone.Before(sup.Time) || !childGone.Before(sup.Time) {
-		t.Errorf("the turn outlived the attempt: agent gone %s, child gone %s, superseded %s",
-			agentGone.Format(time.StampMicro), childGone.Format(time.StampMicro), sup.Time.Format(time.StampMicro))
+		holedAt.Format("15:04:05.000"), agentGone.Seen.Sub(holedAt), childGone.Seen.Sub(holedAt), att.LeaseExpiresAt.Sub(holedAt), sup.Time.Sub(agentGone.Seen))
+	if !agentGone.LastAlive.Before(sup.Time) || !childGone.LastAlive.Before(sup.Time) {
+		t.Errorf("the turn outlived the attempt: agent alive at %s, child alive at %s, superseded %s",
+			agentGone.LastAlive.Format(time.StampMicro), childGone.LastAlive.Format(time.StampMicro), sup.Time.Format(time.StampMicro))
 	}
 	// R10: the daemon gives the lease up no later than the store's expiry;
 	// stopping the turn child then takes at most the stop and kill graces.
-	if limit := att.LeaseExpiresAt.Add(stopGrace + killGrace); childGone.After(limit) {
-		t.Errorf("the turn child died %v after the store's lease expiry, more than the stop and kill graces", childGone.Sub(att.LeaseExpiresAt))
+	if limit := att.LeaseExpiresAt.Add(stopGrace + killGrace); childGone.LastAlive.After(limit) {
+		t.Errorf("the turn child lived %v past the store's lease expiry, more than the stop and kill graces", childGone.LastAlive.Sub(att.LeaseExpiresAt))
 	}
 	// Not before its lease could have run out: the daemon stopped the turn
 	// on its own lease expiry (R10), a whole lease after the send of its

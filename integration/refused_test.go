@@ -56,13 +56,13 @@ func TestRenewalRefusedStopsTurn(t *testing.T) {
 				}
 			}
 			t.Logf("renewal refused %v after the switch; agent gone %v after that; the store's lease ran until %v after it",
-				firstRefused.Sub(refusedAt), gone.Sub(firstRefused), att.LeaseExpiresAt.Sub(firstRefused))
+				firstRefused.Sub(refusedAt), gone.Seen.Sub(firstRefused), att.LeaseExpiresAt.Sub(firstRefused))
 			if n != 1 {
 				t.Errorf("the daemon sent %d renewals after the first %d, want exactly one and no retry", n, status)
 			}
-			if !gone.Before(att.LeaseExpiresAt) {
-				t.Errorf("the agent died at %s, only when the lease ran out (%s): not stopped on the %d",
-					gone.Format(time.StampMilli), att.LeaseExpiresAt.Format(time.StampMilli), status)
+			if !gone.LastAlive.Before(att.LeaseExpiresAt) {
+				t.Errorf("the agent lived until %s, when the lease ran out (%s): not stopped on the %d",
+					gone.LastAlive.Format(time.StampMilli), att.LeaseExpiresAt.Format(time.StampMilli), status)
 			}
 			for _, op := range []string{wire.OpFinish, wire.OpAbandon, wire.OpRelease, wire.OpSettlement} {
 				if calls := e.faults.calls(j.ID, op); len(calls) > 0 {
@@ -70,7 +70,7 @@ func TestRenewalRefusedStopsTurn(t *testing.T) {
 				}
 			}
 			for _, call := range e.faults.calls(j.ID, wire.OpEvents) {
-				if call.at.After(gone) {
+				if call.at.After(gone.Seen) {
 					t.Errorf("an event upload about the refused attempt at %s, after the turn stopped", call.at.Format(time.StampMilli))
 				}
 			}

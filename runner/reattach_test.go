@@ -16,6 +16,7 @@ import (
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -93,7 +94,7 @@ func TestRestartWaitsForSilentChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := orphanTurn(t, d, cl)
-	if err := syscall.Kill(-pid, syscall.SIGSTOP); err != nil {
+	if err := fleet.Freeze(pid, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {

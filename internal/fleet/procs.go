@@ -99,33 +99,55 @@ func Alive(pid int) bool {
 	return unix.Kill(pid, 0) == nil && !Zombie(pid)
 }
 
-// WaitGone waits up to timeout for pid to exit (on a pidfd, and for
-// a zombie, which never becomes readable twice) and returns when it saw
-// it gone.
-func WaitGone(pid int, timeout time.Duration) (time.Time, error) {
+// Exit brackets a process's end as a watcher saw it: the process was
+// still there at LastAlive and gone at Seen, so it ended in (LastAlive,
+// Seen]. A watcher scheduled late (a loaded machine) widens the bracket
+// and never moves it: a test of "gone by T" fails only when LastAlive is
+// after T, one of "not gone before T" only when Seen is before T.
+type Exit struct {
+	LastAlive time.Time // zero when the process was gone at the first look
+	Seen      time.Time
+}
+
+// exitSample is how often WaitGone looks at a process that has not ended:
+// it bounds how tight the bracket can be on an idle machine.
+const exitSample = 5 * time.Millisecond
+
+// WaitGone waits up to timeout for pid to exit (on a pidfd, and for a
+// zombie, which the pidfd may not report while its parent lives) and
+// returns the bracket of its end.
+func WaitGone(pid int, timeout time.Duration) (Exit, error) {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if errors.Is(err, unix.ESRCH) {
-		return time.Now(), nil
+		return Exit{Seen: time.Now()}, nil
 	}
 	if err != nil {
-		return time.Time{}, err
+		return Exit{}, err
 	}
 	defer unix.Close(fd)
+	var e Exit
 	deadline := time.Now().Add(timeout)
 	for {
+		// Read before the looks: a process found there afterwards was
+		// there at this instant too.
+		before := time.Now()
 		if Zombie(pid) {
-			return time.Now(), nil
+			e.Seen = time.Now()
+			return e, nil
 		}
-		ms := min(int(time.Until(deadline).Milliseconds()), 50)
-		if ms <= 0 {
-			return time.Time{}, fmt.Errorf("pid %d still running after %v", pid, timeout)
+		if before.After(deadline) {
+			return e, fmt.Errorf("pid %d still running after %v", pid, timeout)
 		}
-		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, ms)
+		n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, int(exitSample.Milliseconds()))
 		if err != nil && !errors.Is(err, unix.EINTR) {
-			return time.Time{}, err
+			return e, err
 		}
 		if n > 0 {
-			return time.Now(), nil
+			e.Seen = time.Now()
+			return e, nil
+		}
+		if err == nil {
+			e.LastAlive = before
 		}
 	}
 }
@@ -158,4 +180,62 @@ func StopProcs(grace time.Duration, match ...Match) (int, error) {
 		}
 	}
 	return found, errors.New("processes keep appearing under the state directory")
+}
+
+// Freeze stops the process group pgid with SIGSTOP and returns once every
+// thread of its leader is stopped. kill(2) returning is not that: the
+// kernel wakes one thread to take the stop, and the others of a
+// multi-threaded process (every Go program) run on until it has, long
+// enough on a loaded machine to answer a connection. There is no event
+// for a stop the caller is not the parent of, so this looks at /proc
+// (every millisecond, up to timeout).
+func Freeze(pgid int, timeout time.Duration) error {
+	if err := unix.Kill(-pgid, unix.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP to process group %d: %w", pgid, err)
+	}
+	return awaitStopped(pgid, timeout)
+}
+
+// FreezeProcess is Freeze for the one process pid.
+func FreezeProcess(pid int, timeout time.Duration) error {
+	if err := unix.Kill(pid, unix.SIGSTOP); err != nil {
+		return fmt.Errorf("SIGSTOP to pid %d: %w", pid, err)
+	}
+	return awaitStopped(pid, timeout)
+}
+
+func awaitStopped(pid int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		stopped, err := threadsStopped(pid)
+		if err != nil || stopped {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pid %d not stopped %v after SIGSTOP", pid, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// threadsStopped reports whether every thread of pid is in the stopped
+// state (T; t for one stopped by a tracer).
+func threadsStopped(pid int) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("threads of pid %d: %w", pid, err)
+	}
+	for _, ent := range ents {
+		b, err := os.ReadFile(dir + "/" + ent.Name() + "/stat")
+		if err != nil {
+			continue // a thread that has just exited
+		}
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 || i+2 >= len(s) || (s[i+2] != 'T' && s[i+2] != 't') {
+			return false, nil
+		}
+	}
+	return true, nil
 }
