@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -119,11 +120,48 @@ func TestFlagEnvPrecedence(t *testing.T) {
 	}
 }
 
+// createDB makes the SQLite database of data directory dir, as serve does
+// on its first start.
+func createDB(t *testing.T, dir string) {
+	t.Helper()
+	st, err := sqlstore.OpenSQLite(context.Background(), filepath.Join(dir, "controlplane.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+}
+
+// The commands that need a database (host add, token create|list|revoke)
+// refuse to run without one, exit 2 naming where they looked, and leave
+// nothing behind: an empty database made by a typo in --data-dir would
+// answer "no tokens" or register a host nobody serves.
+func TestCommandsRefuseAMissingDatabase(t *testing.T) {
+	for _, args := range [][]string{
+		{"host", "add", "host-1"},
+		{"token", "create", "ci"},
+		{"token", "list"},
+		{"token", "revoke", "ut_x"},
+	} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "data")
+			code, stdout, stderr := runCmd(t, noEnv, append(args, "--data-dir", dir)...)
+			want := "no database at sqlite:" + filepath.Join(dir, "controlplane.db")
+			if code != exitUsage || stdout != "" || !strings.Contains(stderr, want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d and %q", code, stdout, stderr, exitUsage, want)
+			}
+			if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the data directory was made: %v", err)
+			}
+		})
+	}
+}
+
 // host add prints the token once and stores only its hash; --token-file
 // writes it 0600 and never replaces a file; a second host of the same name
 // is refused.
 func TestHostAdd(t *testing.T) {
 	dir := t.TempDir()
+	createDB(t, dir)
 	code, stdout, stderr := runCmd(t, noEnv, "host", "add", "host-1", "--data-dir", dir)
 	if code != exitOK {
 		t.Fatalf("host add: exit %d, %s", code, stderr)

@@ -74,9 +74,24 @@ func (d *dbFlags) synchronous() sqlstore.Synchronous {
 	return sqlstore.SyncFull
 }
 
-// open opens the store with opts; where names it for people without a password.
+// create opens the store with opts, creating an SQLite database that is
+// not there yet (serve); where names it for people without a password.
+func (d *dbFlags) create(ctx context.Context, opts ...sqlstore.Option) (st *sqlstore.Store, where string, err error) {
+	return d.openStore(ctx, true, opts...)
+}
+
+// open opens an existing store for a command that reads or changes it
+// (host add, token): an SQLite database that is not there is a mistake in
+// the flags or the working directory, refused, never made empty.
 func (d *dbFlags) open(ctx context.Context, opts ...sqlstore.Option) (st *sqlstore.Store, where string, err error) {
+	return d.openStore(ctx, false, opts...)
+}
+
+func (d *dbFlags) openStore(ctx context.Context, create bool, opts ...sqlstore.Option) (st *sqlstore.Store, where string, err error) {
 	if path, ok := strings.CutPrefix(d.db, "sqlite:"); ok {
+		if _, err := os.Stat(path); !create && errors.Is(err, fs.ErrNotExist) {
+			return nil, "", usagef("no database at sqlite:%s: \"controlplane serve\" creates it on its first start; name another with --db or --data-dir", path)
+		}
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("create the database directory: %w", err)
 		}
@@ -163,7 +178,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err := os.MkdirAll(d.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create the data directory: %w", err)
 	}
-	st, where, err := d.open(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff), sqlstore.WithMaxWorkerLost(*maxWorkerLost),
+	st, where, err := d.create(ctx, sqlstore.WithMaxReleases(*maxReleases), sqlstore.WithReleaseBackoff(*releaseBackoff), sqlstore.WithMaxWorkerLost(*maxWorkerLost),
 		sqlstore.WithTxObserver(metrics.ObserveTx), sqlstore.WithWorkListenObserver(controlplane.WorkListenObserver(log)))
 	if err != nil {
 		return err
