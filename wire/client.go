@@ -28,6 +28,10 @@ type StatusError struct {
 	Op     string
 	Status int
 	Code   string
+	// Message is the error body's sentence for a person. Error leaves it
+	// out, so that records stay the op, status and code; a command line
+	// tool shows it.
+	Message string
 	// RetryAfter is the answer's Retry-After (seconds or an HTTP date), 0
 	// when it had none. A retry policy waits at least this long (K1).
 	RetryAfter time.Duration
@@ -294,7 +298,7 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		var eb ErrorBody
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
-		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code,
+		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code, Message: eb.Message,
 			RetryAfter: RetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	if resp.StatusCode == http.StatusNoContent || out == nil {

@@ -29,6 +29,8 @@ import (
 	"syscall"
 
 	"github.com/peterbourgon/ff/v3"
+
+	"github.com/runnerd/runnerd/wire"
 )
 
 // version is set by the Makefile (-X main.version=…).
@@ -137,9 +139,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case errors.Is(err, errTurnFailed):
 		return exitFail // submit already said how the turn ended
 	default:
-		fmt.Fprintf(stderr, "controlplane %s: %v\n", name, err)
+		fmt.Fprintf(stderr, "controlplane %s: %v%s\n", name, err, serverSays(err))
 		return exitFail
 	}
+}
+
+// serverSays is the control plane's own sentence about a refusal (its
+// error body's message), for the person at the terminal: the code alone
+// does not say which field was wrong.
+func serverSays(err error) string {
+	var se *wire.StatusError
+	if errors.As(err, &se) && se.Message != "" {
+		return ": " + se.Message
+	}
+	return ""
 }
 
 // flags is a flag set whose every flag may also come from its variable

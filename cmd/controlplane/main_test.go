@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -458,5 +459,21 @@ func TestConfigFile(t *testing.T) {
 	code, _, stderr = runCmd(t, noEnv, "serve", "--config", file)
 	if code != exitUsage || !strings.Contains(stderr, `"reaper-intervall" not defined`) {
 		t.Fatalf("unknown setting: exit %d, %q", code, stderr)
+	}
+}
+
+// A refusal shows the control plane's own sentence beside its code: the
+// code alone does not say what to change.
+func TestSubmitShowsTheServersMessage(t *testing.T) {
+	dir := t.TempDir()
+	r := startServe(t, "--data-dir", dir)
+	code, _, stderr := runCmd(t, noEnv, "submit", "--server", r.addr, "--data-dir", dir,
+		"--conversation", "conv_nosuchconversation", "--prompt", "hello")
+	t.Logf("stderr: %s", stderr)
+	if code != exitFail || !strings.Contains(stderr, "HTTP 404") {
+		t.Fatalf("exit %d, stderr %q; want exit %d and the status", code, stderr, exitFail)
+	}
+	if !regexp.MustCompile(`HTTP 404 not_found: \S`).MatchString(stderr) {
+		t.Errorf("stderr %q has no message from the server after the code", stderr)
 	}
 }
