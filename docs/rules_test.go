@@ -1,6 +1,7 @@
-// Package docs holds the project's documents; its only code is the check
-// that docs/rules.md keeps its promise: a row for every rule, and every test
-// it names really exists (whether they pass is the suite's business).
+// Package docs holds the project's documents; its code checks that they
+// keep their promises: docs/rules.md has a row for every rule and every test
+// it names really exists (whether they pass is the suite's business), and
+// protocol.md's walkthrough is what a real server answers.
 package docs
 
 import (
