@@ -320,7 +320,7 @@ func (s *Server) handleJobsPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	jobs, err := s.cfg.Store.ListJobs(r.Context(), f)
+	list, err := s.cfg.Store.ListJobs(r.Context(), f)
 	if err != nil {
 		s.fail(w, r, "list_jobs", err)
 		return
@@ -331,7 +331,7 @@ func (s *Server) handleJobsPage(w http.ResponseWriter, r *http.Request) {
 		States []string
 		Jobs   []wire.Job
 		Limit  int
-	}{p, f, jobStates, jobs, store.DefaultJobListLimit})
+	}{p, f, jobStates, list.Jobs, store.DefaultJobListLimit})
 }
 
 // attemptView is one attempt on the job page with the events it wrote or

@@ -68,7 +68,8 @@ func TestK4ClaimLoopLeaseCountsHeld(t *testing.T) {
 		d.Drain()
 		<-done
 
-		jobs, err := c.st.ListJobs(context.Background(), store.JobFilter{})
+		list, err := c.st.ListJobs(context.Background(), store.JobFilter{})
+		jobs := list.Jobs
 		if err != nil || len(jobs) != 1 || len(jobs[0].Attempts) != 1 {
 			t.Fatalf("jobs %+v, %v: want one claimed attempt", jobs, err)
 		}

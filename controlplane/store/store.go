@@ -135,13 +135,29 @@ type ClaimSlot struct {
 
 // JobFilter selects the jobs of ListJobs; an empty field selects every job.
 type JobFilter struct {
-	State          string // a wire.Job* state
+	State   string // a wire.Job* state
+	Outcome string // a wire.Outcome* of an ended job
+	// Class is an error class a runner reported about one of the job's
+	// attempts (its finish, abandon or release): letters, digits and _.
+	Class          string
 	ConversationID string
 	// Host is a host name: the jobs one of whose attempts it held the
 	// lease of (the attempt's lease_owner).
 	Host string
+	// Since selects the jobs created at or after it; zero selects all.
+	Since time.Time
+	// Before is a cursor: only jobs older than the one at that queue
+	// position (JobList.Next of the page before); 0 starts at the newest.
+	Before int64
 	// Limit bounds the answer; 0 or less means DefaultJobListLimit.
 	Limit int
+}
+
+// JobList is one page of ListJobs: its jobs, newest first, and the cursor
+// of the next page (Before of the next filter), 0 when this is the last.
+type JobList struct {
+	Jobs []wire.Job
+	Next int64
 }
 
 // DefaultJobListLimit bounds ListJobs when the filter sets no limit.
@@ -244,7 +260,7 @@ type Store interface {
 	GetJob(ctx context.Context, id string) (wire.Job, error)
 	// ListJobs lists the jobs f selects, newest first, each with its
 	// attempts but not its events (Admin → Jobs).
-	ListJobs(ctx context.Context, f JobFilter) ([]wire.Job, error)
+	ListJobs(ctx context.Context, f JobFilter) (JobList, error)
 	// JobEvents returns events numbered above after, in order, at most
 	// limit. Events are numbered per job from 1, and a job's events become
 	// visible in the order of their numbers, so a follower paging by the

@@ -3,25 +3,40 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"regexp"
 
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
 // ListJobs lists the jobs f selects, newest first (queue order reversed),
-// each with its attempts and without its events. It reads the ids in one
-// statement and each job as GetJob does, so a listed job reads the same
-// as its own page.
-func (s *Store) ListJobs(ctx context.Context, f store.JobFilter) ([]wire.Job, error) {
+// each with its attempts and without its events, and the cursor of the
+// page after. It reads the ids in one statement and each job as GetJob
+// does, so a listed job reads the same as its own page.
+func (s *Store) ListJobs(ctx context.Context, f store.JobFilter) (store.JobList, error) {
 	limit := f.Limit
 	if limit <= 0 {
 		limit = store.DefaultJobListLimit
 	}
-	query := `SELECT j.id FROM jobs j WHERE 1 = 1`
+	query := `SELECT j.id, j.pos FROM jobs j WHERE 1 = 1`
 	var args []any
 	if f.State != "" {
 		query += ` AND j.state = ?`
 		args = append(args, f.State)
+	}
+	if f.Outcome != "" {
+		query += ` AND j.outcome = ?`
+		args = append(args, f.Outcome)
+	}
+	if f.Class != "" {
+		if !classRE.MatchString(f.Class) {
+			return store.JobList{}, fmt.Errorf("list jobs: class %q is not letters, digits and _", f.Class)
+		}
+		// The class is in the report's event as the runner sent it; the
+		// pattern has no wildcard of its own (checked above).
+		query += ` AND EXISTS (SELECT 1 FROM job_events e WHERE e.job_id = j.id
+			AND e.type IN ('finished', 'abandoned', 'released') AND e.data LIKE ?)`
+		args = append(args, `%"class":"`+f.Class+`"%`)
 	}
 	if f.ConversationID != "" {
 		query += ` AND j.conversation_id = ?`
@@ -31,32 +46,50 @@ func (s *Store) ListJobs(ctx context.Context, f store.JobFilter) ([]wire.Job, er
 		query += ` AND EXISTS (SELECT 1 FROM attempts a WHERE a.job_id = j.id AND a.lease_owner = ?)`
 		args = append(args, f.Host)
 	}
+	if !f.Since.IsZero() {
+		query += ` AND j.created_at >= ?`
+		args = append(args, ns(f.Since))
+	}
+	if f.Before > 0 {
+		query += ` AND j.pos < ?`
+		args = append(args, f.Before)
+	}
+	// One more than asked says whether a next page exists.
 	query += ` ORDER BY j.pos DESC LIMIT ?`
-	args = append(args, limit)
+	args = append(args, limit+1)
 	rows, err := s.r.QueryContext(ctx, s.q(query), args...)
 	if err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return store.JobList{}, fmt.Errorf("list jobs: %w", err)
 	}
 	var ids []string
+	var poss []int64
 	for rows.Next() {
 		var id string
-		if err := rows.Scan(&id); err != nil {
+		var pos int64
+		if err := rows.Scan(&id, &pos); err != nil {
 			rows.Close()
-			return nil, fmt.Errorf("list jobs: %w", err)
+			return store.JobList{}, fmt.Errorf("list jobs: %w", err)
 		}
-		ids = append(ids, id)
+		ids, poss = append(ids, id), append(poss, pos)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list jobs: %w", err)
+		return store.JobList{}, fmt.Errorf("list jobs: %w", err)
 	}
-	out := make([]wire.Job, 0, len(ids))
+	var l store.JobList
+	if len(ids) > limit {
+		ids, l.Next = ids[:limit], poss[limit-1]
+	}
+	l.Jobs = make([]wire.Job, 0, len(ids))
 	for _, id := range ids {
 		j, err := s.getJob(ctx, s.r, id)
 		if err != nil {
-			return nil, fmt.Errorf("list jobs: %w", err)
+			return store.JobList{}, fmt.Errorf("list jobs: %w", err)
 		}
-		out = append(out, j)
+		l.Jobs = append(l.Jobs, j)
 	}
-	return out, nil
+	return l, nil
 }
+
+// classRE is an error class as runners name them (wire.Class*, diagnostics).
+var classRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)

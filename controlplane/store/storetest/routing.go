@@ -76,7 +76,8 @@ func testRoutingClaimsMeetRequirements(t *testing.T, st store.Store) {
 	if j := f.job(jZone.ID); j.State != wire.JobQueued {
 		t.Fatalf("an unroutable turn is %s, want queued", j.State)
 	}
-	listed, err := st.ListJobs(f.ctx, store.JobFilter{State: wire.JobQueued})
+	list, err := st.ListJobs(f.ctx, store.JobFilter{State: wire.JobQueued})
+	listed := list.Jobs
 	if err != nil || len(listed) != 1 || listed[0].Unroutable == nil {
 		t.Fatalf("ListJobs(queued) = %+v, %v; want the zone turn, unroutable", listed, err)
 	}
