@@ -3,8 +3,13 @@ package controlplane
 import (
 	"context"
 	"net/http"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
+	"time"
 
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -77,6 +82,85 @@ func (s *Server) handleSendMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusCreated, j)
 }
+
+// maxJobPage bounds the limit of GET /v1/jobs.
+const maxJobPage = 500
+
+// jobListParams are the query parameters GET /v1/jobs takes; any other is
+// refused by name, so that a misspelt filter is not a silent "all jobs".
+var jobListParams = []string{"state", "outcome", "class", "host", "conversation", "since", "limit", "cursor"}
+
+// handleListJobs answers GET /v1/jobs: the jobs its filters select, newest
+// first, a page at a time; the cursor is a queue position, so a job
+// queued meanwhile does not shift the pages after the first.
+func (s *Server) handleListJobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for name := range q {
+		if !slices.Contains(jobListParams, name) {
+			writeError(w, invalid("%s is not a filter of GET /v1/jobs (it takes %s).", name, strings.Join(jobListParams, ", ")))
+			return
+		}
+	}
+	f := store.JobFilter{State: q.Get("state"), Outcome: q.Get("outcome"), Class: q.Get("class"),
+		Host: q.Get("host"), ConversationID: q.Get("conversation")}
+	if f.State != "" && !slices.Contains(jobStates, f.State) {
+		writeError(w, invalid("state must be one of %s.", strings.Join(jobStates, ", ")))
+		return
+	}
+	if outcomes := []string{wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled}; f.Outcome != "" && !slices.Contains(outcomes, f.Outcome) {
+		writeError(w, invalid("outcome must be one of %s.", strings.Join(outcomes, ", ")))
+		return
+	}
+	if f.Class != "" && !classRE.MatchString(f.Class) {
+		writeError(w, invalid("class is an error class: letters, digits and _."))
+		return
+	}
+	if v := q.Get("since"); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, invalid("since must be a time as in 2026-11-29T20:03:04Z (RFC 3339)."))
+			return
+		}
+		f.Since = t
+	}
+	limit, e := queryInt(r, "limit")
+	if e == nil && limit > maxJobPage {
+		e = invalid("limit must be at most %d.", maxJobPage)
+	}
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	f.Limit = int(limit)
+	if v := q.Get("cursor"); v != "" {
+		pos, err := strconv.ParseInt(strings.TrimPrefix(v, cursorPrefix), 10, 64)
+		if !strings.HasPrefix(v, cursorPrefix) || err != nil || pos <= 0 {
+			writeError(w, invalid("cursor must be the next_cursor of an earlier answer."))
+			return
+		}
+		f.Before = pos
+	}
+	l, err := s.cfg.Store.ListJobs(r.Context(), f)
+	if err != nil {
+		s.fail(w, r, "list_jobs", err)
+		return
+	}
+	out := wire.JobList{Jobs: l.Jobs}
+	if out.Jobs == nil {
+		out.Jobs = []wire.Job{}
+	}
+	if l.Next > 0 {
+		out.NextCursor = cursorPrefix + strconv.FormatInt(l.Next, 10)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// cursorPrefix marks a GET /v1/jobs cursor, which is otherwise a queue
+// position: opaque to clients, stable across new jobs.
+const cursorPrefix = "jc"
+
+// classRE is an error class as runners name them.
+var classRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
 
 func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
 	j, err := s.cfg.Store.GetJob(r.Context(), r.PathValue("id"))

@@ -207,6 +207,14 @@ type ConversationList struct {
 	Conversations []Conversation `json:"conversations"`
 }
 
+// JobList is GET /v1/jobs: one page of jobs, newest first, each with its
+// attempts and without its events; NextCursor, when set, is the cursor
+// query parameter of the next page.
+type JobList struct {
+	Jobs       []Job  `json:"jobs"`
+	NextCursor string `json:"next_cursor,omitempty"`
+}
+
 // SendMessageRequest is POST /v1/conversations/{id}/messages: it enqueues a turn.
 type SendMessageRequest struct {
 	Prompt string `json:"prompt"`

@@ -85,6 +85,8 @@ commands:
   host list|pause|resume|rotate-token|remove
              the hosts' lifecycle through the admin API (user token)
   token      create, list or revoke user tokens (kept hashed in the database)
+  jobs list|show|cancel|events
+             the jobs through the user API (user token; --output json|table)
   submit     send a message to a conversation and follow the turn
   version    print the version
 
@@ -118,6 +120,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			name = "token " + args[1]
 		}
 		err = token(ctx, args[1:], getenv, stdout, stderr)
+	case "jobs":
+		if len(args) < 2 || jobCommands[args[1]] == "" {
+			err = usagef(`"jobs" takes a subcommand: list, show, cancel or events`)
+			break
+		}
+		name = "jobs " + args[1]
+		err = jobs(ctx, args[1], args[2:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
@@ -125,7 +134,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, submit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, jobs, submit)", name)
 	}
 	var ue *usageError
 	switch {

@@ -110,38 +110,8 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		return nil
 	}
 
-	var after int64
-	var failingSince time.Time
-	for {
-		var page wire.JobEventList
-		path := fmt.Sprintf("/v1/jobs/%s/events?after=%d&wait_ms=%d", url.PathEscape(job.ID), after, followWait.Milliseconds())
-		err := call(http.MethodGet, path, nil, &page)
-		if err != nil {
-			if ctx.Err() != nil {
-				return fmt.Errorf("stopped following; job %s goes on", job.ID)
-			}
-			if wire.Classify(err) != wire.Transient {
-				return fmt.Errorf("follow job %s: %w", job.ID, err)
-			}
-			if failingSince.IsZero() {
-				failingSince = time.Now()
-			} else if time.Since(failingSince) > followGiveUp {
-				return fmt.Errorf("follow job %s: the control plane stays unreachable: %w", job.ID, err)
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(2 * time.Second):
-			}
-			continue
-		}
-		failingSince = time.Time{}
-		for _, e := range page.Events {
-			printEvent(stdout, e, *asJSON)
-			after = e.ID
-		}
-		if page.Ended {
-			break
-		}
+	if err := followEvents(ctx, call, job.ID, 0, func(e wire.JobEvent) { printEvent(stdout, e, *asJSON) }); err != nil {
+		return err
 	}
 
 	if err := call(http.MethodGet, "/v1/jobs/"+url.PathEscape(job.ID), nil, &job); err != nil {
@@ -196,4 +166,43 @@ func printEvent(w io.Writer, e wire.JobEvent, asJSON bool) {
 		line += " " + string(e.Data)
 	}
 	fmt.Fprintln(w, line)
+}
+
+// followEvents prints each event of job after the event id after, in
+// order, until the job has ended and every event was returned; a control
+// plane that cannot be reached is asked again every 2 s for up to
+// followGiveUp, and a cancelled ctx stops following (not the job).
+func followEvents(ctx context.Context, call func(method, path string, body, out any) error, jobID string, after int64, print func(wire.JobEvent)) error {
+	var failingSince time.Time
+	for {
+		var page wire.JobEventList
+		path := fmt.Sprintf("/v1/jobs/%s/events?after=%d&wait_ms=%d", url.PathEscape(jobID), after, followWait.Milliseconds())
+		err := call(http.MethodGet, path, nil, &page)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("stopped following; job %s goes on", jobID)
+			}
+			if wire.Classify(err) != wire.Transient {
+				return fmt.Errorf("follow job %s: %w", jobID, err)
+			}
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			} else if time.Since(failingSince) > followGiveUp {
+				return fmt.Errorf("follow job %s: the control plane stays unreachable: %w", jobID, err)
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * time.Second):
+			}
+			continue
+		}
+		failingSince = time.Time{}
+		for _, e := range page.Events {
+			print(e)
+			after = e.ID
+		}
+		if page.Ended {
+			return nil
+		}
+	}
 }
