@@ -494,49 +494,40 @@ func requireDocker(t *testing.T) {
 	}
 }
 
-// systemdImageMu makes the tests that need systemdImage build it once.
-var systemdImageMu sync.Mutex
+// systemdImageBuild is the one try of this test binary to make
+// systemdImage: the tests that need it wait for that try and share its
+// outcome, so that a failed build is reported once, not retried by each
+// with what is left of its time.
+var systemdImageBuild struct {
+	once sync.Once
+	err  error // why the image could not be made; nil once it exists
+}
 
-// buildSystemdImage makes systemdImage unless it exists: debootstrap
-// takes a minute or two, more on a loaded machine, so it has its own bound.
+// buildSystemdImage makes systemdImage unless it exists, with
+// testdata/systemd-image.sh (which .ci/run runs before the tests, on an
+// idle machine): debootstrap takes a minute or two, more on a loaded one,
+// so it has its own bound, counted from the start of the build.
 func buildSystemdImage(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	systemdImageMu.Lock()
-	defer systemdImageMu.Unlock()
-	if exec.CommandContext(ctx, "docker", "image", "inspect", systemdImage).Run() == nil {
-		return
-	}
-	if _, err := exec.LookPath("debootstrap"); err != nil || os.Geteuid() != 0 {
-		if os.Getenv("RUNNERD_REQUIRE_DOCKER") == "1" {
-			t.Fatalf("RUNNERD_REQUIRE_DOCKER=1 but the systemd image cannot be built: debootstrap %v, uid %d", err, os.Geteuid())
+	if exec.Command("docker", "image", "inspect", systemdImage).Run() != nil {
+		if _, err := exec.LookPath("debootstrap"); err != nil || os.Geteuid() != 0 {
+			if os.Getenv("RUNNERD_REQUIRE_DOCKER") == "1" {
+				t.Fatalf("RUNNERD_REQUIRE_DOCKER=1 but the systemd image cannot be built: debootstrap %v, uid %d", err, os.Geteuid())
+			}
+			t.Skipf("no image %s and no way to build it (debootstrap as root)", systemdImage)
 		}
-		t.Skipf("no image %s and no way to build it (debootstrap as root)", systemdImage)
 	}
-	dir := filepath.Join(t.TempDir(), "rootfs")
-	out, err := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include=systemd,systemd-sysv,dbus", "bookworm", dir).CombinedOutput()
-	if err != nil {
-		t.Fatalf("debootstrap: %v\n%s", err, tail(out))
+	systemdImageBuild.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "testdata/systemd-image.sh", systemdImage).CombinedOutput()
+		if err != nil {
+			systemdImageBuild.err = fmt.Errorf("testdata/systemd-image.sh %s: %v\n%s", systemdImage, err, tail(out))
+		}
+	})
+	if systemdImageBuild.err != nil {
+		t.Fatal(systemdImageBuild.err)
 	}
-	tar := exec.CommandContext(ctx, "tar", "-C", dir, "-c", ".")
-	imp := exec.CommandContext(ctx, "docker", "import", "-", systemdImage)
-	pipe, err := tar.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	imp.Stdin = pipe
-	if err := tar.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := imp.CombinedOutput(); err != nil {
-		t.Fatalf("docker import: %v\n%s", err, out)
-	}
-	if err := tar.Wait(); err != nil {
-		t.Fatalf("tar the root file system: %v", err)
-	}
-	// debootstrap leaves root-owned device nodes and the like behind.
-	_ = exec.Command("rm", "-rf", dir).Run()
 }
 
 func tail(b []byte) []byte {
