@@ -28,6 +28,9 @@ type StatusError struct {
 	Op     string
 	Status int
 	Code   string
+	// Message is the answer's plain-language message, for a person: a
+	// command shows it (it never holds a token).
+	Message string
 	// RetryAfter is the answer's Retry-After (seconds or an HTTP date), 0
 	// when it had none. A retry policy waits at least this long (K1).
 	RetryAfter time.Duration
@@ -184,6 +187,18 @@ func (c *Client) Cancels(ctx context.Context, hostToken string, req CancelsReque
 	return out.AttemptIDs, nil
 }
 
+// PermissionAnswer waits up to req.WaitMS for the owner's answer to the
+// attempt's permission request req.RequestID: the option chosen, or ""
+// when none came within the wait.
+func (c *Client) PermissionAnswer(ctx context.Context, workerToken, jobID string, req PermissionsRequest) (string, error) {
+	var out PermissionsResponse
+	status, err := c.do(ctx, OpPermissions, AttemptPath(jobID, OpPermissions), workerToken, req, &out)
+	if err != nil || status == http.StatusNoContent {
+		return "", err
+	}
+	return out.OptionID, nil
+}
+
 // Renew renews an attempt's lease with its worker token.
 func (c *Client) Renew(ctx context.Context, workerToken, jobID string, req RenewRequest) (RenewResponse, error) {
 	var out RenewResponse
@@ -294,7 +309,7 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		var eb ErrorBody
 		_ = json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb)
-		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code,
+		return resp.StatusCode, &StatusError{Op: op, Status: resp.StatusCode, Code: eb.Code, Message: eb.Message,
 			RetryAfter: RetryAfter(resp.Header.Get("Retry-After"), time.Now())}
 	}
 	if resp.StatusCode == http.StatusNoContent || out == nil {
