@@ -84,6 +84,7 @@ commands:
              the hosts' lifecycle through the admin API (user token)
   token      create, list or revoke user tokens (kept hashed in the database)
   submit     send a message to a conversation and follow the turn
+  permit     answer an ACP agent's pending permission request: JOB REQUEST OPTION
   version    print the version
 
 Run "controlplane <command> -h" for a command's flags.
@@ -118,12 +119,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = token(ctx, args[1:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
+	case "permit":
+		err = permit(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, submit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, submit, permit)", name)
 	}
 	var ue *usageError
 	switch {
