@@ -70,14 +70,20 @@ func (w *permissionWatch) saw(ev sandbox.Event) {
 }
 
 // poll waits for the owner's answer to one request and passes it on.
-// Failures pause under a backoff; a lease rejection ends it (the turn is
-// being stopped).
+// A transient failure or a server fault pauses under a backoff; a refusal
+// (a control plane without the call, the lease lost) or a lease rejection
+// ends it: the request then ends at its timeout, or with the turn.
 func (w *permissionWatch) poll(ctx context.Context, requestID string) {
 	pauses := retry.Policy{Name: "permissions", Wait: time.Second, MaxWait: 30 * time.Second}.Backoff()
 	for ctx.Err() == nil {
 		option, err := w.t.sess.PermissionAnswer(ctx, requestID, PermissionPollWait)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, settlement.ErrLeaseRejected) {
+				return
+			}
+			if c := wire.Classify(err); c != wire.Transient && c != wire.ServerFault {
+				w.t.log.Warn(diagnostics.MsgPermissionAnswerFailed, "request_id", requestID,
+					"error_class", diagnostics.Class(err), "status", diagnostics.Status(err))
 				return
 			}
 			timer := time.NewTimer(pauses.NextBackOff())
