@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -136,4 +137,44 @@ func TestPermissionPollBadInput(t *testing.T) {
 	f.expect(http.MethodPost, path, a.WorkerToken, body(wire.PermissionsRequest{AttemptRef: ref(a)}), http.StatusBadRequest, wire.CodeInvalid)
 	f.expect(http.MethodPost, path, a.WorkerToken, body(wire.PermissionsRequest{AttemptRef: ref(a), RequestID: "perm-1", WaitMS: -1}), http.StatusBadRequest, wire.CodeInvalid)
 	f.expect(http.MethodPost, path, userToken, body(wire.PermissionsRequest{AttemptRef: ref(a), RequestID: "perm-1"}), http.StatusUnauthorized, wire.CodeUnauthorized)
+}
+
+// The job page answers a pending request with one form per option: only
+// its own form (same origin, its CSRF token) answers; an option the
+// request did not offer and an answer to a request no longer pending are
+// refused in words with their status; the page's answer reaches the
+// turn's poll.
+func TestPermitFormOnTheJobPage(t *testing.T) {
+	f := newFixture(t)
+	cl := permissionTurn(f, wire.PermissionAsk, "perm-1")
+	jobPath := "/admin/jobs/" + cl.JobID
+	status, page, _ := f.admin(adminRequest{method: "GET", path: jobPath})
+	if status != http.StatusOK || !strings.Contains(page, `action="`+jobPath+`/permissions/perm-1"`) {
+		t.Fatalf("GET %s: %d, no answer form:\n%s", jobPath, status, page)
+	}
+	token := csrfOf(t, page)
+	form := jobPath + "/permissions/perm-1"
+	sameOrigin := map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": f.url}
+	if status, body, _ := f.admin(adminRequest{method: "POST", path: form, form: url.Values{"csrf": {token}, "option_id": {"allow"}},
+		header: map[string]string{"Sec-Fetch-Site": "cross-site"}}); status != http.StatusForbidden {
+		t.Fatalf("a cross-site answer: HTTP %d: %s", status, body)
+	}
+	if status, body, _ := f.admin(adminRequest{method: "POST", path: form, form: url.Values{"csrf": {token}, "option_id": {"maybe"}}, header: sameOrigin}); status != http.StatusBadRequest ||
+		!strings.Contains(body, "not one of the request") {
+		t.Fatalf("an unknown option from the page: HTTP %d: %s", status, body)
+	}
+	if got := f.job(cl.JobID).PendingPermissions; len(got) != 1 {
+		t.Fatalf("a refused answer changed the pending requests: %+v", got)
+	}
+	status, _, h := f.admin(adminRequest{method: "POST", path: form, form: url.Values{"csrf": {token}, "option_id": {"reject"}}, header: sameOrigin})
+	if status != http.StatusSeeOther || h.Get("Location") != jobPath {
+		t.Fatalf("the page's own answer: HTTP %d to %q", status, h.Get("Location"))
+	}
+	if opt, err := f.wc.PermissionAnswer(context.Background(), cl.WorkerToken, cl.JobID, wire.PermissionsRequest{AttemptRef: ref(cl), RequestID: "perm-1"}); err != nil || opt != "reject" {
+		t.Fatalf("the turn's poll after the page's answer: %q, %v", opt, err)
+	}
+	if status, body, _ := f.admin(adminRequest{method: "POST", path: form, form: url.Values{"csrf": {token}, "option_id": {"allow"}}, header: sameOrigin}); status != http.StatusConflict ||
+		!strings.Contains(body, "not waiting for an answer") {
+		t.Fatalf("a second answer from the page: HTTP %d: %s", status, body)
+	}
 }
