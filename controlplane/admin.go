@@ -410,6 +410,21 @@ var jobPage = adminPage(`{{define "title"}}Job {{.Job.ID}}{{end}}{{define "conte
 <span class="note">A queued job ends at once; a running one is stopped by its host at the next renewal.</span>
 </form>
 {{end}}
+{{if .PendingPermissions}}
+<h2>Permission requests waiting for you</h2>
+<p class="note">The agent waits for your answer; with none before the host's <code>--permission-timeout</code>, or on a cancel, the request is answered <code>cancelled</code>.</p>
+<ol id="permissions">
+{{range .PendingPermissions}}<li class="permission" data-request="{{.RequestID}}">
+<p>Request <span class="mono">{{.RequestID}}</span>, asked {{stamp .Time}}: <span class="mono">{{printf "%s" .ToolCall}}</span></p>
+{{$req := .RequestID}}{{range .Options}}<form class="inline" method="post" action="/admin/jobs/{{$.Job.ID}}/permissions/{{$req}}">
+<input type="hidden" name="csrf" value="{{$.CSRF}}">
+<input type="hidden" name="option_id" value="{{.OptionID}}">
+<button type="submit" data-option="{{.OptionID}}" data-kind="{{.Kind}}">{{.Name}}</button>
+</form>
+{{end}}<p class="note">Or: <code>controlplane permit {{$.Job.ID}} {{$req}} OPTION</code> with one of {{range $i, $o := .Options}}{{if $i}}, {{end}}<code>{{$o.OptionID}}</code> ({{$o.Kind}}){{end}}.</p>
+</li>
+{{end}}</ol>
+{{end}}
 {{end}}
 
 <h2>Attempts</h2>
@@ -547,6 +562,18 @@ func (s *Server) handleCancelJobForm(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	_, err := s.cfg.Store.CancelJob(r.Context(), id, now)
 	s.formDone(w, r, "cancel_job_form", "/admin/jobs/"+url.PathEscape(id), err)
+}
+
+// handlePermitForm is the job page's answer to a pending permission
+// request: one button per option.
+func (s *Server) handlePermitForm(w http.ResponseWriter, r *http.Request) {
+	now, ok := s.now(w, r, "permit_form")
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	err := s.cfg.Store.AnswerPermission(r.Context(), id, r.PathValue("request"), r.PostFormValue("option_id"), now)
+	s.formDone(w, r, "permit_form", "/admin/jobs/"+url.PathEscape(id), err)
 }
 
 // handleLoseConversationForm is Admin → Conversations' Mark lost button.

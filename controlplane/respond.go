@@ -77,6 +77,8 @@ func fromStore(err error) (*apiError, bool) {
 		return refuse(http.StatusConflict, wire.CodeNotAdmitted, "The job has not been admitted into its conversation yet."), true
 	case errors.Is(err, store.ErrConversationLost):
 		return errConvLostPlain, true
+	case errors.Is(err, store.ErrNotPending):
+		return refuse(http.StatusConflict, wire.CodeNotPending, "That permission request is not waiting for an answer: it was answered, timed out, or its turn is over."), true
 	case errors.Is(err, store.ErrGone):
 		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
 	case errors.Is(err, store.ErrInvalid):

@@ -151,6 +151,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc(job(wire.OpAbandon), s.handleAbandon)
 	mux.HandleFunc(job(wire.OpRelease), s.handleRelease)
 	mux.HandleFunc(job(wire.OpFinish), s.handleFinish)
+	mux.HandleFunc(job(wire.OpPermissions), s.handlePermissionAnswer)
 
 	// User API.
 	mux.HandleFunc("POST /v1/conversations", s.user(s.handleCreateConversation))
@@ -161,6 +162,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/jobs/{id}", s.user(s.handleGetJob))
 	mux.HandleFunc("GET /v1/jobs/{id}/events", s.user(s.handleJobEvents))
 	mux.HandleFunc("POST /v1/jobs/{id}/cancel", s.user(s.handleCancelJob))
+	mux.HandleFunc("POST /v1/jobs/{id}/permissions/{request}", s.user(s.handlePermit))
 	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
 	mux.HandleFunc("POST /v1/admin/conversations/{id}/lose", s.user(s.handleLoseConversation))
 	for _, action := range []string{"pause", "resume", "rotate-token", "remove"} {
@@ -174,6 +176,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /admin/jobs/{id}", s.user(s.handleJobPage))
 	mux.HandleFunc("GET /admin/conversations", s.user(s.handleConversationsPage))
 	mux.HandleFunc("POST /admin/jobs/{id}/cancel", s.adminForm(s.handleCancelJobForm))
+	mux.HandleFunc("POST /admin/jobs/{id}/permissions/{request}", s.adminForm(s.handlePermitForm))
 	mux.HandleFunc("POST /admin/conversations/{id}/lose", s.adminForm(s.handleLoseConversationForm))
 	mux.HandleFunc("POST /admin/servers/{name}/pause", s.adminForm(s.handleHostForm(true)))
 	mux.HandleFunc("POST /admin/servers/{name}/resume", s.adminForm(s.handleHostForm(false)))

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"regexp"
 	"slices"
@@ -237,6 +238,42 @@ func (s *Server) handleCancelJob(w http.ResponseWriter, r *http.Request) {
 	j, err := s.cfg.Store.CancelJob(r.Context(), r.PathValue("id"), now)
 	if err != nil {
 		s.fail(w, r, "cancel_job", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, j)
+}
+
+// handlePermit records the owner's answer to a pending ACP permission
+// request of the job's running turn; the turn child's long poll
+// (handlePermissionAnswer) carries it to the agent.
+func (s *Server) handlePermit(w http.ResponseWriter, r *http.Request) {
+	const op = "permit"
+	// option_id decoded on its own: a value of another type is the
+	// field's mistake (400 invalid naming it), not unreadable JSON.
+	var body struct {
+		OptionID json.RawMessage `json:"option_id"`
+	}
+	if e := decode(w, r, &body, "option_id"); e != nil {
+		writeError(w, e)
+		return
+	}
+	var req wire.PermissionAnswer
+	if json.Unmarshal(body.OptionID, &req.OptionID) != nil || req.OptionID == "" {
+		writeError(w, invalid("option_id must be a string naming one of the request's options."))
+		return
+	}
+	now, ok := s.now(w, r, op)
+	if !ok {
+		return
+	}
+	id := r.PathValue("id")
+	if err := s.cfg.Store.AnswerPermission(r.Context(), id, r.PathValue("request"), req.OptionID, now); err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	j, err := s.cfg.Store.GetJob(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, op, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, j)

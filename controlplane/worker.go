@@ -533,3 +533,47 @@ func (s *Server) handleFinish(w http.ResponseWriter, r *http.Request) {
 			return s.cfg.Store.FinishAs(ctx, wk, q.AttemptRef, *q, time.Time{})
 		})(w, r)
 }
+
+// handlePermissionAnswer is the turn child's long poll for the owner's
+// answer to one of its permission requests: 200 with the option once the
+// owner's answer is recorded, 204 when none came within the wait.
+func (s *Server) handlePermissionAnswer(w http.ResponseWriter, r *http.Request) {
+	const op = wire.OpPermissions
+	auth, ok := s.attempt(w, r, op)
+	if !ok {
+		return
+	}
+	var req wire.PermissionsRequest
+	if !decodeCall(w, r, &req, func(q *wire.PermissionsRequest) wire.AttemptRef { return q.AttemptRef },
+		func(q *wire.PermissionsRequest) *apiError {
+			switch {
+			case q.RequestID == "":
+				return invalid("request_id is required.")
+			case q.WaitMS < 0:
+				return invalid("wait_ms must not be negative.")
+			}
+			return nil
+		}) {
+		return
+	}
+	if req.AttemptID != auth.AttemptID {
+		writeError(w, errOtherAttempt)
+		return
+	}
+	var option string
+	found, err := poll(r.Context(), s.longPoll(req.WaitMS), func(ctx context.Context) (bool, error) {
+		var err error
+		option, err = s.cfg.Store.PermissionAnswer(ctx, r.PathValue("job"), req.AttemptID, req.RequestID)
+		return option != "", err
+	})
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	if !found {
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, wire.PermissionsResponse{OptionID: option})
+}

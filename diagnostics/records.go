@@ -43,6 +43,11 @@ const (
 	// (class): the driving connection is then dropped and the turn fails closed.
 	MsgTurnInterruptedOnCancel = "agent_turn_interrupted_on_cancel"
 	MsgTurnInterruptFailed     = "agent_turn_interrupt_failed"
+	// A4: the owner's answer to an ACP permission request, polled from the
+	// control plane, was passed to the supervisor (request_id, option_id) —
+	// or could not be (class): the request then ends at its timeout.
+	MsgPermissionAnswerPassed = "agent_permission_answer_passed"
+	MsgPermissionAnswerFailed = "agent_permission_answer_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

@@ -26,10 +26,12 @@ var packageDirs = map[string]string{
 	"demoagent":    "cmd/demoagent",
 	"sandbox":      "sandbox",
 	"controlplane": "controlplane",
-	"model":        "integration/model",
-	"checker":      "integration/chaos/checker",
-	"boottime":     "internal/boottime",
-	"sdscope":      "internal/sdscope",
+	// cmd/controlplane is package main; "controlplane" is the server's.
+	"controlplanecmd": "cmd/controlplane",
+	"model":           "integration/model",
+	"checker":         "integration/chaos/checker",
+	"boottime":        "internal/boottime",
+	"sdscope":         "internal/sdscope",
 }
 
 func ruleIDs() []string {

@@ -188,6 +188,18 @@ func (c *Client) Cancels(ctx context.Context, hostToken string, req CancelsReque
 	return out.AttemptIDs, nil
 }
 
+// PermissionAnswer waits up to req.WaitMS for the owner's answer to the
+// attempt's permission request req.RequestID: the option chosen, or ""
+// when none came within the wait.
+func (c *Client) PermissionAnswer(ctx context.Context, workerToken, jobID string, req PermissionsRequest) (string, error) {
+	var out PermissionsResponse
+	status, err := c.do(ctx, OpPermissions, AttemptPath(jobID, OpPermissions), workerToken, req, &out)
+	if err != nil || status == http.StatusNoContent {
+		return "", err
+	}
+	return out.OptionID, nil
+}
+
 // Renew renews an attempt's lease with its worker token.
 func (c *Client) Renew(ctx context.Context, workerToken, jobID string, req RenewRequest) (RenewResponse, error) {
 	var out RenewResponse

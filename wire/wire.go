@@ -32,6 +32,9 @@ const (
 	OpAbandon    = "abandon"
 	OpRelease    = "release"
 	OpFinish     = "finish"
+	// OpPermissions is the turn child's long poll for the owner's answer
+	// to one of its ACP permission requests.
+	OpPermissions = "permissions"
 )
 
 // AttemptPath is the path of an attempt-scoped call.
@@ -56,6 +59,7 @@ const (
 	CodeAdmitted         = "admitted"           // 409: release/abandon of an admitted job
 	CodeNotAdmitted      = "not_admitted"       // 409: settlement/notice before admission
 	CodeConversationLost = "conversation_lost"  // 409: a LOST conversation takes no new message
+	CodeNotPending       = "not_pending"        // 409: an answer to a permission request that is not waiting
 	CodeGone             = "gone"               // 410: the job or conversation has ended for good
 	CodeInternal         = "internal"           // 500
 )
@@ -255,7 +259,42 @@ type Job struct {
 	// control plane's last sweep found; the job stays queued and is given
 	// to the first host that meets its conversation's requirements.
 	Unroutable *Unroutable `json:"unroutable,omitempty"`
+	// PendingPermissions are the ACP permission requests of the running
+	// turn that wait for the owner's answer (POST
+	// /v1/jobs/{job}/permissions/{request}), oldest first.
+	PendingPermissions []PermissionRequest `json:"pending_permissions,omitempty"`
 }
+
+// PermissionRequest is an ACP agent's session/request_permission waiting
+// for the owner, as its "permission_requested" event told it.
+type PermissionRequest struct {
+	RequestID string             `json:"request_id"`
+	AttemptID string             `json:"attempt_id,omitempty"`
+	Time      time.Time          `json:"time"`
+	ToolCall  json.RawMessage    `json:"tool_call,omitempty"`
+	Options   []PermissionOption `json:"options"`
+}
+
+// PermissionOption is one answer the agent offers: ACP's PermissionOption.
+type PermissionOption struct {
+	OptionID string `json:"optionId"`
+	Name     string `json:"name"`
+	Kind     string `json:"kind"`
+}
+
+// PermissionAnswer is the body of POST /v1/jobs/{job}/permissions/{request}.
+type PermissionAnswer struct {
+	OptionID string `json:"option_id"`
+}
+
+// Job event types of an ACP permission request: the supervisor's request
+// and its answer (runner events), and the owner's answer as the control
+// plane recorded it (a control event).
+const (
+	EventPermissionRequested = "permission_requested"
+	EventPermissionAnswered  = "permission_answered"
+	EventPermissionAnswer    = "permission_answer"
+)
 
 // Unroutable says why no live host can take a queued job.
 type Unroutable struct {
@@ -562,6 +601,20 @@ type CancelsResponse struct {
 }
 
 // ---- worker API: attempt scope (worker token) ----
+
+// PermissionsRequest is the turn child's long poll for the owner's answer
+// to its permission request RequestID, held up to WaitMS.
+type PermissionsRequest struct {
+	AttemptRef
+	RequestID string `json:"request_id"`
+	WaitMS    int64  `json:"wait_ms,omitempty"`
+}
+
+// PermissionsResponse is its 200 answer: the option the owner chose (a
+// 204 says none yet).
+type PermissionsResponse struct {
+	OptionID string `json:"option_id"`
+}
 
 // AttemptRef names the attempt and its fencing token (P1) in every
 // attempt-scoped body.

@@ -88,6 +88,7 @@ commands:
   jobs list|show|cancel|events
              the jobs through the user API (user token; --output json|table)
   submit     send a message to a conversation and follow the turn
+  permit     answer an ACP agent's pending permission request: JOB REQUEST OPTION
   version    print the version
 
 Run "controlplane <command> -h" for a command's flags.
@@ -129,12 +130,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = jobs(ctx, args[1], args[2:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
+	case "permit":
+		err = permit(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, jobs, submit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, jobs, submit, permit)", name)
 	}
 	var ue *usageError
 	switch {

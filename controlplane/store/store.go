@@ -16,18 +16,19 @@ import (
 
 // Sentinel errors. The HTTP layer maps each to one status and wire code.
 var (
-	ErrNotFound         = errors.New("not found")                    // 404 not_found
-	ErrForbidden        = errors.New("token is for another job")     // 403 forbidden
-	ErrOtherAttempt     = errors.New("token is for another attempt") // 403 forbidden
-	ErrUnauthorized     = errors.New("unknown token")                // 401 unauthorized
-	ErrLeaseLost        = errors.New("lease lost")                   // 409 lease_lost (and a lease.stale_report event)
-	ErrAdmitted         = errors.New("job was admitted")             // 409 admitted
-	ErrNotAdmitted      = errors.New("job was not admitted")         // 409 not_admitted
-	ErrConversationLost = errors.New("conversation is lost")         // 409 conversation_lost
-	ErrGone             = errors.New("ended for good")               // 410 gone
-	ErrInvalid          = errors.New("invalid")                      // 400 invalid (wrap with detail)
-	ErrExists           = errors.New("already exists")               // 409 (host names)
-	ErrSchemaBehind     = errors.New("schema behind")                // Ready: a migration of this build is not applied
+	ErrNotFound         = errors.New("not found")                         // 404 not_found
+	ErrForbidden        = errors.New("token is for another job")          // 403 forbidden
+	ErrOtherAttempt     = errors.New("token is for another attempt")      // 403 forbidden
+	ErrUnauthorized     = errors.New("unknown token")                     // 401 unauthorized
+	ErrLeaseLost        = errors.New("lease lost")                        // 409 lease_lost (and a lease.stale_report event)
+	ErrAdmitted         = errors.New("job was admitted")                  // 409 admitted
+	ErrNotAdmitted      = errors.New("job was not admitted")              // 409 not_admitted
+	ErrConversationLost = errors.New("conversation is lost")              // 409 conversation_lost
+	ErrGone             = errors.New("ended for good")                    // 410 gone
+	ErrInvalid          = errors.New("invalid")                           // 400 invalid (wrap with detail)
+	ErrExists           = errors.New("already exists")                    // 409 (host names)
+	ErrNotPending       = errors.New("permission request is not pending") // 409 not_pending
+	ErrSchemaBehind     = errors.New("schema behind")                     // Ready: a migration of this build is not applied
 	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
 	// leases over but not yet superseded by the reaper. Nothing is
 	// claimed; the host's next claim, with a new key, is an ordinary one.
@@ -275,6 +276,16 @@ type Store interface {
 	// CancelJob ends a queued job at once; for a running one it sets the
 	// cancel flag that the next renewal answer carries (P7). ErrGone if ended.
 	CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error)
+	// AnswerPermission records the owner's answer optionID to the running
+	// turn's pending permission request requestID (PendingPermissions) as a
+	// "permission_answer" event, once. ErrNotFound for no such job,
+	// ErrNotPending when the request is not pending (answered, timed out,
+	// its turn over, or never asked), ErrInvalid for an option the request
+	// did not offer.
+	AnswerPermission(ctx context.Context, jobID, requestID, optionID string, now time.Time) error
+	// PermissionAnswer is the option the owner chose for the attempt's
+	// permission request requestID, "" while none is recorded.
+	PermissionAnswer(ctx context.Context, jobID, attemptID, requestID string) (string, error)
 
 	// Worker API, host scope. Claim takes the oldest runnable job: queued,
 	// past its release backoff (K7), of a conversation that is usable and

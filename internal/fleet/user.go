@@ -73,6 +73,19 @@ func (u *User) Cancel(ctx context.Context, id string) (wire.Job, error) {
 	return j, err
 }
 
+// Permit answers a pending ACP permission request of a running job with
+// one of its options.
+func (u *User) Permit(ctx context.Context, jobID, requestID, optionID string) (wire.Job, error) {
+	var j wire.Job
+	err := u.call(ctx, http.MethodPost, PermitPath(jobID, requestID), wire.PermissionAnswer{OptionID: optionID}, &j)
+	return j, err
+}
+
+// PermitPath is the path of POST /v1/jobs/{job}/permissions/{request}.
+func PermitPath(jobID, requestID string) string {
+	return "/v1/jobs/" + url.PathEscape(jobID) + "/permissions/" + url.PathEscape(requestID)
+}
+
 // Servers is Admin → Servers as JSON.
 func (u *User) Servers(ctx context.Context) ([]wire.Server, error) {
 	var l wire.ServerList

@@ -437,13 +437,16 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 	defer stream.Close()
 	intr := t.interruptOnCancel(ctx, runCtx, cl, act.ID, dropRun)
 	defer intr.wait()
+	perms := t.watchPermissions(runCtx, stream)
 	for {
 		ev, err := stream.Next()
 		if err != nil {
 			break
 		}
 		t.sess.Event(ev.Type, ev.Data)
+		perms.saw(ev)
 	}
+	perms.stop()
 	res, err := stream.Result()
 	if err != nil && intr.wait() {
 		// K10: interrupted at the user's request, and the supervisor

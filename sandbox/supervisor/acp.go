@@ -632,8 +632,8 @@ func (k *acpSink) permission(ctx context.Context, p acp.RequestPermissionRequest
 
 // Event types an ACP turn emits beside the agent's own update kinds.
 const (
-	EventPermissionRequested = "permission_requested"
-	EventPermissionAnswered  = "permission_answered"
+	EventPermissionRequested = wire.EventPermissionRequested
+	EventPermissionAnswered  = wire.EventPermissionAnswered
 )
 
 // acpClient is the client side of the agent's connection: what the agent

@@ -194,7 +194,11 @@ func (s *Store) GetJob(ctx context.Context, id string) (wire.Job, error) {
 		return j, err
 	}
 	j.Events, err = s.jobEvents(ctx, tx, id, 0, 0)
-	return j, err
+	if err != nil {
+		return j, err
+	}
+	j.PendingPermissions = store.PendingPermissions(j, j.Events)
+	return j, nil
 }
 
 type querier interface {
@@ -445,4 +449,89 @@ func (s *Store) loseConversation(ctx context.Context, tx txn, conversationID, re
 	_, err := s.exec(ctx, tx, `UPDATE jobs SET state = 'failed', outcome = 'failed', reason = ?, head = 0, ended_at = ?
 		WHERE conversation_id = ? AND state = 'queued'`, reasonQueuedLost, ns(now), conversationID)
 	return err
+}
+
+// permissionEvents are a job's events of its ACP permission requests.
+func (s *Store) permissionEvents(ctx context.Context, db querier, jobID string) ([]wire.JobEvent, error) {
+	rows, err := db.QueryContext(ctx, s.q(`SELECT n, attempt_id, time, type, data FROM job_events
+		WHERE job_id = ? AND type IN (?, ?, ?) ORDER BY n`), jobID,
+		wire.EventPermissionRequested, wire.EventPermissionAnswered, wire.EventPermissionAnswer)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []wire.JobEvent
+	for rows.Next() {
+		e := wire.JobEvent{JobID: jobID}
+		var t int64
+		var data string
+		if err := rows.Scan(&e.ID, &e.AttemptID, &t, &e.Type, &data); err != nil {
+			return nil, err
+		}
+		e.Time = fromNS(t)
+		e.Data = json.RawMessage(data)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}
+
+// AnswerPermission checks, under the job's row lock (SQLite: its one
+// writer), that the request is pending and offers the option, and records
+// the answer as a control event of the request's attempt: a second answer
+// finds it answered.
+func (s *Store) AnswerPermission(ctx context.Context, jobID, requestID, optionID string, now time.Time) error {
+	err := s.write(ctx, func(tx txn) error {
+		var state string
+		err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM jobs WHERE id = ?`+s.lockRow()), jobID).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		j, err := s.getJob(ctx, tx, jobID)
+		if err != nil {
+			return err
+		}
+		evs, err := s.permissionEvents(ctx, tx, jobID)
+		if err != nil {
+			return err
+		}
+		for _, p := range store.PendingPermissions(j, evs) {
+			if p.RequestID != requestID {
+				continue
+			}
+			for _, o := range p.Options {
+				if o.OptionID == optionID {
+					return s.event(ctx, tx, jobID, p.AttemptID, now, wire.EventPermissionAnswer,
+						map[string]string{"request_id": requestID, "option_id": optionID})
+				}
+			}
+			return fmt.Errorf("%w: option_id %q is not one of the request's options.", store.ErrInvalid, optionID)
+		}
+		return store.ErrNotPending
+	})
+	if err != nil {
+		return fmt.Errorf("answer permission: %w", err)
+	}
+	return nil
+}
+
+// PermissionAnswer reads the owner's recorded answer, if any.
+func (s *Store) PermissionAnswer(ctx context.Context, jobID, attemptID, requestID string) (string, error) {
+	evs, err := s.permissionEvents(ctx, s.r, jobID)
+	if err != nil {
+		return "", fmt.Errorf("permission answer: %w", err)
+	}
+	for _, e := range evs {
+		var d struct {
+			RequestID string `json:"request_id"`
+			OptionID  string `json:"option_id"`
+		}
+		if e.Type == wire.EventPermissionAnswer && e.AttemptID == attemptID &&
+			json.Unmarshal(e.Data, &d) == nil && d.RequestID == requestID {
+			return d.OptionID, nil
+		}
+	}
+	return "", nil
 }
