@@ -6,6 +6,8 @@
 //	controlplane host list|pause|resume|rotate-token|remove
 //	                        the hosts' lifecycle, through the admin API
 //	controlplane submit     send a message to a conversation and follow the turn
+//	controlplane conversation delete ID
+//	                        delete a conversation; its host removes the sandbox
 //
 // docs/protocol.md describes the API it serves. Every flag has an
 // environment variable, CONTROLPLANE_ and the flag's name (--lease-ttl:
@@ -84,6 +86,9 @@ commands:
              the hosts' lifecycle through the admin API (user token)
   token      create, list or revoke user tokens (kept hashed in the database)
   submit     send a message to a conversation and follow the turn
+  conversation delete ID
+             delete a conversation (no turn of it may run or wait);
+             its host removes the sandbox (user token)
   version    print the version
 
 Run "controlplane <command> -h" for a command's flags.
@@ -118,12 +123,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = token(ctx, args[1:], getenv, stdout, stderr)
 	case "submit":
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
+	case "conversation":
+		name = "conversation delete"
+		err = conversation(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, submit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, submit, conversation delete)", name)
 	}
 	var ue *usageError
 	switch {
