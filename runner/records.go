@@ -28,7 +28,7 @@ const (
 	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
 	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
-	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a sandbox: reason lost, or recorded_elsewhere (sandbox_host)
+	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a sandbox: reason lost, deleted, or recorded_elsewhere (sandbox_host)
 	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
 	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
 	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox is removed on its word (K8)
