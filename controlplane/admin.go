@@ -485,12 +485,12 @@ var conversationsPage = adminPage(`{{define "title"}}Conversations{{end}}{{defin
 {{range .Conversations}}<tr data-conversation="{{.ID}}">
 <td><a class="mono" href="/admin/jobs?conversation={{.ID}}">{{.ID}}</a></td>
 <td>{{.Title}}</td>
-<td class="state">{{if eq .State "lost"}}<span class="lost">Lost</span>: {{.LostReason}}{{else if eq .State "quarantined"}}<span class="quarantined">Quarantined</span>: the reply of <a class="mono" href="/admin/jobs/{{.InterruptedJobID}}">{{.InterruptedJobID}}</a> was interrupted; the next turn verifies the sandbox, then resumes or reports it lost{{else}}<span class="usable">Usable</span>{{end}}</td>
+<td class="state">{{if eq .State "lost"}}<span class="lost">Lost</span>: {{.LostReason}}{{else if eq .State "deleted"}}<span class="deleted">Deleted</span>: its owner deleted it; it takes no new messages{{else if eq .State "quarantined"}}<span class="quarantined">Quarantined</span>: the reply of <a class="mono" href="/admin/jobs/{{.InterruptedJobID}}">{{.InterruptedJobID}}</a> was interrupted; the next turn verifies the sandbox, then resumes or reports it lost{{else}}<span class="usable">Usable</span>{{end}}</td>
 <td>{{.SandboxHost}}</td>
 <td class="mono">{{.ContainerID}}</td>
 <td class="num">{{.NativeTurn}}</td>
 <td>{{stamp .CreatedAt}}</td>
-<td>{{if ne .State "lost"}}<form class="inline" method="post" action="/admin/conversations/{{.ID}}/lose">
+<td>{{if and (ne .State "lost") (ne .State "deleted")}}<form class="inline" method="post" action="/admin/conversations/{{.ID}}/lose">
 <input type="hidden" name="csrf" value="{{$.CSRF}}">
 <button type="submit" title="For when the host holding its sandbox is gone for good">Mark lost</button>
 </form>{{end}}</td>
@@ -590,8 +590,8 @@ func (s *Server) handleLoseConversationForm(w http.ResponseWriter, r *http.Reque
 // word and records it.
 func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversation, error) {
 	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), now)
-	if err != nil {
-		return c, err
+	if err != nil || c.State == wire.ConversationDeleted {
+		return c, err // a deleted conversation stays deleted: nothing was marked
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelWarn, MsgLostByOperator,
 		slog.String("conversation_id", c.ID), slog.String("sandbox_host", c.SandboxHost))

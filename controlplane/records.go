@@ -8,17 +8,18 @@ import (
 // Record names of the control plane. Like the runner's they carry ids,
 // counts, classes and statuses, never a token, a body or an error's text.
 const (
-	MsgAttemptClaimed  = "controlplane_attempt_claimed"               // a claim was granted: job, attempt, host, generation, lease expiry
-	MsgClaimKeyTaken   = "controlplane_claim_key_taken"               // a keyed claim came after its key's attempts' leases ran out, before the reaper superseded them: answered 204, nothing claimed (host)
-	MsgLeasesResumed   = "controlplane_leases_resumed"                // live leases were extended after the control plane's own absence
-	MsgReaped          = "controlplane_reaped"                        // the reaper superseded expired attempts
-	MsgDetailReclaimed = "controlplane_detail_reclaimed"              // the retention sweep dropped old jobs' detail
-	MsgReaperFailed    = "controlplane_reaper_failed"                 // a reaper or retention pass failed: stage, class
-	MsgRequestFailed   = "controlplane_request_failed"                // a request failed inside the server (500): op, class
-	MsgLostByOperator  = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
-	MsgStopping        = "controlplane_stopping"                      // shutdown began
-	MsgHostChanged     = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
-	MsgWorkListen      = "controlplane_work_listen"                   // PostgreSQL: the store began listening for new work (listening) or its connection failed (class); claims then wake by the re-check
+	MsgAttemptClaimed      = "controlplane_attempt_claimed"               // a claim was granted: job, attempt, host, generation, lease expiry
+	MsgClaimKeyTaken       = "controlplane_claim_key_taken"               // a keyed claim came after its key's attempts' leases ran out, before the reaper superseded them: answered 204, nothing claimed (host)
+	MsgLeasesResumed       = "controlplane_leases_resumed"                // live leases were extended after the control plane's own absence
+	MsgReaped              = "controlplane_reaped"                        // the reaper superseded expired attempts
+	MsgDetailReclaimed     = "controlplane_detail_reclaimed"              // the retention sweep dropped old jobs' detail
+	MsgReaperFailed        = "controlplane_reaper_failed"                 // a reaper or retention pass failed: stage, class
+	MsgRequestFailed       = "controlplane_request_failed"                // a request failed inside the server (500): op, class
+	MsgLostByOperator      = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
+	MsgConversationDeleted = "controlplane_conversation_deleted"          // its owner deleted a conversation (S3): conversation_id
+	MsgStopping            = "controlplane_stopping"                      // shutdown began
+	MsgHostChanged         = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
+	MsgWorkListen          = "controlplane_work_listen"                   // PostgreSQL: the store began listening for new work (listening) or its connection failed (class); claims then wake by the re-check
 )
 
 // WorkListenObserver records the PostgreSQL store's listener for new work

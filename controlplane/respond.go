@@ -55,6 +55,10 @@ var (
 	errUnavailable   = refuse(http.StatusServiceUnavailable, wire.CodeInternal, "The control plane is shutting down; try again.")
 	errConvLostPlain = refuse(http.StatusConflict, wire.CodeConversationLost,
 		"This conversation is no longer available: an earlier response was interrupted and could not be recovered. Start a new conversation to continue.")
+	errConvBusy = refuse(http.StatusConflict, wire.CodeConversationBusy,
+		"A turn of this conversation is running or waiting; cancel it first, then delete the conversation.")
+	errConvDeleted = refuse(http.StatusGone, wire.CodeGone,
+		"This conversation was deleted; it takes no new messages. Start a new conversation to continue.")
 )
 
 // fromStore maps a store error to its refusal (the comments on the store's
@@ -79,6 +83,10 @@ func fromStore(err error) (*apiError, bool) {
 		return errConvLostPlain, true
 	case errors.Is(err, store.ErrNotPending):
 		return refuse(http.StatusConflict, wire.CodeNotPending, "That permission request is not waiting for an answer: it was answered, timed out, or its turn is over."), true
+	case errors.Is(err, store.ErrConversationBusy):
+		return errConvBusy, true
+	case errors.Is(err, store.ErrConversationDeleted):
+		return errConvDeleted, true
 	case errors.Is(err, store.ErrGone):
 		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
 	case errors.Is(err, store.ErrInvalid):

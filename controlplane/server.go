@@ -157,6 +157,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/conversations", s.user(s.handleCreateConversation))
 	mux.HandleFunc("GET /v1/conversations", s.user(s.handleListConversations))
 	mux.HandleFunc("GET /v1/conversations/{id}", s.user(s.handleGetConversation))
+	mux.HandleFunc("DELETE /v1/conversations/{id}", s.user(s.handleDeleteConversation))
 	mux.HandleFunc("POST /v1/conversations/{id}/messages", s.user(s.handleSendMessage))
 	mux.HandleFunc("GET /v1/jobs", s.user(s.handleListJobs))
 	mux.HandleFunc("GET /v1/jobs/{id}", s.user(s.handleGetJob))

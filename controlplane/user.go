@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"regexp"
 	"slices"
@@ -61,7 +62,8 @@ func (s *Server) handleGetConversation(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleSendMessage enqueues a turn. A LOST conversation refuses it in
-// plain words (R32); the store decides that, in the same statement.
+// plain words (R32), a deleted one with 410 (S3); the store decides that,
+// in the same statement.
 func (s *Server) handleSendMessage(w http.ResponseWriter, r *http.Request) {
 	var req wire.SendMessageRequest
 	if e := decode(w, r, &req); e != nil {
@@ -162,6 +164,25 @@ const cursorPrefix = "jc"
 
 // classRE is an error class as runners name them.
 var classRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+
+// handleDeleteConversation deletes a conversation on its owner's word
+// (S3). The store refuses while a turn of it runs or waits; the host that
+// holds its sandbox removes the sandbox when its sweep asks about it and
+// this cluster answers deleted (K8).
+func (s *Server) handleDeleteConversation(w http.ResponseWriter, r *http.Request) {
+	const op = "delete_conversation"
+	now, ok := s.now(w, r, op)
+	if !ok {
+		return
+	}
+	c, err := s.cfg.Store.DeleteConversation(r.Context(), r.PathValue("id"), now)
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelInfo, MsgConversationDeleted, slog.String("conversation_id", c.ID))
+	writeJSON(w, http.StatusOK, c)
+}
 
 func (s *Server) handleGetJob(w http.ResponseWriter, r *http.Request) {
 	j, err := s.cfg.Store.GetJob(r.Context(), r.PathValue("id"))

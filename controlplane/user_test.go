@@ -274,7 +274,7 @@ func TestWrongMethodIsMethodNotAllowed(t *testing.T) {
 		method, path, allow string
 	}{
 		{"DELETE", "/v1/conversations", "GET, HEAD, POST"},
-		{"PUT", "/v1/conversations/conv_x", "GET, HEAD"},
+		{"PUT", "/v1/conversations/conv_x", "GET, HEAD, DELETE"},
 		{"GET", "/v1/jobs/job_x/cancel", "POST"},
 		{"GET", wire.PathClaim, "POST"},
 		{"DELETE", wire.AttemptPath("job_x", wire.OpFinish), "POST"},

@@ -13,6 +13,7 @@ import (
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -484,7 +485,8 @@ func (d *Daemon) payload(c wire.Claim) []byte {
 
 // notAccepted handles a child that did not take its turn. Proof that it
 // never accepted releases the claim (R33) and counts a launch failure
-// (R37); anything else is no proof (R34) and is reported failed.
+// (R37) unless the conversation itself is at fault (S4); anything else is
+// no proof (R34) and is reported failed.
 func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 	var na *handover.NotAccepted
 	if !errors.As(err, &na) {
@@ -496,7 +498,15 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 		return
 	}
 	rel, releasable := na.Release()
-	if why == stopNone {
+	switch {
+	case why != stopNone:
+	case na.Outcome == handover.OutcomeDeclined && sandbox.ConversationFault(na.Class):
+		// S4: the conversation's own fault (its image, its agent command):
+		// released, so the control plane's release cap (K7) ends that job,
+		// while this host stays healthy for every other conversation.
+		d.m.Declines.WithLabelValues(na.Class).Inc()
+		d.logAttempt(slog.LevelWarn, MsgConversationFault, a.id, slog.String(diagnostics.KeyClass, na.Class))
+	default:
 		class := na.Class
 		if releasable {
 			class = rel.Class() // declined:<class> says more beside the host

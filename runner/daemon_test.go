@@ -12,6 +12,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -198,6 +199,52 @@ func TestR37DeclinesReleaseAndPauseClaims(t *testing.T) {
 	good := c.enqueue("result")
 	waitFor(t, "the good job to end", 15*time.Second, ended(c, good.ID))
 	waitFor(t, "launch_error to clear", 5*time.Second, func() bool { return c.server(t, "host-a").LaunchError == nil })
+}
+
+// S4, K7: a child that declines for its conversation's own fault (its
+// agent command missing) is released, but never counts as a launch
+// failure: with claiming set to pause ten minutes after one failure, the
+// turns queued behind the broken ones all launch at once on this host; the broken jobs fail past the release cap, their conversations
+// usable; no launch_error, no runnerd_launch_failed record, one
+// conversation-fault record per decline.
+func TestS4ConversationFaultDeclinesNeverPauseClaims(t *testing.T) {
+	c := newCP(t)
+	var bad, good []wire.Job
+	for range 2 {
+		bad = append(bad, c.enqueue("decline agent missing"))
+		good = append(good, c.enqueue("result"))
+	}
+	r := startDaemon(t, c, func(cfg *Config) {
+		cfg.Capacity = 1
+		cfg.LaunchFailures = 1
+		cfg.LaunchBackoff = 10 * time.Minute
+		cfg.LaunchBackoffMax = 10 * time.Minute
+	})
+	for _, j := range good {
+		waitFor(t, "a launching turn to end", time.Minute, ended(c, j.ID))
+		// The fake child's "result" launches (ACCEPT) and reports a
+		// scripted failure: launched once, never released.
+		if got := c.job(j.ID); len(got.Attempts) != 1 || got.Attempts[0].State != wire.AttemptFinished {
+			t.Fatalf("launching turn %s: %s with attempts %+v; want it launched once", j.ID, got.State, got.Attempts)
+		}
+	}
+	for _, j := range bad {
+		waitFor(t, "a broken turn to fail past the release cap", time.Minute, ended(c, j.ID))
+		got := c.job(j.ID)
+		if got.State != wire.JobFailed || !strings.Contains(got.Reason, sandbox.ClassAgentMissing) {
+			t.Fatalf("broken turn %s: %s, reason %q; want failed naming %s", j.ID, got.State, got.Reason, sandbox.ClassAgentMissing)
+		}
+		cv, err := c.st.GetConversation(context.Background(), j.ConversationID)
+		if err != nil || cv.State != wire.ConversationUsable {
+			t.Fatalf("conversation of a declined turn: %+v, %v; want usable", cv, err)
+		}
+	}
+	if le := c.server(t, "host-a").LaunchError; le != nil {
+		t.Fatalf("launch_error %+v after conversation faults only", *le)
+	}
+	if r.logs.has(MsgLaunchFailed) || !r.logs.has(MsgConversationFault) {
+		t.Fatalf("want conversation-fault records and no launch failure:\n%s", r.logs)
+	}
 }
 
 func (c *cp) server(t *testing.T, name string) wire.Server {

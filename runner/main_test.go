@@ -16,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/runner/turn"
+	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/supervisor"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
@@ -81,6 +82,9 @@ func fakeTurn() int {
 	switch p.Claim.Turn.Prompt {
 	case "decline":
 		_ = ch.Decline("preflight_failed")
+		return 0
+	case "decline agent missing": // the conversation's own fault (S4)
+		_ = ch.Decline(sandbox.ClassAgentMissing)
 		return 0
 	case "close":
 		return 0

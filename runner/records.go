@@ -13,22 +13,23 @@ import (
 // those they carry ids, classes and statuses, never a token, URL, body or
 // error text.
 const (
-	MsgStarted           = "runnerd_started"            // effective configuration, once
-	MsgHostTokenRefused  = "runnerd_host_token_refused" // claiming stopped; running turns go on
-	MsgLaunchFailed      = "runnerd_launch_failed"      // a launch failure (R37) and the pause it caused
-	MsgTurnAccepted      = "runnerd_turn_accepted"      // the child accepted its turn (R35: never released now)
-	MsgTurnReleased      = "runnerd_turn_released"      // a never-accepted claim was given back (R33)
-	MsgTurnEnded         = "runnerd_turn_ended"         // an accepted child ended
-	MsgTurnStopped       = "runnerd_turn_stopped"       // the daemon stopped a turn, and why
-	MsgReportSent        = "runnerd_report_sent"        // a terminal report or release was acknowledged
-	MsgReportAbandoned   = "runnerd_report_unsent"      // a report could not be sent; it stays persisted or the reaper decides
-	MsgReportRefused     = "runnerd_report_refused"     // the control plane refused a report or the restart's lease question with a status no retry changes (400): kept on disk for a person
-	MsgPersistFailed     = "runnerd_persist_failed"     // the state directory refused a write
-	MsgRecovered         = "runnerd_attempt_recovered"  // a persisted attempt was resolved at start (P5, P6)
-	MsgStateCorrupt      = "runnerd_state_corrupt"      // a persisted attempt could not be read; moved aside
-	MsgSandboxRemoved    = "runnerd_sandbox_removed"    // a LOST conversation's sandbox was removed
+	MsgStarted           = "runnerd_started"                          // effective configuration, once
+	MsgHostTokenRefused  = "runnerd_host_token_refused"               // claiming stopped; running turns go on
+	MsgLaunchFailed      = "runnerd_launch_failed"                    // a launch failure (R37) and the pause it caused
+	MsgConversationFault = "runnerd_turn_declined_conversation_fault" // a turn declined for its conversation's own fault (S4: class image_missing, agent_command_missing, invalid_sandbox_spec): released, never a launch failure
+	MsgTurnAccepted      = "runnerd_turn_accepted"                    // the child accepted its turn (R35: never released now)
+	MsgTurnReleased      = "runnerd_turn_released"                    // a never-accepted claim was given back (R33)
+	MsgTurnEnded         = "runnerd_turn_ended"                       // an accepted child ended
+	MsgTurnStopped       = "runnerd_turn_stopped"                     // the daemon stopped a turn, and why
+	MsgReportSent        = "runnerd_report_sent"                      // a terminal report or release was acknowledged
+	MsgReportAbandoned   = "runnerd_report_unsent"                    // a report could not be sent; it stays persisted or the reaper decides
+	MsgReportRefused     = "runnerd_report_refused"                   // the control plane refused a report or the restart's lease question with a status no retry changes (400): kept on disk for a person
+	MsgPersistFailed     = "runnerd_persist_failed"                   // the state directory refused a write
+	MsgRecovered         = "runnerd_attempt_recovered"                // a persisted attempt was resolved at start (P5, P6)
+	MsgStateCorrupt      = "runnerd_state_corrupt"                    // a persisted attempt could not be read; moved aside
+	MsgSandboxRemoved    = "runnerd_sandbox_removed"                  // a LOST conversation's sandbox was removed
 	MsgSandboxKept       = "runnerd_sandbox_not_removed"
-	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a sandbox: reason lost, or recorded_elsewhere (sandbox_host)
+	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a sandbox: reason lost, deleted, or recorded_elsewhere (sandbox_host)
 	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
 	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
 	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox is removed on its word (K8)

@@ -20,10 +20,10 @@ type sandboxLister interface {
 }
 
 // sweepLoop removes the retained sandboxes of conversations that will
-// never run here again — LOST (R31: never cleared), or recorded on another
-// host (sweepReason) — once at start, after
+// never run here again — LOST (R31: never cleared), deleted by their owner
+// (S3), or recorded on another host (sweepReason) — once at start, after
 // the restart decisions, and every Config.SandboxSweep (issues 6, 7). Only
-// a positive tombstone removes (K8): a LOST answer from the cluster this
+// a positive tombstone removes (K8): a LOST or deleted answer from the cluster this
 // host pinned at first contact (cluster.go). "Unknown" removes nothing: a
 // control plane on a new, restored or wrongly configured database knows
 // nothing of the host's conversations, and its silence is no evidence. Finish removes a sandbox
@@ -105,8 +105,8 @@ func (s *sweeper) round(ctx context.Context) {
 				continue
 			}
 			// A turn claimed meanwhile keeps its sandbox. (None can be: a
-			// LOST conversation is never claimed, nor one recorded on
-			// another host.)
+			// LOST or deleted conversation is never claimed, nor one
+			// recorded on another host.)
 			if why := sweepReason(st, d.turnRunsIn(st.ID)); why != "" {
 				s.remove(st, why)
 			}
@@ -117,12 +117,15 @@ func (s *sweeper) round(ctx context.Context) {
 // Why the sweep removes a sandbox (its records' reason).
 const (
 	sweptLost              = "lost"
+	sweptDeleted           = "deleted"
 	sweptRecordedElsewhere = "recorded_elsewhere"
 )
 
 // sweepReason says why the sweep removes the local sandbox of the
 // conversation the pinned cluster answered st for, or "" to keep it. Only
-// positive evidence removes (K8): LOST (R31: never usable again), or the
+// positive evidence removes (K8): LOST (R31: never usable again), deleted
+// by its owner (S3: it takes no message again, and a deleted conversation
+// is never usable again either), or the
 // conversation's sandbox recorded on another host — an attempt here
 // started this one and ended before it recorded it (issue foreign
 // sandbox). Turns go only to the recorded host, and the record moves only
@@ -136,6 +139,8 @@ func sweepReason(st wire.ConversationState, turnHere bool) string {
 		return ""
 	case st.State == wire.ConversationLost:
 		return sweptLost
+	case st.State == wire.ConversationDeleted:
+		return sweptDeleted
 	case st.Sandbox == wire.SandboxOtherHost:
 		return sweptRecordedElsewhere
 	}

@@ -191,6 +191,61 @@ func TestSandboxSweepRemovesLostKeepsUnknown(t *testing.T) {
 	logs.noSecrets(t, c.hostToken)
 }
 
+// S3, K8: a conversation its owner deleted through the real control
+// plane's DELETE is a positive answer: one sweep round against the real
+// process backend stops its supervisor and removes its sandbox (supervisor
+// state and workspace), one record with state and reason deleted; a usable
+// conversation beside it keeps its supervisor.
+func TestSandboxSweepRemovesDeleted(t *testing.T) {
+	c := newCP(t)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) { cfg.StateDir = state; cfg.Backend = b })
+
+	deleted, usable := c.usableConversation(), c.usableConversation()
+	pids := map[string]int{deleted: ensureSandbox(t, b, deleted), usable: ensureSandbox(t, b, usable)}
+	s := sweeper{d: d, lister: b}
+	s.round(context.Background()) // both usable: nothing goes
+	if got, _ := b.Conversations(context.Background()); !slices.Equal(got, sortedOf(deleted, usable)) {
+		t.Fatalf("sandboxes before the delete %v", got)
+	}
+
+	req, err := http.NewRequest(http.MethodDelete, c.url+"/v1/conversations/"+deleted, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const userToken = "rdu_sweep-test-user-token"
+	if _, err := c.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), c.now()); err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+userToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("DELETE answered %d", resp.StatusCode)
+	}
+	s.round(context.Background())
+
+	if alive(pids[deleted]) {
+		t.Errorf("the supervisor of deleted %s (pid %d) still runs", deleted, pids[deleted])
+	}
+	if _, err := os.Stat(b.Dir(deleted)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the sandbox of deleted %s is still there: %v", deleted, err)
+	}
+	if !alive(pids[usable]) {
+		t.Errorf("the usable conversation's supervisor was stopped")
+	}
+	if got := logs.swept(t); !slices.Equal(got, []string{deleted + " deleted process"}) {
+		t.Errorf("swept records %v\n%s", got, logs)
+	}
+	if got := logs.sweptWhy(t); !slices.Equal(got, []string{deleted + " " + sweptDeleted}) {
+		t.Errorf("swept reasons %v", got)
+	}
+}
+
 func sortedOf(s ...string) []string {
 	slices.Sort(s)
 	return s
@@ -353,8 +408,9 @@ func TestSandboxSweepConfig(t *testing.T) {
 }
 
 // The sweep's decision for each answer of the pinned cluster: only
-// positive evidence removes (K8) — LOST, or the sandbox recorded on
-// another host — and a turn held here keeps it whatever the answer.
+// positive evidence removes (K8) — LOST, deleted (S3), or the sandbox
+// recorded on another host — and a turn held here keeps it whatever the
+// answer.
 func TestSweepReason(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -374,6 +430,9 @@ func TestSweepReason(t *testing.T) {
 		{"a sandbox value this host does not know", wire.ConversationState{State: wire.ConversationUsable, Sandbox: "somewhere"}, false, ""},
 		{"running turn, recorded elsewhere", wire.ConversationState{State: wire.ConversationUsable, Sandbox: wire.SandboxOtherHost}, true, ""},
 		{"running turn, lost", wire.ConversationState{State: wire.ConversationLost}, true, ""},
+		{"deleted", wire.ConversationState{State: wire.ConversationDeleted, Sandbox: wire.SandboxThisHost}, false, sweptDeleted},
+		{"deleted, nothing recorded", wire.ConversationState{State: wire.ConversationDeleted}, false, sweptDeleted},
+		{"running turn, deleted", wire.ConversationState{State: wire.ConversationDeleted}, true, ""},
 	} {
 		if got := sweepReason(tc.st, tc.turnHere); got != tc.want {
 			t.Errorf("%s: sweepReason(%+v, turn here %v) = %q, want %q", tc.name, tc.st, tc.turnHere, got, tc.want)

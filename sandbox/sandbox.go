@@ -159,6 +159,22 @@ const (
 	ClassInvalidSpec       = "invalid_sandbox_spec"  // the spec itself is unusable (e.g. a bad conversation id)
 )
 
+// ConversationFault reports whether a preflight failure of class is the
+// conversation's own (S4): its image is missing, its agent command is
+// missing or not executable, or its spec is unusable. Another conversation
+// would launch on this host, so such a failure declines that turn only and
+// never counts toward the host's launch backoff (R37). Every other class —
+// the engine unreachable, the network missing, the supervisor or the state
+// directory unusable, a retained sandbox that cannot be inspected, and any
+// class this build does not know — is the host's.
+func ConversationFault(class string) bool {
+	switch class {
+	case ClassImageMissing, ClassAgentMissing, ClassInvalidSpec:
+		return true
+	}
+	return false
+}
+
 // PreflightError is a failed read-only preflight. Class is one of the
 // Class* constants; Err is detail for operators and never holds a token.
 type PreflightError struct {

@@ -60,6 +60,7 @@ const (
 	CodeNotAdmitted      = "not_admitted"       // 409: settlement/notice before admission
 	CodeConversationLost = "conversation_lost"  // 409: a LOST conversation takes no new message
 	CodeNotPending       = "not_pending"        // 409: an answer to a permission request that is not waiting
+	CodeConversationBusy = "conversation_busy"  // 409: a turn of the conversation runs or waits; cancel it first
 	CodeGone             = "gone"               // 410: the job or conversation has ended for good
 	CodeInternal         = "internal"           // 500
 )
@@ -104,6 +105,10 @@ const (
 	// boundary and resumes the session (usable again) or reports the
 	// conversation unrecoverable (LOST). Nothing is replayed.
 	ConversationQuarantined = "quarantined"
+	// ConversationDeleted: its owner deleted it (S3). It takes no new
+	// message (410 gone), and the host holding its sandbox removes the
+	// sandbox on this answer from the cluster it pinned (K8).
+	ConversationDeleted = "deleted"
 )
 
 // Outcomes a runner reports in FinishRequest.Outcome.
@@ -186,7 +191,7 @@ type Conversation struct {
 	Title        string   `json:"title,omitempty"`
 	Image        string   `json:"image"`
 	AgentCommand []string `json:"agent_command"`
-	State        string   `json:"state"`                 // usable | quarantined | lost
+	State        string   `json:"state"`                 // usable | quarantined | lost | deleted
 	LostReason   string   `json:"lost_reason,omitempty"` // plain language (R32)
 	// InterruptedJobID names, while the conversation is quarantined, the
 	// turn that was interrupted (K13); its reason says so in plain words.
@@ -539,7 +544,7 @@ type HostHeartbeatResponse struct {
 const MaxConversationIDs = 1000
 
 // ConversationUnknown is the state of an id the control plane does not
-// have: never created, or deleted. Only ConversationStatesResponse uses it.
+// have: never created here (a deleted conversation is ConversationDeleted). Only ConversationStatesResponse uses it.
 const ConversationUnknown = "unknown"
 
 // ConversationStatesRequest is POST /v1/agent/worker/conversations (host
@@ -552,7 +557,7 @@ type ConversationStatesRequest struct {
 // ConversationState is one conversation's state as the host sees it.
 type ConversationState struct {
 	ID    string `json:"id"`
-	State string `json:"state"` // usable | quarantined | lost | unknown
+	State string `json:"state"` // usable | quarantined | lost | deleted | unknown
 	// Sandbox says where the conversation's retained sandbox is recorded,
 	// as seen from the asking host: SandboxThisHost, SandboxOtherHost, or
 	// "" while none is recorded (and from a control plane older than the
@@ -574,7 +579,7 @@ const (
 type ConversationStatesResponse struct {
 	Conversations []ConversationState `json:"conversations"`
 	// ClusterID is the identity of the database that answered (K8): a
-	// host removes a sandbox only on a LOST answer carrying the identity
+	// host removes a sandbox only on a LOST or deleted answer carrying the identity
 	// it pinned.
 	ClusterID string `json:"cluster_id"`
 }

@@ -6,6 +6,8 @@
 //	controlplane host list|pause|resume|rotate-token|remove
 //	                        the hosts' lifecycle, through the admin API
 //	controlplane submit     send a message to a conversation and follow the turn
+//	controlplane conversation delete ID
+//	                        delete a conversation; its host removes the sandbox
 //
 // docs/protocol.md describes the API it serves. Every flag has an
 // environment variable, CONTROLPLANE_ and the flag's name (--lease-ttl:
@@ -89,6 +91,9 @@ commands:
              the jobs through the user API (user token; --output json|table)
   submit     send a message to a conversation and follow the turn
   permit     answer an ACP agent's pending permission request: JOB REQUEST OPTION
+  conversation delete ID
+             delete a conversation (no turn of it may run or wait);
+             its host removes the sandbox (user token)
   version    print the version
 
 Run "controlplane <command> -h" for a command's flags.
@@ -132,12 +137,15 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = submit(ctx, args[1:], getenv, stdout, stderr)
 	case "permit":
 		err = permit(ctx, args[1:], getenv, stdout, stderr)
+	case "conversation":
+		name = "conversation delete"
+		err = conversation(ctx, args[1:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, jobs, submit, permit)", name)
+		err = usagef("unknown command %q (try serve, host add, token, jobs, submit, permit, conversation delete)", name)
 	}
 	var ue *usageError
 	switch {

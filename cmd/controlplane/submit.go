@@ -103,6 +103,10 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 			fmt.Fprintln(stderr, "This conversation is no longer available; start a new one with --new.")
 			return errTurnFailed
 		}
+		if errors.As(err, &se) && se.Status == http.StatusGone {
+			fmt.Fprintln(stderr, "This conversation was deleted; start a new one with --new.")
+			return errTurnFailed
+		}
 		return fmt.Errorf("send the message: %w", err)
 	}
 	fmt.Fprintf(stdout, "job %s (turn %d)\n", job.ID, job.Seq)

@@ -16,19 +16,23 @@ import (
 
 // Sentinel errors. The HTTP layer maps each to one status and wire code.
 var (
-	ErrNotFound         = errors.New("not found")                         // 404 not_found
-	ErrForbidden        = errors.New("token is for another job")          // 403 forbidden
-	ErrOtherAttempt     = errors.New("token is for another attempt")      // 403 forbidden
-	ErrUnauthorized     = errors.New("unknown token")                     // 401 unauthorized
-	ErrLeaseLost        = errors.New("lease lost")                        // 409 lease_lost (and a lease.stale_report event)
-	ErrAdmitted         = errors.New("job was admitted")                  // 409 admitted
-	ErrNotAdmitted      = errors.New("job was not admitted")              // 409 not_admitted
-	ErrConversationLost = errors.New("conversation is lost")              // 409 conversation_lost
-	ErrGone             = errors.New("ended for good")                    // 410 gone
-	ErrInvalid          = errors.New("invalid")                           // 400 invalid (wrap with detail)
-	ErrExists           = errors.New("already exists")                    // 409 (host names)
-	ErrNotPending       = errors.New("permission request is not pending") // 409 not_pending
-	ErrSchemaBehind     = errors.New("schema behind")                     // Ready: a migration of this build is not applied
+	ErrNotFound         = errors.New("not found")                    // 404 not_found
+	ErrForbidden        = errors.New("token is for another job")     // 403 forbidden
+	ErrOtherAttempt     = errors.New("token is for another attempt") // 403 forbidden
+	ErrUnauthorized     = errors.New("unknown token")                // 401 unauthorized
+	ErrLeaseLost        = errors.New("lease lost")                   // 409 lease_lost (and a lease.stale_report event)
+	ErrAdmitted         = errors.New("job was admitted")             // 409 admitted
+	ErrNotAdmitted      = errors.New("job was not admitted")         // 409 not_admitted
+	ErrConversationLost = errors.New("conversation is lost")         // 409 conversation_lost
+	// ErrConversationBusy: a turn of the conversation runs or waits, so it
+	// cannot be deleted; cancel the turn first.
+	ErrConversationBusy    = errors.New("a turn of the conversation runs or waits") // 409 conversation_busy
+	ErrConversationDeleted = errors.New("conversation is deleted")                  // 410 gone: it takes no new message
+	ErrGone                = errors.New("ended for good")                           // 410 gone
+	ErrInvalid             = errors.New("invalid")                                  // 400 invalid (wrap with detail)
+	ErrExists              = errors.New("already exists")                           // 409 (host names)
+	ErrNotPending          = errors.New("permission request is not pending")        // 409 not_pending
+	ErrSchemaBehind        = errors.New("schema behind")                            // Ready: a migration of this build is not applied
 	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
 	// leases over but not yet superseded by the reaper. Nothing is
 	// claimed; the host's next claim, with a new key, is an ordinary one.
@@ -255,7 +259,8 @@ type Store interface {
 	// store does not hold has no entry.
 	ConversationStates(ctx context.Context, ids []string) (map[string]ConversationState, error)
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
-	// EnqueueTurn appends a turn; ErrConversationLost for a LOST conversation (R32).
+	// EnqueueTurn appends a turn; ErrConversationLost for a LOST
+	// conversation (R32), ErrConversationDeleted for a deleted one (S3).
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
 	// GetJob returns the job with its attempts and events.
 	GetJob(ctx context.Context, id string) (wire.Job, error)
@@ -273,6 +278,13 @@ type Store interface {
 	// A LOST conversation is returned as it is. ErrInvalid while a turn of
 	// it runs: that turn's lease decides first (R30, R35).
 	LoseConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error)
+	// DeleteConversation marks a conversation deleted on its owner's word
+	// (S3): it takes no new message, and the host holding its sandbox
+	// removes it on the cluster's answer (K8); P8's retention reclaims its
+	// turns' detail as for any ended turn. ErrConversationBusy while a turn
+	// of it runs or waits (cancel it first). A deleted conversation is
+	// returned as it is.
+	DeleteConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error)
 	// CancelJob ends a queued job at once; for a running one it sets the
 	// cancel flag that the next renewal answer carries (P7). ErrGone if ended.
 	CancelJob(ctx context.Context, id string, now time.Time) (wire.Job, error)

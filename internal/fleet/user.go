@@ -152,3 +152,10 @@ func (u *User) WaitJob(ctx context.Context, id string, tick time.Duration, what 
 func (u *User) WaitEnded(ctx context.Context, id string, tick time.Duration) (wire.Job, error) {
 	return u.WaitJob(ctx, id, tick, "to end", func(j wire.Job) bool { return Ended(j.State) })
 }
+
+// Delete deletes a conversation (S3).
+func (u *User) Delete(ctx context.Context, id string) (wire.Conversation, error) {
+	var c wire.Conversation
+	err := u.call(ctx, http.MethodDelete, "/v1/conversations/"+url.PathEscape(id), nil, &c)
+	return c, err
+}

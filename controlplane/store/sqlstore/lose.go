@@ -15,7 +15,7 @@ import (
 // store.Store). Its queued turns are first taken off the claim indexes
 // (head = 0): a claim that picked one meanwhile finds it failed once this
 // commits, and one that committed first shows up as a running turn, which
-// refuses the call.
+// refuses the call. A LOST or deleted conversation is returned as it is.
 func (s *Store) LoseConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error) {
 	err := s.write(ctx, func(tx txn) error {
 		var state string
@@ -23,7 +23,7 @@ func (s *Store) LoseConversation(ctx context.Context, id string, now time.Time) 
 		if errors.Is(err, sql.ErrNoRows) {
 			return store.ErrNotFound
 		}
-		if err != nil || state == wire.ConversationLost {
+		if err != nil || state == wire.ConversationLost || state == wire.ConversationDeleted {
 			return err
 		}
 		if _, err := s.exec(ctx, tx, `UPDATE jobs SET head = 0 WHERE conversation_id = ? AND state = 'queued'`, id); err != nil {

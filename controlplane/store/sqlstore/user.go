@@ -156,6 +156,9 @@ func (s *Store) EnqueueTurn(ctx context.Context, conversationID, prompt string, 
 			if err != nil {
 				return err
 			}
+			if state == wire.ConversationDeleted {
+				return store.ErrConversationDeleted
+			}
 			return store.ErrConversationLost
 		}
 		if err != nil {

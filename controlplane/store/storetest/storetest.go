@@ -76,6 +76,8 @@ var tests = []test{
 	{"K13_QuarantinedConversationResumes", testK13QuarantinedConversationResumes},
 	{"K13_UnverifiedQuarantineIsLost", testK13UnverifiedQuarantineIsLost},
 	{"R36_ReleaseRefusedAfterAdmission", testR36ReleaseRefusedAfterAdmission},
+	{"S3_DeleteConversation", testS3DeleteConversation},
+	{"Race_S3_DeleteVsEnqueue", testRaceDeleteVsEnqueue},
 	{"Affinity_TurnsGoToSandboxHost", testAffinityTurnsGoToSandboxHost},
 	{"Affinity_OperatorLosesConversation", testAffinityOperatorLosesConversation},
 	{"K7_ReleaseCapFailsJob", testK7ReleaseCapFailsJob},
