@@ -18,6 +18,8 @@ const (
 	MsgLostByOperator  = "controlplane_conversation_lost_by_operator" // an operator marked a conversation LOST
 	MsgStopping        = "controlplane_stopping"                      // shutdown began
 	MsgHostChanged     = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
+	MsgTLSReloaded     = "controlplane_tls_reloaded"                  // SIGHUP: the TLS pair was read again; new connections get it (subject, not_after)
+	MsgTLSReloadFailed = "controlplane_tls_reload_failed"             // SIGHUP: the new TLS pair could not be used (reason names the file and why); the old one stays
 	MsgWorkListen      = "controlplane_work_listen"                   // PostgreSQL: the store began listening for new work (listening) or its connection failed (class); claims then wake by the re-check
 )
 
