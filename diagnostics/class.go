@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -122,11 +121,18 @@ func clientCertRefused(err error) bool {
 			return true
 		}
 	}
-	var op *net.OpError
-	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
-		return false
+	// HTTP/2's transport keeps only the text of the handshake's error;
+	// tlsfiles' own refusals begin "tls: client certificate: ".
+	msg := err.Error()
+	if strings.Contains(msg, "tls: client certificate: ") {
+		return true
 	}
-	return slices.Contains(clientCertAlerts, strings.TrimPrefix(op.Err.Error(), "tls: "))
+	for _, a := range clientCertAlerts {
+		if strings.Contains(msg, "remote error: tls: "+a) {
+			return true
+		}
+	}
+	return false
 }
 
 // plainHTTPAnswer is net/http's error when an https:// request met a plain

@@ -14,6 +14,7 @@ import (
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/retry"
+	"github.com/runnerd/runnerd/internal/tlsfiles"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
@@ -162,8 +163,14 @@ type Config struct {
 	// Version is reported in host heartbeats.
 	Version string
 
+	// TLS names the files of the control plane's TLS (--ca-file, the
+	// client certificate of mTLS): the daemon's transports trust them, and
+	// so does every turn child, which gets them in its payload. They are
+	// read by New; an unreadable file is New's error.
+	TLS tlsfiles.Client
 	// Transport carries control requests (claims, host heartbeats,
-	// reports); nil means a clone of http.DefaultTransport.
+	// reports); nil means a clone of http.DefaultTransport with TLS's
+	// configuration.
 	Transport http.RoundTripper
 	// Logger receives the daemon's records; nil discards them.
 	Logger *slog.Logger
@@ -204,6 +211,10 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("sandbox %q: want %q or %q", c.Sandbox, sandbox.BackendProcess, sandbox.BackendDocker))
 	}
 	labels, err := hostLabels(c.Labels, c.Sandbox)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	tlsConfig, err := c.TLS.Config()
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -256,6 +267,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RenewHTTP.RequestTimeout <= 0 {
 		c.RenewHTTP.RequestTimeout = c.Timings.RequestTimeout
 	}
+	if c.RenewHTTP.TLSClientConfig == nil && tlsConfig != nil {
+		c.RenewHTTP.TLSClientConfig = tlsConfig.Clone()
+	}
 	if len(c.TurnArgs) == 0 {
 		c.TurnArgs = []string{"turn"}
 	}
@@ -263,7 +277,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.ChildStderr = io.Discard
 	}
 	if c.Transport == nil {
-		c.Transport = http.DefaultTransport.(*http.Transport).Clone()
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tlsConfig
+		c.Transport = tr
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

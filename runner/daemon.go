@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -276,7 +279,30 @@ func (d *Daemon) logStarted() {
 		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
 		slog.Int64("sandbox_sweep_ms", max(c.SandboxSweep, 0).Milliseconds()),
 		slog.Bool("notify", c.Notifier != nil),
+		slog.Bool("tls_ca_file", c.TLS.CAFile != ""),
+		slog.Bool("tls_client_cert", c.TLS.CertFile != ""),
 	)
+	if plainRemote(c.ControlPlaneURL) {
+		// Host and worker tokens, prompts and answers cross the network
+		// in the clear.
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, diagnostics.MsgControlPlanePlainHTTP,
+			slog.String("control_plane", redactURL(c.ControlPlaneURL)))
+	}
+}
+
+// plainRemote reports whether raw is an http:// address of another host:
+// anything but localhost or a loopback address.
+func plainRemote(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
 }
 
 // ---- capacity ----

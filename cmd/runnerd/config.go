@@ -61,7 +61,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		launchBackoff, launchBackoffMx time.Duration
 		sandboxSweep                   time.Duration
 	)
-	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL")
+	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start)")
+	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
+	fs.StringVar(&c.TLS.CertFile, "tls-client-cert", "", "PEM client certificate shown to the control plane (its --client-ca: mTLS), beside --tls-client-key")
+	fs.StringVar(&c.TLS.KeyFile, "tls-client-key", "", "PEM private key of --tls-client-cert (0600)")
 	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
 	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
@@ -195,6 +198,9 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
+	}
+	if _, err := c.TLS.Config(); err != nil {
+		return o, err // half a pair, an unreadable or spoilt file: named with its flag
 	}
 	for _, auto := range []string{wire.LabelSandbox, wire.LabelOS, wire.LabelArch} {
 		if v, ok := c.Labels[auto]; ok {

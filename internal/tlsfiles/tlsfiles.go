@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 // Flag names, as both commands spell them; errors name them.
@@ -58,10 +59,31 @@ func (c Client) Config() (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if pair != nil {
-		cfg.Certificates = []tls.Certificate{*pair}
+	cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return clientCertificate(pair, cri, time.Now())
 	}
 	return cfg, nil
+}
+
+// ClientCertPrefix begins the errors of a client certificate the server
+// asked for and would refuse; diagnostics classes them tls_client_certificate.
+const ClientCertPrefix = "tls: client certificate: "
+
+// clientCertificate answers a server's request for a client certificate.
+// One the server would refuse — none, another CA's, an expired one — ends
+// the handshake here with an error that says which: the server's own
+// refusal comes after a TLS 1.3 handshake, and HTTP/2 loses its reason.
+func clientCertificate(pair *tls.Certificate, cri *tls.CertificateRequestInfo, now time.Time) (*tls.Certificate, error) {
+	switch {
+	case pair == nil:
+		return nil, errors.New(ClientCertPrefix + "the server requires one and none is configured (" + FlagClientCert + ")")
+	case now.After(pair.Leaf.NotAfter) || now.Before(pair.Leaf.NotBefore):
+		return nil, fmt.Errorf("%s%s is valid from %s to %s only", ClientCertPrefix, FlagClientCert,
+			pair.Leaf.NotBefore.UTC().Format(time.RFC3339), pair.Leaf.NotAfter.UTC().Format(time.RFC3339))
+	case len(cri.AcceptableCAs) > 0 && cri.SupportsCertificate(pair) != nil:
+		return nil, fmt.Errorf("%s%s is signed by a CA the server does not accept (its --client-ca)", ClientCertPrefix, FlagClientCert)
+	}
+	return pair, nil
 }
 
 // Server is the control plane's TLS: a certificate that Reload replaces

@@ -2,6 +2,7 @@ package tlsfiles_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -46,13 +47,15 @@ func serveTLS(t *testing.T, srv *tlsfiles.Server) tlsServer {
 
 // heartbeat makes one call over a client built from files, as the daemon
 // and the turn child do.
-func heartbeat(t *testing.T, url string, files tlsfiles.Client) error {
+func heartbeat(t *testing.T, url string, files tlsfiles.Client, h2 bool) error {
 	t.Helper()
 	cfg, err := files.Config()
 	if err != nil {
 		t.Fatalf("client config: %v", err)
 	}
-	c := &wire.Client{BaseURL: url, HTTP: &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 30 * time.Second}}
+	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: h2}
+	defer tr.CloseIdleConnections()
+	c := &wire.Client{BaseURL: url, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 	_, err = c.HostHeartbeat(context.Background(), secret, wire.HostHeartbeat{Capacity: 1})
 	if err != nil && strings.Contains(err.Error(), secret) {
 		t.Fatalf("the error shows the token: %v", err)
@@ -71,6 +74,7 @@ func TestClientRefusalsNameTheReason(t *testing.T) {
 	wrongHost := ca.Server("cp-elsewhere", []string{"cp.elsewhere.example"}, tlstest.Options{})
 	client := ca.Client("host-1", tlstest.Options{})
 	strangerClient := other.Client("host-2", tlstest.Options{})
+	expiredClient := ca.Client("host-3", tlstest.Options{NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-time.Hour)})
 
 	server := func(p tlstest.Pair, clientCA string) tlsServer {
 		s, err := tlsfiles.NewServer(p.CertFile, p.KeyFile, clientCA)
@@ -98,15 +102,19 @@ func TestClientRefusalsNameTheReason(t *testing.T) {
 		{"mTLS without a client certificate", server(good, ca.File).URL, tlsfiles.Client{CAFile: ca.File}, diagnostics.ClassTLSClientCert},
 		{"mTLS with another CA's client certificate", server(good, ca.File).URL,
 			tlsfiles.Client{CAFile: ca.File, CertFile: strangerClient.CertFile, KeyFile: strangerClient.KeyFile}, diagnostics.ClassTLSClientCert},
+		{"mTLS with an expired client certificate", server(good, ca.File).URL,
+			tlsfiles.Client{CAFile: ca.File, CertFile: expiredClient.CertFile, KeyFile: expiredClient.KeyFile}, diagnostics.ClassTLSClientCert},
 		{"https to a plain HTTP server", strings.Replace(plain.URL, "http://", "https://", 1), tlsfiles.Client{CAFile: ca.File}, diagnostics.ClassTLSPlainHTTP},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := heartbeat(t, tt.url, tt.files)
-			if got := diagnostics.Class(err); got != tt.want {
-				t.Fatalf("class %q (%v), want %q", got, err, tt.want)
-			}
-		})
+		for _, h2 := range []bool{false, true} { // the daemon's transports speak HTTP/2 when they can
+			t.Run(fmt.Sprintf("%s/h2=%v", tt.name, h2), func(t *testing.T) {
+				err := heartbeat(t, tt.url, tt.files, h2)
+				if got := diagnostics.Class(err); got != tt.want {
+					t.Fatalf("class %q (%v), want %q", got, err, tt.want)
+				}
+			})
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package turn
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ const (
 const (
 	ClassBadPayload         = "bad_payload"
 	ClassSandboxConfig      = "sandbox_config"
+	ClassTLSConfig          = "tls_config" // the payload's TLS files cannot be used (gone or changed since the daemon read them)
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
@@ -102,6 +104,14 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 	}
 	log := newLogger(p.LogFormat, stderr).With("job_id", p.Claim.JobID, "attempt_id", p.Claim.AttemptID)
 
+	// The daemon read these files at its start; one gone or spoilt since
+	// is a decline that names it, never a call without the trust.
+	tlsConfig, err := p.TLS.Config()
+	if err != nil {
+		log.Error(diagnostics.MsgTurnDeclined, "class", ClassTLSConfig, "reason", err.Error())
+		_ = ch.Decline(ClassTLSConfig)
+		return 1
+	}
 	backend, err := open(p.Sandbox, log)
 	if err != nil {
 		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
@@ -124,7 +134,7 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 		return 1
 	}
 
-	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec}
+	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec, tls: tlsConfig}
 	res := t.run(turnCtx)
 	body, err := json.Marshal(res)
 	if err == nil {
@@ -157,6 +167,7 @@ type turn struct {
 	log     *slog.Logger
 	backend sandbox.Backend
 	spec    sandbox.Spec
+	tls     *tls.Config // the control plane's TLS, as the daemon's (nil: Go's defaults)
 	sess    *settlement.Session
 	fence   context.Context // ends when the lease is gone (run)
 	stage   Stage           // the last progress stage, for records
@@ -169,7 +180,7 @@ func (t *turn) run(ctx context.Context) Result {
 	ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
 	sess, err := settlement.New(settlement.Config{
 		BaseURL:     t.p.ControlPlaneURL,
-		Transport:   &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+		Transport:   &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: t.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
 		WorkerToken: c.WorkerToken,
 		JobID:       c.JobID,
 		Attempt:     ref,
