@@ -50,6 +50,7 @@ type Daemon struct {
 	busy        int // attempts held plus the slots of a claim in flight
 	claiming    int // the slots the claim in flight reserved (counted in busy)
 	hostRefused bool
+	beat        beatState    // the last host heartbeat's outcome (probes.go)
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)

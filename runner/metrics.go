@@ -27,6 +27,7 @@ type Metrics struct {
 	Turns          *prometheus.CounterVec // by outcome
 	TurnDuration   *prometheus.HistogramVec
 	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
+	ClaimWait      prometheus.Histogram // a claim's first request to the answer that brought turns, per turn
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -89,11 +90,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the claim's answer to the child's ACCEPT.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		ClaimWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "runnerd_claim_wait_seconds",
+			Help:    "Time from a claim's first request (free slots asking for work) to the answer that brought turns, one observation per turn claimed.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, stateCollector{m})
 	}
 	return m
 }

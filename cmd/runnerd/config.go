@@ -94,7 +94,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
 	fs.DurationVar(&c.PermissionTimeout, "permission-timeout", 10*time.Minute, "how long an ACP permission request under the ask policy waits for the owner's answer before it is answered cancelled")
 	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
-	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics (empty: off)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz (the daemon's loops check in) and /readyz (control plane reachable, claiming enabled); empty: off")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.Docker.Network, "docker-network", "none", "docker backend: container network")
