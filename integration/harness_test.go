@@ -229,6 +229,9 @@ type envOpts struct {
 	// tls serves the control plane over HTTPS with --client-ca (mTLS); the
 	// daemon gets --ca-file and a client certificate.
 	tls bool
+	// db is the control plane's --db (a PostgreSQL DSN that replicas can
+	// share); "" is SQLite in its data directory.
+	db string
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -270,6 +273,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	cp, err := fleet.StartControlPlane(ctx, fleet.ControlPlaneConfig{
 		Args:           cpArgs,
 		ClientTLS:      userTLS,
+		DB:             o.db,
 		Bin:            bins.ControlPlane,
 		DataDir:        filepath.Join(dir, "cp"),
 		LeaseTTL:       o.leaseTTL,

@@ -6,13 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"runtime"
 	"time"
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/internal/tlsfiles"
 	"github.com/runnerd/runnerd/runner/turn"
@@ -43,7 +43,11 @@ const (
 // Config configures a Daemon. Zero fields mean the default; the first four
 // are required. cmd/runnerd fills it from flags and the environment.
 type Config struct {
-	// ControlPlaneURL is the control plane's base address.
+	// ControlPlaneURL is the control plane's base address, or several
+	// replicas' comma-separated, the preferred first (internal/failover):
+	// calls go to one, move to the next on a transport failure or a 5xx,
+	// and return to the preferred one when it answers again. Every turn
+	// child gets the list.
 	ControlPlaneURL string
 	// HostToken authenticates claims and host heartbeats. Never logged.
 	HostToken string
@@ -172,6 +176,8 @@ type Config struct {
 	// reports); nil means a clone of http.DefaultTransport with TLS's
 	// configuration.
 	Transport http.RoundTripper
+	// endpoints is ControlPlaneURL parsed; the daemon's transports share it.
+	endpoints *failover.Endpoints
 	// Logger receives the daemon's records; nil discards them.
 	Logger *slog.Logger
 	// Metrics receives the daemon's series; nil means unregistered ones.
@@ -185,8 +191,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ControlPlaneURL == "" {
 		errs = append(errs, errors.New("control plane URL is required"))
-	} else if u, err := url.Parse(c.ControlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, errors.New("control plane URL must be an http or https URL"))
+	} else if ep, err := failover.Parse(c.ControlPlaneURL); err != nil {
+		errs = append(errs, fmt.Errorf("control plane URL %w", err))
+	} else {
+		c.endpoints = ep
 	}
 	if c.HostToken == "" {
 		errs = append(errs, errors.New("host token is required"))

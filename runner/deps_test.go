@@ -23,9 +23,9 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/retry", "internal/tlsfiles", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "runner/turn", "sandbox", "settlement", "wire"},
 	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
-	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "internal/tlsfiles", "sandbox", "sandbox/process", "settlement", "wire"},
+	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "sandbox", "sandbox/process", "settlement", "wire"},
 
 	"heartbeat":  {"diagnostics", "internal/boottime", "wire"},
 	"handover":   {"internal/boottime"},
@@ -49,6 +49,7 @@ var moduleImports = map[string][]string{
 	"internal/atomicfile/stracetest": {"internal/atomicfile"}, // tests only
 
 	"internal/boottime":         {},       // CLOCK_BOOTTIME, a leaf anything may import
+	"internal/failover":         {},       // several control-plane addresses: the daemon's and the turn child's transports
 	"internal/fleet":            {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":           {},
 	"internal/retry":            {"wire"},

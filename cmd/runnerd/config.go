@@ -13,6 +13,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
@@ -61,7 +62,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		launchBackoff, launchBackoffMx time.Duration
 		sandboxSweep                   time.Duration
 	)
-	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start)")
+	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start), or several replicas' comma-separated, the preferred first: calls move to the next on a transport failure or a 5xx and come back when the preferred one answers")
 	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
 	fs.StringVar(&c.TLS.CertFile, "tls-client-cert", "", "PEM client certificate shown to the control plane (its --client-ca: mTLS), beside --tls-client-key")
 	fs.StringVar(&c.TLS.KeyFile, "tls-client-key", "", "PEM private key of --tls-client-cert (0600)")
@@ -169,8 +170,6 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	switch {
 	case c.ControlPlaneURL == "":
 		return o, errors.New("--control-plane is required")
-	case !strings.HasPrefix(c.ControlPlaneURL, "http://") && !strings.HasPrefix(c.ControlPlaneURL, "https://"):
-		return o, fmt.Errorf("--control-plane %q: want an http:// or https:// URL", c.ControlPlaneURL)
 	case c.HostName == "":
 		return o, errors.New("--host-name is required (the host name could not be read)")
 	case c.StateDir == "":
@@ -198,6 +197,9 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
+	}
+	if _, err := failover.Parse(c.ControlPlaneURL); err != nil {
+		return o, fmt.Errorf("--control-plane %w", err)
 	}
 	if _, err := c.TLS.Config(); err != nil {
 		return o, err // half a pair, an unreadable or spoilt file: named with its flag

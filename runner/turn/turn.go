@@ -17,6 +17,7 @@ import (
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/settlement"
@@ -112,6 +113,14 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 		_ = ch.Decline(ClassTLSConfig)
 		return 1
 	}
+	// The daemon's list of replicas; this child keeps its own view of
+	// which one answers.
+	endpoints, err := failover.Parse(p.ControlPlaneURL)
+	if err != nil {
+		log.Error(diagnostics.MsgTurnDeclined, "class", ClassBadPayload)
+		_ = ch.Decline(ClassBadPayload)
+		return 2
+	}
 	backend, err := open(p.Sandbox, log)
 	if err != nil {
 		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
@@ -134,7 +143,7 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 		return 1
 	}
 
-	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec, tls: tlsConfig}
+	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec, tls: tlsConfig, endpoints: endpoints}
 	res := t.run(turnCtx)
 	body, err := json.Marshal(res)
 	if err == nil {
@@ -168,9 +177,11 @@ type turn struct {
 	backend sandbox.Backend
 	spec    sandbox.Spec
 	tls     *tls.Config // the control plane's TLS, as the daemon's (nil: Go's defaults)
-	sess    *settlement.Session
-	fence   context.Context // ends when the lease is gone (run)
-	stage   Stage           // the last progress stage, for records
+	// endpoints is the payload's control-plane addresses (one or several).
+	endpoints *failover.Endpoints
+	sess      *settlement.Session
+	fence     context.Context // ends when the lease is gone (run)
+	stage     Stage           // the last progress stage, for records
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -179,8 +190,9 @@ func (t *turn) run(ctx context.Context) Result {
 	c := t.p.Claim
 	ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
 	sess, err := settlement.New(settlement.Config{
-		BaseURL:     t.p.ControlPlaneURL,
-		Transport:   &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: t.tls, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+		BaseURL: t.endpoints.Base(),
+		Transport: t.endpoints.Transport(&http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: t.tls,
+			ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}),
 		WorkerToken: c.WorkerToken,
 		JobID:       c.JobID,
 		Attempt:     ref,
