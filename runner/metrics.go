@@ -191,6 +191,15 @@ type countRenewals struct {
 	m    *Metrics
 }
 
+// CloseIdleConnections passes on to base: the renewer closes its idle
+// connections after failures, so that a stuck one cannot hold renewals
+// (heartbeat.NewHTTPClient); without this the wrapper would swallow it.
+func (c countRenewals) CloseIdleConnections() {
+	if ci, ok := c.base.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
+}
+
 func (c countRenewals) RoundTrip(r *http.Request) (*http.Response, error) {
 	start := time.Now()
 	resp, err := c.base.RoundTrip(r)
