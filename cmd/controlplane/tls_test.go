@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"os"
@@ -194,6 +195,14 @@ func TestServeClientCARequiresClientCertificates(t *testing.T) {
 	}
 	if c := diagnostics.Class(err); c != diagnostics.ClassTLSClientCert {
 		t.Fatalf("class %q (%v), want %q", c, err, diagnostics.ClassTLSClientCert)
+	}
+	// A client that does not check first (not runnerd's: tlsfiles ends the
+	// handshake itself) is refused by the server, whose record says why.
+	other := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: without.RootCAs}}
+	defer other.CloseIdleConnections()
+	if resp, err := (&http.Client{Transport: other}).Get(addr + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("served %d to a plain client without a certificate", resp.StatusCode)
 	}
 	waitLine(t, lines, "client didn't provide a certificate")
 }
