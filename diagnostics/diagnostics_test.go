@@ -103,7 +103,7 @@ func TestR16Classifier(t *testing.T) {
 		{"canceled", fmt.Errorf("x: %w", context.Canceled), ClassCanceled},
 		{"real connection refused", realRefused(t), ClassConnectionRefused},
 		{"dns", &wire.TransportError{Op: "renew", Err: &net.OpError{Op: "dial", Err: &net.DNSError{Err: "no such host", Name: "cp." + secret}}}, ClassDNS},
-		{"real tls", realTLSError(t), ClassTLS},
+		{"real tls to a plain-text peer", realTLSError(t), ClassTLSPlainHTTP},
 		{"reset", &net.OpError{Op: "read", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, ClassReset},
 		{"broken pipe", &net.OpError{Op: "write", Err: os.NewSyscallError("write", syscall.EPIPE)}, ClassBrokenPipe},
 		{"unreachable", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.EHOSTUNREACH)}, ClassUnreachable},

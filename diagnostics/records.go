@@ -22,6 +22,10 @@ const (
 	MsgConfigIgnored      = "agent_config_ignored"
 	MsgEventsDropped      = "agent_events_dropped"
 	MsgTurnFailed         = "agent_turn_failed"
+	// MsgControlPlanePlainHTTP: at start, the control plane is an http://
+	// address of another host — tokens and prompts cross the network in
+	// the clear (use https:// with --ca-file).
+	MsgControlPlanePlainHTTP = "agent_control_plane_plain_http"
 
 	// Written by the turn child (runner/turn) with the attempt's ids.
 	MsgTurnDeclined        = "agent_turn_declined"              // preflight declined the turn before ACCEPT: class

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/internal/tlsfiles"
+	"github.com/runnerd/runnerd/internal/tlsfiles/tlstest"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -204,6 +207,15 @@ type env struct {
 	host     string
 	token    string
 	log      *testLog
+	tls      *tlsEnv // envOpts.tls: the control plane serves HTTPS and requires client certificates
+}
+
+// tlsEnv is the certificates of a TLS test: one CA signs the control
+// plane's pair and the daemon's client certificate.
+type tlsEnv struct {
+	ca     *tlstest.CA
+	server tlstest.Pair
+	client tlstest.Pair
 }
 
 type envOpts struct {
@@ -214,6 +226,12 @@ type envOpts struct {
 	// process turns and supervisors run the lean entry point (the default
 	// of a `make build` install); without it they run runnerd itself.
 	leanChild bool
+	// tls serves the control plane over HTTPS with --client-ca (mTLS); the
+	// daemon gets --ca-file and a client certificate.
+	tls bool
+	// db is the control plane's --db (a PostgreSQL DSN that replicas can
+	// share); "" is SQLite in its data directory.
+	db string
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -240,7 +258,22 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if o.leaseTTL == 0 {
 		o.leaseTTL = leaseTTL
 	}
+	var cpArgs []string
+	var userTLS *tls.Config
+	if o.tls {
+		ca := tlstest.NewCA(t, "fleet")
+		e.tls = &tlsEnv{ca: ca, server: ca.Server("controlplane", []string{"127.0.0.1"}, tlstest.Options{}), client: ca.Client(e.host, tlstest.Options{})}
+		cpArgs = []string{"--tls-cert", e.tls.server.CertFile, "--tls-key", e.tls.server.KeyFile, "--client-ca", ca.File}
+		operator := ca.Client("operator", tlstest.Options{})
+		var err error
+		if userTLS, err = (tlsfiles.Client{CAFile: ca.File, CertFile: operator.CertFile, KeyFile: operator.KeyFile}).Config(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cp, err := fleet.StartControlPlane(ctx, fleet.ControlPlaneConfig{
+		Args:           cpArgs,
+		ClientTLS:      userTLS,
+		DB:             o.db,
 		Bin:            bins.ControlPlane,
 		DataDir:        filepath.Join(dir, "cp"),
 		LeaseTTL:       o.leaseTTL,
@@ -322,7 +355,12 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 	case e.faults != nil:
 		url = e.faults.URL()
 	}
+	var args []string
+	if e.tls != nil {
+		args = []string{"--ca-file", e.tls.ca.File, "--tls-client-cert", e.tls.client.CertFile, "--tls-client-key", e.tls.client.KeyFile}
+	}
 	return fleet.DaemonConfig{
+		Args:            args,
 		Bin:             e.runnerd,
 		ControlPlaneURL: url,
 		HostTokenFile:   e.token,

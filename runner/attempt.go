@@ -467,6 +467,7 @@ func (d *Daemon) payload(c wire.Claim) []byte {
 	p := turn.Payload{
 		Claim:           c,
 		ControlPlaneURL: d.cfg.ControlPlaneURL,
+		TLS:             d.cfg.TLS,
 		Sandbox: turn.Sandbox{
 			Backend:  d.cfg.Sandbox,
 			StateDir: d.cfg.StateDir,

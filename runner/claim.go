@@ -112,6 +112,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			failing = false
 			claims.Reset()
 			for _, claim := range got {
+				d.m.ClaimWait.Observe(time.Since(first).Seconds())
 				d.startAttempt(runCtx, claim, first)
 			}
 		case claimCtx.Err() != nil:
@@ -190,6 +191,9 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 		d.health.expect(loopBeat, d.cfg.ControlTimeout+d.cfg.HostHeartbeatInterval*2+healthSlack)
 		if !d.isHostRefused() {
 			err := d.sendHostBeat(ctx)
+			if ctx.Err() == nil {
+				d.noteBeat(time.Now(), err)
+			}
 			status := diagnostics.Status(err)
 			switch {
 			case err == nil:

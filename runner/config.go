@@ -6,14 +6,15 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/url"
 	"runtime"
 	"time"
 
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/internal/retry"
+	"github.com/runnerd/runnerd/internal/tlsfiles"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
@@ -42,7 +43,11 @@ const (
 // Config configures a Daemon. Zero fields mean the default; the first four
 // are required. cmd/runnerd fills it from flags and the environment.
 type Config struct {
-	// ControlPlaneURL is the control plane's base address.
+	// ControlPlaneURL is the control plane's base address, or several
+	// replicas' comma-separated, the preferred first (internal/failover):
+	// calls go to one, move to the next on a transport failure or a 5xx,
+	// and return to the preferred one when it answers again. Every turn
+	// child gets the list.
 	ControlPlaneURL string
 	// HostToken authenticates claims and host heartbeats. Never logged.
 	HostToken string
@@ -162,9 +167,17 @@ type Config struct {
 	// Version is reported in host heartbeats.
 	Version string
 
+	// TLS names the files of the control plane's TLS (--ca-file, the
+	// client certificate of mTLS): the daemon's transports trust them, and
+	// so does every turn child, which gets them in its payload. They are
+	// read by New; an unreadable file is New's error.
+	TLS tlsfiles.Client
 	// Transport carries control requests (claims, host heartbeats,
-	// reports); nil means a clone of http.DefaultTransport.
+	// reports); nil means a clone of http.DefaultTransport with TLS's
+	// configuration.
 	Transport http.RoundTripper
+	// endpoints is ControlPlaneURL parsed; the daemon's transports share it.
+	endpoints *failover.Endpoints
 	// Logger receives the daemon's records; nil discards them.
 	Logger *slog.Logger
 	// Metrics receives the daemon's series; nil means unregistered ones.
@@ -178,8 +191,10 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.ControlPlaneURL == "" {
 		errs = append(errs, errors.New("control plane URL is required"))
-	} else if u, err := url.Parse(c.ControlPlaneURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, errors.New("control plane URL must be an http or https URL"))
+	} else if ep, err := failover.Parse(c.ControlPlaneURL); err != nil {
+		errs = append(errs, fmt.Errorf("control plane URL %w", err))
+	} else {
+		c.endpoints = ep
 	}
 	if c.HostToken == "" {
 		errs = append(errs, errors.New("host token is required"))
@@ -204,6 +219,10 @@ func (c Config) withDefaults() (Config, error) {
 		errs = append(errs, fmt.Errorf("sandbox %q: want %q or %q", c.Sandbox, sandbox.BackendProcess, sandbox.BackendDocker))
 	}
 	labels, err := hostLabels(c.Labels, c.Sandbox)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	tlsConfig, err := c.TLS.Config()
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -256,6 +275,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.RenewHTTP.RequestTimeout <= 0 {
 		c.RenewHTTP.RequestTimeout = c.Timings.RequestTimeout
 	}
+	if c.RenewHTTP.TLSClientConfig == nil && tlsConfig != nil {
+		c.RenewHTTP.TLSClientConfig = tlsConfig.Clone()
+	}
 	if len(c.TurnArgs) == 0 {
 		c.TurnArgs = []string{"turn"}
 	}
@@ -263,7 +285,9 @@ func (c Config) withDefaults() (Config, error) {
 		c.ChildStderr = io.Discard
 	}
 	if c.Transport == nil {
-		c.Transport = http.DefaultTransport.(*http.Transport).Clone()
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = tlsConfig
+		c.Transport = tr
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +50,7 @@ type Daemon struct {
 	busy        int // attempts held plus the slots of a claim in flight
 	claiming    int // the slots the claim in flight reserved (counted in busy)
 	hostRefused bool
+	beat        beatState    // the last host heartbeat's outcome (probes.go)
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
@@ -70,8 +74,12 @@ func New(cfg Config) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Claims, heartbeats, reports and renewals share one view of which
+	// replica answers: a failure seen by one moves them all.
+	ep := cfg.endpoints
+	cfg.Transport = ep.Transport(cfg.Transport)
 	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
-	renewHTTP.Transport = countRenewals{base: renewHTTP.Transport, m: cfg.Metrics}
+	renewHTTP.Transport = countRenewals{base: ep.Transport(renewHTTP.Transport), m: cfg.Metrics}
 	d := &Daemon{
 		cfg:              cfg,
 		log:              cfg.Logger,
@@ -80,8 +88,8 @@ func New(cfg Config) (*Daemon, error) {
 		state:            st,
 		gate:             newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
 		health:           newHealth(),
-		control:          &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: &http.Client{Transport: cfg.Transport}},
-		renew:            &wire.Client{BaseURL: cfg.ControlPlaneURL, HTTP: renewHTTP},
+		control:          &wire.Client{BaseURL: ep.Base(), HTTP: &http.Client{Transport: cfg.Transport}},
+		renew:            &wire.Client{BaseURL: ep.Base(), HTTP: renewHTTP},
 		workerID:         fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
 		stopTurns:        make(chan struct{}),
 		endDrain:         make(chan struct{}),
@@ -96,6 +104,12 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	if _, ok := cfg.Backend.(backendProber); !ok {
 		d.backend = backendReady // nothing to ask: the turn child's preflight decides
+	}
+	if ep.Len() > 1 {
+		ep.OnSwitch(func(from, to string) {
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgControlPlaneSwitched,
+				slog.String("from", redactURL(from)), slog.String("to", redactURL(to)))
+		})
 	}
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
 	cfg.Metrics.daemon.CompareAndSwap(nil, d) // the first daemon of these metrics shows its state
@@ -257,7 +271,7 @@ func (d *Daemon) logStarted() {
 	c := d.cfg
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStarted,
 		slog.String("version", c.Version),
-		slog.String("control_plane", redactURL(c.ControlPlaneURL)),
+		slog.String("control_plane", redactURLs(c.ControlPlaneURL)),
 		slog.String("host_name", c.HostName),
 		slog.String("state_dir", c.StateDir),
 		slog.Int("capacity", c.Capacity),
@@ -276,7 +290,32 @@ func (d *Daemon) logStarted() {
 		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
 		slog.Int64("sandbox_sweep_ms", max(c.SandboxSweep, 0).Milliseconds()),
 		slog.Bool("notify", c.Notifier != nil),
+		slog.Bool("tls_ca_file", c.TLS.CAFile != ""),
+		slog.Bool("tls_client_cert", c.TLS.CertFile != ""),
 	)
+	for _, u := range strings.Split(c.ControlPlaneURL, ",") {
+		if u = strings.TrimSpace(u); plainRemote(u) {
+			// Host and worker tokens, prompts and answers cross the
+			// network in the clear.
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, diagnostics.MsgControlPlanePlainHTTP,
+				slog.String("control_plane", redactURL(u)))
+		}
+	}
+}
+
+// plainRemote reports whether raw is an http:// address of another host:
+// anything but localhost or a loopback address.
+func plainRemote(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "http" {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip == nil || !ip.IsLoopback()
 }
 
 // ---- capacity ----

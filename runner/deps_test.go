@@ -23,9 +23,9 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/retry", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "runner/turn", "sandbox", "settlement", "wire"},
 	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
-	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/retry", "sandbox", "sandbox/process", "settlement", "wire"},
+	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "sandbox", "sandbox/process", "settlement", "wire"},
 
 	"heartbeat":  {"diagnostics", "internal/boottime", "wire"},
 	"handover":   {"internal/boottime"},
@@ -48,13 +48,16 @@ var moduleImports = map[string][]string{
 	"internal/atomicfile":            {},                      // durable replacement by rename, a leaf anything may import
 	"internal/atomicfile/stracetest": {"internal/atomicfile"}, // tests only
 
-	"internal/boottime": {},       // CLOCK_BOOTTIME, a leaf anything may import
-	"internal/fleet":    {"wire"}, // the process harness of integration and cmd/demo
-	"internal/memnet":   {},
-	"internal/retry":    {"wire"},
-	"internal/sdscope":  {}, // systemd scopes: cmd/runnerd alone imports it
-	"internal/syncbuf":  {}, // tests only
-	"internal/tools":    {}, // pins go.mod's requirements (build tag tools)
+	"internal/boottime":         {},       // CLOCK_BOOTTIME, a leaf anything may import
+	"internal/failover":         {},       // several control-plane addresses: the daemon's and the turn child's transports
+	"internal/fleet":            {"wire"}, // the process harness of integration and cmd/demo
+	"internal/memnet":           {},
+	"internal/retry":            {"wire"},
+	"internal/sdscope":          {}, // systemd scopes: cmd/runnerd alone imports it
+	"internal/syncbuf":          {}, // tests only
+	"internal/tlsfiles":         {}, // the TLS flags' PEM files: the daemon, the turn child, the control plane's commands
+	"internal/tlsfiles/tlstest": {}, // tests only: certificates made in the test
+	"internal/tools":            {}, // pins go.mod's requirements (build tag tools)
 
 	"internal/bench/held":     {"internal/fleet", "wire"}, // a whole host's cost per held turn (issue 12 §6)
 	"internal/bench/held/cmd": nil,                        // its command

@@ -15,8 +15,8 @@ import (
 // report policy (K1) and its fence.
 func (d *Daemon) newReporter(c wire.Claim) *settlement.Reporter {
 	return settlement.NewReporter(settlement.ReporterConfig{
-		BaseURL:     d.cfg.ControlPlaneURL,
-		Transport:   d.cfg.Transport,
+		BaseURL:     d.control.BaseURL,
+		Transport:   d.cfg.Transport, // through the endpoints (New)
 		WorkerToken: c.WorkerToken,
 		JobID:       c.JobID,
 		Attempt:     wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration},

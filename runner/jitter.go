@@ -3,6 +3,7 @@ package runner
 import (
 	"math/rand/v2"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -23,6 +24,15 @@ func spread(d time.Duration) time.Duration {
 		return 0
 	}
 	return rand.N(d)
+}
+
+// redactURLs is a comma-separated list of addresses, each redacted.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		parts[i] = redactURL(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
 }
 
 // redactURL is the control plane's address fit for a record: scheme, host

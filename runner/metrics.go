@@ -27,6 +27,7 @@ type Metrics struct {
 	Turns          *prometheus.CounterVec // by outcome
 	TurnDuration   *prometheus.HistogramVec
 	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
+	ClaimWait      prometheus.Histogram // a claim's first request to the answer that brought turns, per turn
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -89,11 +90,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the claim's answer to the child's ACCEPT.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		ClaimWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "runnerd_claim_wait_seconds",
+			Help:    "Time from a claim's first request (free slots asking for work) to the answer that brought turns, one observation per turn claimed.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, stateCollector{m})
 	}
 	return m
 }
@@ -183,6 +189,15 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 type countRenewals struct {
 	base http.RoundTripper
 	m    *Metrics
+}
+
+// CloseIdleConnections passes on to base: the renewer closes its idle
+// connections after failures, so that a stuck one cannot hold renewals
+// (heartbeat.NewHTTPClient); without this the wrapper would swallow it.
+func (c countRenewals) CloseIdleConnections() {
+	if ci, ok := c.base.(interface{ CloseIdleConnections() }); ok {
+		ci.CloseIdleConnections()
+	}
 }
 
 func (c countRenewals) RoundTrip(r *http.Request) (*http.Response, error) {

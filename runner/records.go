@@ -52,13 +52,14 @@ const (
 	MsgTurnScopes        = "runnerd_turn_scopes"        // at start: where turn children live (mechanism), and why not in scopes
 	// MsgEndpointMissing: a host call (claim, host heartbeat) was answered
 	// 404 — the control-plane address serves no such endpoint; retried.
-	MsgEndpointMissing   = "runnerd_control_plane_endpoint_missing"
-	MsgTurnExecutable    = "runnerd_turn_executable"     // at start: what turn children and supervisors run (runnerd-child or runnerd), and why not runnerd-child
-	MsgTurnScopeFailed   = "runnerd_turn_scope_failed"   // a child could not be moved into its scope (class); its turn runs on
-	MsgTurnReattached    = "runnerd_turn_reattached"     // a turn child of an earlier run was taken over at start (P5): how long it was orphaned
-	MsgReattachRefused   = "runnerd_reattach_refused"    // a surviving turn child speaks a protocol version this daemon does not: it was stopped
-	MsgReattachPending   = "runnerd_reattach_pending"    // a surviving turn child may be running but could not be re-attached (pid, alive, class, try, pause_ms): kept, renewed and tried again
-	MsgClaimBatchRefused = "runnerd_claim_batch_refused" // the control plane predates batched claims (400 unknown_field on max_claims): one turn per claim from now on
+	MsgEndpointMissing      = "runnerd_control_plane_endpoint_missing"
+	MsgTurnExecutable       = "runnerd_turn_executable"        // at start: what turn children and supervisors run (runnerd-child or runnerd), and why not runnerd-child
+	MsgTurnScopeFailed      = "runnerd_turn_scope_failed"      // a child could not be moved into its scope (class); its turn runs on
+	MsgTurnReattached       = "runnerd_turn_reattached"        // a turn child of an earlier run was taken over at start (P5): how long it was orphaned
+	MsgReattachRefused      = "runnerd_reattach_refused"       // a surviving turn child speaks a protocol version this daemon does not: it was stopped
+	MsgReattachPending      = "runnerd_reattach_pending"       // a surviving turn child may be running but could not be re-attached (pid, alive, class, try, pause_ms): kept, renewed and tried again
+	MsgControlPlaneSwitched = "runnerd_control_plane_switched" // --control-plane lists several: calls moved from one address to another (a failure, or the preferred one answers again)
+	MsgClaimBatchRefused    = "runnerd_claim_batch_refused"    // the control plane predates batched claims (400 unknown_field on max_claims): one turn per claim from now on
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).

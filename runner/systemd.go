@@ -121,6 +121,18 @@ func (h *health) done(loop int) {
 	h.mu.Unlock()
 }
 
+// overdue is how far past its promise each loop is at now (zero or less:
+// within it).
+func (h *health) overdue(now time.Time) [numLoops]time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var o [numLoops]time.Duration
+	for i, u := range h.until {
+		o[i] = now.Sub(u)
+	}
+	return o
+}
+
 // stuck returns the first loop past its promise at now, or -1.
 func (h *health) stuck(now time.Time) int {
 	h.mu.Lock()

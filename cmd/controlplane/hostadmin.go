@@ -32,6 +32,7 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	}
 	f := newFlags(usage, stderr)
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
+	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
@@ -60,7 +61,11 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	if err != nil {
 		return err
 	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	tr, err := clientTransport(*caFile)
+	if err != nil {
+		return err
+	}
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 
 	switch sub {
 	case "list":

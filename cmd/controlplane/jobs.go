@@ -35,6 +35,7 @@ func jobs(ctx context.Context, sub string, args []string, getenv func(string) st
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
 	output := f.fs.String("output", "table", "table or json")
+	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
 	var filters map[string]*string
 	var limit *int
 	var all, follow *bool
@@ -75,7 +76,11 @@ func jobs(ctx context.Context, sub string, args []string, getenv func(string) st
 	if err != nil {
 		return err
 	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: followWait + 30*time.Second}}
+	tr, err := clientTransport(*caFile)
+	if err != nil {
+		return err
+	}
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: followWait + 30*time.Second}}
 	call := func(method, path string, body, out any) error {
 		_, err := c.Do(ctx, method, path, token, body, out)
 		return err

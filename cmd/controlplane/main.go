@@ -24,6 +24,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/peterbourgon/ff/v3"
 
+	"github.com/runnerd/runnerd/internal/tlsfiles"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -233,4 +235,17 @@ func (f *flags) parse(args []string) error {
 		return usagef("%s=%q is not a valid --%s", m[2], os.Getenv(m[2]), m[1])
 	}
 	return usagef("%s", strings.TrimPrefix(err.Error(), "error parsing commandline arguments: "))
+}
+
+// clientTransport carries a command's calls to --server: Go's default
+// transport, trusting caFile's CA beside the system's when it is given.
+// A file that cannot be used is a usage error naming --ca-file.
+func clientTransport(caFile string) (http.RoundTripper, error) {
+	cfg, err := tlsfiles.Client{CAFile: caFile}.Config()
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = cfg
+	return tr, nil
 }

@@ -20,6 +20,7 @@ func permit(ctx context.Context, args []string, getenv func(string) string, stdo
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
 	asJSON := f.fs.Bool("json", false, "print the job as JSON")
 	if err := f.parse(args); err != nil {
 		return err
@@ -37,7 +38,11 @@ func permit(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: 30 * time.Second}}
+	tr, err := clientTransport(*caFile)
+	if err != nil {
+		return err
+	}
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 	var j wire.Job
 	path := "/v1/jobs/" + url.PathEscape(job) + "/permissions/" + url.PathEscape(request)
 	if _, err := c.Do(ctx, http.MethodPost, path, token, wire.PermissionAnswer{OptionID: option}, &j); err != nil {

@@ -10,10 +10,12 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +25,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
+	"github.com/runnerd/runnerd/internal/tlsfiles"
 )
 
 // shutdownGrace bounds the wait for requests in flight after a signal.
@@ -120,6 +123,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	retention := f.fs.Duration("retention", controlplane.DefaultRetention, "how long an ended job keeps its prompt, credentials and runner payloads before the reaper reclaims them; 0 keeps them for ever")
 	logLevel := f.fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := f.fs.String("log-format", "text", "records as text (people) or json (journald, collectors)")
+	tlsCert := f.fs.String("tls-cert", "", "PEM certificate (chain) to serve HTTPS with, beside --tls-key; read again on SIGHUP, without dropping connections")
+	tlsKey := f.fs.String("tls-key", "", "PEM private key of --tls-cert")
+	clientCA := f.fs.String("client-ca", "", "PEM CA file: require every client (runnerd --tls-client-cert) to show a certificate it signed (mTLS); needs --tls-cert")
 	if err := f.parse(args); err != nil {
 		return err
 	}
@@ -161,6 +167,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	if *tokenFile == "" {
 		*tokenFile = filepath.Join(d.dataDir, "user-token")
+	}
+	var certs *tlsfiles.Server // nil: plain HTTP
+	if *tlsCert != "" || *tlsKey != "" || *clientCA != "" {
+		var err error
+		if certs, err = tlsfiles.NewServer(*tlsCert, *tlsKey, *clientCA); err != nil {
+			return usagef("%v", err)
+		}
 	}
 
 	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level})
@@ -229,9 +242,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 
-	fmt.Fprintf(stderr, "controlplane %s: serving http://%s on %s\n", version, ln.Addr(), where)
+	scheme := "http"
+	if certs != nil {
+		scheme = "https"
+		hs.TLSConfig = certs.Config()
+		// SIGHUP reads the pair again: each new handshake gets the new one,
+		// connections already made keep theirs; a bad pair keeps the old.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go reloadOnHangup(ctx, hup, certs, log)
+	}
+
+	fmt.Fprintf(stderr, "controlplane %s: serving %s://%s on %s\n", version, scheme, ln.Addr(), where)
 	fmt.Fprintf(stderr, "controlplane: %s\n", tokenNote)
-	fmt.Fprintf(stderr, "controlplane: admin page http://%s/admin/servers (any user name, the token as password)\n", ln.Addr())
+	fmt.Fprintf(stderr, "controlplane: admin page %s://%s/admin/servers (any user name, the token as password)\n", scheme, ln.Addr())
 
 	// P4, K3: leases that expired while the control plane was away are
 	// resumed before the first request is accepted.
@@ -249,6 +274,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}()
 	go func() {
 		defer wg.Done()
+		if certs != nil {
+			served <- hs.ServeTLS(ln, "", "") // the pair comes from TLSConfig.GetCertificate
+			return
+		}
 		served <- hs.Serve(ln)
 	}()
 
@@ -273,6 +302,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	fmt.Fprintln(stderr, "controlplane: stopped")
 	return nil
+}
+
+// reloadOnHangup reads the TLS pair again at each SIGHUP and says how it
+// went: the new certificate's expiry, or why the old one stays.
+func reloadOnHangup(ctx context.Context, hup <-chan os.Signal, certs *tlsfiles.Server, log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			if err := certs.Reload(); err != nil {
+				log.LogAttrs(ctx, slog.LevelError, controlplane.MsgTLSReloadFailed, slog.String("reason", err.Error()),
+					slog.Time("kept_not_after", certs.Leaf().NotAfter))
+				continue
+			}
+			log.LogAttrs(ctx, slog.LevelInfo, controlplane.MsgTLSReloaded, slog.String("subject", certs.Leaf().Subject.CommonName),
+				slog.Time("not_after", certs.Leaf().NotAfter))
+		}
+	}
 }
 
 // userTokenFile keeps the one-machine case working with user tokens that

@@ -30,6 +30,7 @@ const (
 func submit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("submit", stderr)
 	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
+	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
 	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
 	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
 	convID := f.fs.String("conversation", "", "conversation to send the message to")
@@ -79,7 +80,11 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Timeout: followWait + 30*time.Second}}
+	tr, err := clientTransport(*caFile)
+	if err != nil {
+		return err
+	}
+	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: followWait + 30*time.Second}}
 	call := func(method, path string, body, out any) error {
 		_, err := c.Do(ctx, method, path, token, body, out)
 		return err

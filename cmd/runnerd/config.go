@@ -13,6 +13,7 @@ import (
 	"github.com/peterbourgon/ff/v3"
 
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
@@ -61,7 +62,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		launchBackoff, launchBackoffMx time.Duration
 		sandboxSweep                   time.Duration
 	)
-	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL")
+	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start), or several replicas' comma-separated, the preferred first: calls move to the next on a transport failure or a 5xx and come back when the preferred one answers")
+	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
+	fs.StringVar(&c.TLS.CertFile, "tls-client-cert", "", "PEM client certificate shown to the control plane (its --client-ca: mTLS), beside --tls-client-key")
+	fs.StringVar(&c.TLS.KeyFile, "tls-client-key", "", "PEM private key of --tls-client-cert (0600)")
 	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
 	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
@@ -91,7 +95,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
 	fs.DurationVar(&c.PermissionTimeout, "permission-timeout", 10*time.Minute, "how long an ACP permission request under the ask policy waits for the owner's answer before it is answered cancelled")
 	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
-	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics (empty: off)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz (the daemon's loops check in) and /readyz (control plane reachable, claiming enabled); empty: off")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.Docker.Network, "docker-network", "none", "docker backend: container network")
@@ -166,8 +170,6 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	switch {
 	case c.ControlPlaneURL == "":
 		return o, errors.New("--control-plane is required")
-	case !strings.HasPrefix(c.ControlPlaneURL, "http://") && !strings.HasPrefix(c.ControlPlaneURL, "https://"):
-		return o, fmt.Errorf("--control-plane %q: want an http:// or https:// URL", c.ControlPlaneURL)
 	case c.HostName == "":
 		return o, errors.New("--host-name is required (the host name could not be read)")
 	case c.StateDir == "":
@@ -195,6 +197,12 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	if _, err := parseLevel(o.logLevel); err != nil {
 		return o, err
+	}
+	if _, err := failover.Parse(c.ControlPlaneURL); err != nil {
+		return o, fmt.Errorf("--control-plane %w", err)
+	}
+	if _, err := c.TLS.Config(); err != nil {
+		return o, err // half a pair, an unreadable or spoilt file: named with its flag
 	}
 	for _, auto := range []string{wire.LabelSandbox, wire.LabelOS, wire.LabelArch} {
 		if v, ok := c.Labels[auto]; ok {

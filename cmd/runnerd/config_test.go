@@ -151,7 +151,15 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"label value with a space", nil, []string{"RUNNERD_LABEL", "zone=eu 1"}, `RUNNERD_LABEL="zone=eu 1" is not a valid --label`},
 		{"label given twice", []string{"--label=zone=a", "--label=zone=b"}, nil, "label zone given twice (a and b)"},
 		{"bad URL", []string{"--control-plane=cp:8080"}, nil, `--control-plane "cp:8080": want an http:// or https:// URL`},
+		{"bad entry in a list", nil, []string{"RUNNERD_CONTROL_PLANE", "https://cp-1:8443,cp-2:8443"}, `--control-plane "cp-2:8443": want an http:// or https:// URL`},
+		{"empty entry in a list", []string{"--control-plane=https://cp-1:8443,"}, nil, `--control-plane "": want an http:// or https:// URL`},
+		{"address given twice", []string{"--control-plane=https://cp-1:8443,https://cp-1:8443/"}, nil, `--control-plane "https://cp-1:8443/" is given twice`},
 		{"missing token file", []string{"--host-token-file=/nonexistent/token"}, nil, "--host-token-file /nonexistent/token: no such file or directory"},
+		{"client cert without key", []string{"--tls-client-cert=/etc/runnerd/client.pem"}, nil, "--tls-client-cert /etc/runnerd/client.pem needs --tls-client-key"},
+		{"client key without cert", nil, []string{"RUNNERD_TLS_CLIENT_KEY", "/etc/runnerd/client-key.pem"}, "--tls-client-key /etc/runnerd/client-key.pem needs --tls-client-cert"},
+		{"unreadable CA file", []string{"--ca-file=/nonexistent/ca.pem"}, nil, "--ca-file /nonexistent/ca.pem: no such file or directory"},
+		{"CA file without a certificate", []string{"--ca-file=" + notPEM(t)}, nil, ": no PEM certificate in the file"},
+		{"unreadable client cert", []string{"--tls-client-cert=/nonexistent/c.pem", "--tls-client-key=/nonexistent/k.pem"}, nil, "--tls-client-cert /nonexistent/c.pem: no such file or directory"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -166,6 +174,15 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 			}
 		})
 	}
+}
+
+// notPEM is a file that holds no certificate.
+func notPEM(t *testing.T) string {
+	p := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(p, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // The token file must hold one token; its content never reaches an error.

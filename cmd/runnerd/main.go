@@ -192,6 +192,8 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("GET /healthz", runner.ProbeHandler(d.Liveness)) // the loops check in: a liveness probe
+		mux.Handle("GET /readyz", runner.ProbeHandler(d.Readiness)) // reachable and claiming: a readiness probe
 		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() {
 			defer close(metricsDone)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/internal/syncbuf"
+	"github.com/runnerd/runnerd/runner"
 )
 
 // systemd, end to end through `runnerd run`: with NOTIFY_SOCKET pointing at
@@ -148,10 +150,29 @@ func checkMetrics(t *testing.T, logs string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	for _, series := range []string{"runnerd_leases_held 0", "runnerd_claim_to_accept_seconds_count 0", "go_goroutines",
+	for _, series := range []string{"runnerd_leases_held 0", "runnerd_claim_to_accept_seconds_count 0", "runnerd_claim_wait_seconds_count 0", "go_goroutines",
 		"runnerd_slots 2", "runnerd_draining 0", `runnerd_claims_paused{reason="launch_failures"} 0`, `runnerd_build_info{goversion="go`} {
 		if !strings.Contains(string(b), series) {
 			t.Errorf("/metrics has no %q", series)
+		}
+	}
+	// After READY=1 (an acknowledged heartbeat) the probes on the same
+	// listener answer 200, naming every check.
+	for path, checks := range map[string][]string{"/healthz": {"claim_loop", "host_heartbeat_loop"}, "/readyz": {"control_plane", "claiming"}} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p runner.Probe
+		err = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || !p.OK || len(p.Checks) != len(checks) {
+			t.Fatalf("%s: %d %+v %v", path, resp.StatusCode, p, err)
+		}
+		for i, c := range checks {
+			if p.Checks[i].Name != c || !p.Checks[i].OK {
+				t.Errorf("%s check %d: %+v, want %s ok", path, i, p.Checks[i], c)
+			}
 		}
 	}
 }

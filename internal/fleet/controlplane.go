@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"os"
@@ -32,6 +33,10 @@ type ControlPlaneConfig struct {
 	ClaimWaitMax   time.Duration
 	MaxWorkerLost  int
 	ReleaseBackoff time.Duration // --release-backoff (K7)
+	// Args are appended to serve's command line (--tls-cert …).
+	Args []string
+	// ClientTLS is what User trusts of an https:// server; nil: Go's defaults.
+	ClientTLS *tls.Config
 	// Log receives the server's output; nil discards it.
 	Log io.Writer
 	// StartTimeout bounds the wait for "serving"; default 20 s.
@@ -48,7 +53,7 @@ type ControlPlane struct {
 	User *User
 }
 
-var servingLine = regexp.MustCompile(`serving (http://\S+) on `)
+var servingLine = regexp.MustCompile(`serving (https?://\S+) on `)
 
 // StartControlPlane starts the server and waits until it serves.
 func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPlane, error) {
@@ -71,6 +76,7 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 	if cfg.MaxWorkerLost > 0 {
 		args = append(args, "--max-worker-lost", fmt.Sprint(cfg.MaxWorkerLost))
 	}
+	args = append(args, cfg.Args...)
 	cmd := wrapped(cfg.Wrap, cfg.Bin, args)
 	p, out, err := startWatched("controlplane", cmd, cfg.Log)
 	if err != nil {
@@ -87,7 +93,7 @@ func StartControlPlane(ctx context.Context, cfg ControlPlaneConfig) (*ControlPla
 		return nil, fmt.Errorf("controlplane serve: read the user token: %w", err)
 	}
 	url := m[1]
-	return &ControlPlane{Process: p, cfg: cfg, URL: url, User: NewUser(url, strings.TrimSpace(string(tok)))}, nil
+	return &ControlPlane{Process: p, cfg: cfg, URL: url, User: newUser(url, strings.TrimSpace(string(tok)), cfg.ClientTLS)}, nil
 }
 
 // Config is the configuration the server was started with, to start it

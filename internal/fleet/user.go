@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -18,8 +19,10 @@ type User struct {
 }
 
 // NewUser returns a user API client of the control plane at baseURL.
-func NewUser(baseURL, token string) *User {
-	tr := &http.Transport{MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
+func NewUser(baseURL, token string) *User { return newUser(baseURL, token, nil) }
+
+func newUser(baseURL, token string, tlsConfig *tls.Config) *User {
+	tr := &http.Transport{TLSClientConfig: tlsConfig, MaxIdleConnsPerHost: 4, IdleConnTimeout: 30 * time.Second}
 	return &User{c: &wire.Client{BaseURL: baseURL, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}, tr: tr, token: token}
 }
 

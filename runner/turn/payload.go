@@ -10,6 +10,7 @@ package turn
 import (
 	"time"
 
+	"github.com/runnerd/runnerd/internal/tlsfiles"
 	"github.com/runnerd/runnerd/settlement"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -19,7 +20,10 @@ import (
 type Payload struct {
 	Claim           wire.Claim `json:"claim"`
 	ControlPlaneURL string     `json:"control_plane_url"`
-	Sandbox         Sandbox    `json:"sandbox"`
+	// TLS names the daemon's TLS files for the control plane (its CA, its
+	// client certificate): the child's calls trust what the daemon's do.
+	TLS     tlsfiles.Client `json:"tls,omitzero"`
+	Sandbox Sandbox         `json:"sandbox"`
 	// The execution deadline (R5) and the lease travel in the handover
 	// payload itself, as CLOCK_BOOTTIME instants (K5, K6).
 	// RequestTimeoutMS bounds each receipt try (R24); 0 means 10 s.

@@ -2,6 +2,7 @@ package turn
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/failover"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/settlement"
@@ -39,6 +41,7 @@ const (
 const (
 	ClassBadPayload         = "bad_payload"
 	ClassSandboxConfig      = "sandbox_config"
+	ClassTLSConfig          = "tls_config" // the payload's TLS files cannot be used (gone or changed since the daemon read them)
 	ClassSandboxUnavailable = "sandbox_unavailable"
 	ClassActivation         = "activation_failed"
 	ClassBoundaryMismatch   = "native_boundary_mismatch"
@@ -102,6 +105,22 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 	}
 	log := newLogger(p.LogFormat, stderr).With("job_id", p.Claim.JobID, "attempt_id", p.Claim.AttemptID)
 
+	// The daemon read these files at its start; one gone or spoilt since
+	// is a decline that names it, never a call without the trust.
+	tlsConfig, err := p.TLS.Config()
+	if err != nil {
+		log.Error(diagnostics.MsgTurnDeclined, "class", ClassTLSConfig, "reason", err.Error())
+		_ = ch.Decline(ClassTLSConfig)
+		return 1
+	}
+	// The daemon's list of replicas; this child keeps its own view of
+	// which one answers.
+	endpoints, err := failover.Parse(p.ControlPlaneURL)
+	if err != nil {
+		log.Error(diagnostics.MsgTurnDeclined, "class", ClassBadPayload)
+		_ = ch.Decline(ClassBadPayload)
+		return 2
+	}
 	backend, err := open(p.Sandbox, log)
 	if err != nil {
 		log.Error(diagnostics.MsgTurnDeclined, "class", ClassSandboxConfig, "error_class", diagnostics.Class(err))
@@ -124,7 +143,7 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 		return 1
 	}
 
-	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec}
+	t := &turn{p: p, ch: ch, log: log, backend: backend, spec: spec, tls: tlsConfig, endpoints: endpoints}
 	res := t.run(turnCtx)
 	body, err := json.Marshal(res)
 	if err == nil {
@@ -157,9 +176,12 @@ type turn struct {
 	log     *slog.Logger
 	backend sandbox.Backend
 	spec    sandbox.Spec
-	sess    *settlement.Session
-	fence   context.Context // ends when the lease is gone (run)
-	stage   Stage           // the last progress stage, for records
+	tls     *tls.Config // the control plane's TLS, as the daemon's (nil: Go's defaults)
+	// endpoints is the payload's control-plane addresses (one or several).
+	endpoints *failover.Endpoints
+	sess      *settlement.Session
+	fence     context.Context // ends when the lease is gone (run)
+	stage     Stage           // the last progress stage, for records
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -168,8 +190,9 @@ func (t *turn) run(ctx context.Context) Result {
 	c := t.p.Claim
 	ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
 	sess, err := settlement.New(settlement.Config{
-		BaseURL:     t.p.ControlPlaneURL,
-		Transport:   &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second},
+		BaseURL: t.endpoints.Base(),
+		Transport: t.endpoints.Transport(&http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: t.tls,
+			ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 4, IdleConnTimeout: 90 * time.Second}),
 		WorkerToken: c.WorkerToken,
 		JobID:       c.JobID,
 		Attempt:     ref,
