@@ -43,6 +43,16 @@ const (
 	// (class): the driving connection is then dropped and the turn fails closed.
 	MsgTurnInterruptedOnCancel = "agent_turn_interrupted_on_cancel"
 	MsgTurnInterruptFailed     = "agent_turn_interrupt_failed"
+	// S1: idle eviction. The daemon stopped a conversation's retained
+	// sandbox after --sandbox-idle without a turn (conversation_id,
+	// idle_ms, backend), kept, not deleted; a turn of it claimed later
+	// wakes it (conversation_id, stopped_ms, backend) through the turn's
+	// Ensure, which starts it again as after a supervisor restart (K13's
+	// verification follows). A failed eviction keeps the sandbox running
+	// (class) and is tried again next round.
+	MsgSandboxEvicted     = "sandbox_evicted"
+	MsgSandboxWoken       = "sandbox_woken"
+	MsgSandboxEvictFailed = "sandbox_evict_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON
@@ -70,6 +80,8 @@ const (
 	KeyReason      = "reason"
 	KeyDropped     = "dropped"
 	KeyStage       = "stage"
+	KeyIdle        = "idle_ms"    // how long a sandbox had no turn (S1)
+	KeyStoppedFor  = "stopped_ms" // how long a sandbox was stopped before its wake (S1)
 )
 
 // Attempt names the attempt a record is about.
