@@ -59,7 +59,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		dockerLogFiles                 int
 		receiptTimeout, receiptRetry   time.Duration
 		launchBackoff, launchBackoffMx time.Duration
-		sandboxSweep                   time.Duration
+		sandboxSweep, sandboxIdle      time.Duration
 	)
 	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL")
 	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
@@ -86,6 +86,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.ClaimBackoffMax, "claim-backoff-max", runner.DefaultClaimBackoffMax, "longest wait after failed claims")
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
 	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
+	fs.DurationVar(&sandboxIdle, "sandbox-idle", runner.DefaultSandboxIdle, "stop (not delete) a conversation's sandbox after this long without a turn; the next message starts it again (0: never)")
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
 	fs.DurationVar(&receiptTimeout, "receipt-timeout", settlement.DefaultTryTimeout, "timeout of each receipt or report try (R24)")
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
@@ -182,6 +183,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("--launch-backoff-max %v is shorter than --launch-backoff %v", launchBackoffMx, launchBackoff)
 	case sandboxSweep < 0:
 		return o, fmt.Errorf("--sandbox-sweep %v: must not be negative (0 turns the sweep off)", sandboxSweep)
+	case sandboxIdle < 0:
+		return o, fmt.Errorf("--sandbox-idle %v: must not be negative (0 never stops an idle sandbox)", sandboxIdle)
 	case c.ClaimBackoffMax < c.ClaimBackoff:
 		return o, fmt.Errorf("--claim-backoff-max %v is shorter than --claim-backoff %v", c.ClaimBackoffMax, c.ClaimBackoff)
 	case c.Sandbox != sandbox.BackendProcess && c.Sandbox != sandbox.BackendDocker:
@@ -205,6 +208,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	c.SandboxSweep = sandboxSweep
 	if sandboxSweep == 0 {
 		c.SandboxSweep = -1 // runner.Config: zero is the default, negative is off
+	}
+	c.SandboxIdle = sandboxIdle
+	if sandboxIdle == 0 {
+		c.SandboxIdle = -1 // runner.Config: zero is the default, negative is never
 	}
 	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
 	c.Reports.TryTimeout, c.Reports.Wait = receiptTimeout, receiptRetry
