@@ -204,3 +204,45 @@ func pidsOf(ps []proc) []int {
 	}
 	return out
 }
+
+// S1 with an ACP agent that cannot load a session (demoagent --acp
+// --no-load-session): its session lives only in its running process, so
+// idle eviction keeps the sandbox running rather than make the
+// conversation unrecoverable — one sandbox_evict_failed record with class
+// session_not_loadable, the same supervisor and agent alive, and the next
+// message runs on them, the same session.
+func TestS1IdleKeepsUnloadableACPSession(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.startDaemon(func(c *fleet.DaemonConfig) { c.Args = append(c.Args, "--sandbox-idle="+idleFor.String()) })
+	conv, err := e.user.Create(e.ctx, wire.CreateConversationRequest{Title: "idle acp unloadable", Image: "demo",
+		AgentCommand: []string{bins.DemoAgent, "--acp", "--no-load-session"}, AgentProtocol: wire.AgentProtocolACP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := e.waitEnded(e.send(conv.ID, "hello").ID); j.State != wire.JobSucceeded {
+		t.Fatalf("the first turn: %s", describeJob(j))
+	}
+	sup, ok := e.supervisorOf(conv.ID)
+	agent := pidsOf(e.agents(conv.ID))
+	if !ok || len(agent) != 1 {
+		t.Fatalf("supervisor %v (%v), agents %v after the first turn", sup, ok, agent)
+	}
+	rec := e.waitRecord(diagnostics.MsgSandboxEvictFailed, conv.ID)
+	if rec[diagnostics.KeyClass] != "session_not_loadable" {
+		t.Fatalf("eviction record %v, want class session_not_loadable", rec)
+	}
+	if !alive(sup.Pid) || !alive(agent[0]) {
+		t.Fatalf("the unloadable sandbox was stopped: supervisor %d alive %v, agent %d alive %v", sup.Pid, alive(sup.Pid), agent[0], alive(agent[0]))
+	}
+	if n := len(e.daemonRecords(diagnostics.MsgSandboxEvicted, conv.ID)); n != 0 {
+		t.Fatalf("%d eviction records for a sandbox kept running", n)
+	}
+	if j := e.waitEnded(e.send(conv.ID, "still here").ID); j.State != wire.JobSucceeded {
+		t.Fatalf("the next turn: %s", describeJob(j))
+	}
+	e.assertPromptsOnce(conv.ID, "hello", "still here")
+	if now := pidsOf(e.agents(conv.ID)); len(now) != 1 || now[0] != agent[0] {
+		t.Fatalf("agents %v after the next turn, want the same process %d", now, agent[0])
+	}
+}

@@ -30,6 +30,10 @@ const (
 	// sandboxStopped: evicted (or found stopped) since; the next turn's
 	// Ensure wakes it.
 	sandboxStopped
+	// sandboxKept: not to be stopped until its next turn ends — its ACP
+	// agent's session could not be loaded into a new process, so a stop
+	// would lose the conversation (A6).
+	sandboxKept
 )
 
 // sandboxIdle is one conversation's idle clock, guarded by Daemon.mu.
@@ -43,7 +47,9 @@ type sandboxIdle struct {
 // conversation stays usable and the next turn's Ensure starts its sandbox
 // again, through the same verification as after a supervisor restart
 // (K13: exact sandbox, native turn boundary, session resumed or
-// unrecoverable with evidence). It starts after the restart decisions, so
+// unrecoverable with evidence). A sandbox whose live ACP agent cannot load
+// its session into a new process is kept running instead: stopping it would
+// make its conversation unrecoverable. It starts after the restart decisions, so
 // every re-attached turn is already held. Idle time is counted on this
 // daemon's monotonic clock from the end of the last turn it held, or from
 // when it first listed the sandbox (a restart starts the clock again: an
@@ -146,19 +152,26 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 		d.mu.Unlock()
 		return
 	}
+	unloadable := errors.Is(err, sandbox.ErrSessionNotLoadable)
 	if committed {
-		// Not stopped after all (busy, or the backend failed): still
-		// retained and running, idle as before.
+		// Not stopped after all (busy, unloadable, or the backend failed):
+		// still running; idle as before, or kept until its next turn.
 		d.mu.Lock()
 		if s := d.idle[conv]; s != nil && s.phase == sandboxStopped {
 			s.phase, s.since = sandboxRetained, time.Now().Add(-idleFor)
+			if unloadable {
+				s.phase = sandboxKept
+			}
 		}
 		d.mu.Unlock()
 	}
 	if err != nil && ctx.Err() == nil {
 		class := diagnostics.Class(err)
-		if errors.Is(err, sandbox.ErrBusy) {
+		switch {
+		case errors.Is(err, sandbox.ErrBusy):
 			class = "busy"
+		case unloadable:
+			class = "session_not_loadable" // once per idle period: kept until a turn ends
 		}
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, diagnostics.MsgSandboxEvictFailed,
 			append(attrs, slog.String(diagnostics.KeyClass, class))...)

@@ -159,7 +159,9 @@ type Stopper interface {
 	// sandbox. A turn child's Ensure waits on that lock, so whatever idle
 	// answered stays true until the sandbox is stopped: a turn that comes
 	// later finds it stopped and wakes it. A supervisor that says it runs a
-	// turn is never stopped (ErrBusy). stopped is false when there was
+	// turn is never stopped (ErrBusy), nor one whose live ACP agent's
+	// session could not be loaded again (ErrSessionNotLoadable: stopping
+	// would lose the conversation). stopped is false when there was
 	// nothing running to stop, or idle said no; err is nil then.
 	Stop(ctx context.Context, conversationID string, idle func() bool) (stopped bool, err error)
 }

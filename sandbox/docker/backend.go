@@ -350,6 +350,9 @@ func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() b
 	if err == nil && st.Busy {
 		return false, fmt.Errorf("stop docker sandbox: %w", sandbox.ErrBusy)
 	}
+	if err == nil && st.Unloadable {
+		return false, fmt.Errorf("stop docker sandbox: its agent's session lives only in the running agent: %w", sandbox.ErrSessionNotLoadable)
+	}
 	secs := int(b.cfg.StopTimeout.Seconds())
 	if err := b.cfg.Engine.ContainerStop(ctx, info.ID, container.StopOptions{Timeout: &secs}); err != nil {
 		return false, fmt.Errorf("stop docker sandbox: stop container: %w", err)

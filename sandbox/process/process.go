@@ -365,6 +365,9 @@ func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() b
 	if err == nil && st.Busy {
 		return false, fmt.Errorf("stop process sandbox: %w", sandbox.ErrBusy)
 	}
+	if err == nil && st.Unloadable {
+		return false, fmt.Errorf("stop process sandbox: its agent's session lives only in the running agent: %w", sandbox.ErrSessionNotLoadable)
+	}
 	// A supervisor that does not answer is hung, and Ensure would replace
 	// it anyway: it is stopped the same way.
 	b.kill(pid, b.cfg.StopTimeout)
