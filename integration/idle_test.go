@@ -87,6 +87,7 @@ func (e *env) evicted(conv wire.Conversation, prompt string, agentPids func() []
 		e.t.Fatal("no supervisor runs for the conversation after its turn")
 	}
 	pids := append([]int{sup.Pid}, agentPids()...)
+	e.t.Logf("resident memory of the idle conversation's processes before its eviction: %d KiB (pids %v; after: none run)", rssKiB(pids), pids)
 	rec := e.waitRecord(diagnostics.MsgSandboxEvicted, conv.ID)
 	if rec["backend"] != "process" || rec[diagnostics.KeyIdle].(float64) < float64(idleFor.Milliseconds()) {
 		e.t.Errorf("eviction record %v: want backend process, idle_ms ≥ %d", rec, idleFor.Milliseconds())
@@ -245,4 +246,24 @@ func TestS1IdleKeepsUnloadableACPSession(t *testing.T) {
 	if now := pidsOf(e.agents(conv.ID)); len(now) != 1 || now[0] != agent[0] {
 		t.Fatalf("agents %v after the next turn, want the same process %d", now, agent[0])
 	}
+}
+
+// rssKiB is the sum of the processes' resident set sizes (VmRSS), for the
+// log: a figure, not a bound.
+func rssKiB(pids []int) int {
+	total := 0
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				var kb int
+				fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+				total += kb
+			}
+		}
+	}
+	return total
 }
