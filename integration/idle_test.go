@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -266,4 +267,52 @@ func rssKiB(pids []int) int {
 		}
 	}
 	return total
+}
+
+// S1 end to end on the Docker backend against the real engine: after a
+// turn and --sandbox-idle without one, the conversation's container is
+// stopped and kept (sandbox_evicted; the engine reports it exited, the same
+// container); the next message starts that same container again — the
+// conversation's recorded container unchanged, its workspace the same (the
+// agent's transcript in it holds both prompts, once each) and the native
+// session going on at turn 2.
+func TestS1IdleEvictionAndWakeDocker(t *testing.T) {
+	t.Parallel()
+	e := newDockerEnv(t, envOpts{}, "")
+	e.startDaemon(func(c *fleet.DaemonConfig) {
+		c.Sandbox = "docker"
+		c.Args = append(c.Args, "--sandbox-sweep", "0", "--sandbox-idle="+idleFor.String())
+	})
+	conv := e.conversation("idle in docker")
+	if j := e.waitEnded(e.send(conv.ID, "hello").ID); j.State != wire.JobSucceeded {
+		t.Fatalf("the first turn: %s", describeJob(j))
+	}
+	retained := e.conv(conv.ID).ContainerID
+	rec := e.waitRecord(diagnostics.MsgSandboxEvicted, conv.ID)
+	if rec["backend"] != "docker" {
+		t.Errorf("eviction record %v, want backend docker", rec)
+	}
+	info, err := e.eng.ContainerInspect(e.ctx, retained)
+	if err != nil || info.State.Running {
+		t.Fatalf("the evicted container %.12s: %+v, %v; want it kept, stopped", retained, info.State, err)
+	}
+	if cv := e.conv(conv.ID); cv.State != wire.ConversationUsable {
+		t.Fatalf("the evicted conversation is %s, want usable", cv.State)
+	}
+
+	start := time.Now()
+	if j := e.waitEnded(e.send(conv.ID, "after the wake").ID); j.State != wire.JobSucceeded {
+		t.Fatalf("the turn after the eviction: %s", describeJob(j))
+	}
+	t.Logf("the woken turn took %v from send to its end (one sample on a shared machine, not a bound)", time.Since(start).Round(time.Millisecond))
+	e.waitRecord(diagnostics.MsgSandboxWoken, conv.ID)
+	if cv := e.conv(conv.ID); cv.ContainerID != retained || cv.NativeTurn != 2 || cv.State != wire.ConversationUsable {
+		t.Fatalf("after the wake: container %.12s at native turn %d (%s), want the retained %.12s at 2, usable", cv.ContainerID, cv.NativeTurn, cv.State, retained)
+	}
+	if ids := e.containers(conv.ID); !slices.Equal(ids, []string{retained}) {
+		t.Fatalf("containers %v after the wake, want the retained %.12s only", ids, retained)
+	}
+	if got := containerTranscript(t, e.eng, retained); !slices.Equal(got, []string{"hello", "after the wake"}) {
+		t.Fatalf("the agent in the container received %q, want each prompt once", got)
+	}
 }
