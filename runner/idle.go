@@ -139,6 +139,7 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 	attrs := []slog.Attr{slog.String(keyConversation, conv), slog.String(keyBackend, d.cfg.Backend.Name())}
 	switch {
 	case stopped:
+		d.m.SandboxEvictions.WithLabelValues("evicted").Inc()
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, diagnostics.MsgSandboxEvicted,
 			append(attrs, slog.Int64(diagnostics.KeyIdle, idleFor.Milliseconds()))...)
 		return
@@ -173,6 +174,7 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 		case unloadable:
 			class = "session_not_loadable" // once per idle period: kept until a turn ends
 		}
+		d.m.SandboxEvictions.WithLabelValues(class).Inc()
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, diagnostics.MsgSandboxEvictFailed,
 			append(attrs, slog.String(diagnostics.KeyClass, class))...)
 	}

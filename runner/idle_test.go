@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/process"
@@ -72,6 +74,11 @@ func TestS1IdleRoundEvictsOnlyTheIdle(t *testing.T) {
 	if len(ev) != 1 || ev[0]["conversation_id"] != idle || ev[0]["backend"] != sandbox.BackendProcess ||
 		ev[0][diagnostics.KeyIdle].(float64) < float64(2*time.Hour/time.Millisecond) {
 		t.Fatalf("evicted records %v, want one for %s idle ≥ 2 h", ev, idle)
+	}
+	var evicted dto.Metric
+	if err := d.m.SandboxEvictions.WithLabelValues("evicted").Write(&evicted); err != nil || evicted.GetCounter().GetValue() != 1 {
+		n := evicted.GetCounter().GetValue()
+		t.Errorf("runnerd_sandbox_evictions_total{result=evicted} = %v, want 1", n)
 	}
 	if convs, _ := b.Conversations(context.Background()); len(convs) != 4 {
 		t.Fatalf("sandboxes after the eviction %v: none may be deleted", convs)

@@ -27,6 +27,9 @@ type Metrics struct {
 	Turns          *prometheus.CounterVec // by outcome
 	TurnDuration   *prometheus.HistogramVec
 	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
+	// SandboxEvictions counts idle evictions (S1) by result: evicted, or
+	// the class of the one that did not happen.
+	SandboxEvictions *prometheus.CounterVec
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -89,11 +92,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the claim's answer to the child's ACCEPT.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
 		}),
+		SandboxEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_sandbox_evictions_total", Help: "Idle sandboxes stopped and kept (result evicted), or left running (result: why).",
+		}, []string{"result"}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.SandboxEvictions, stateCollector{m})
 	}
 	return m
 }
