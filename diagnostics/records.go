@@ -52,6 +52,16 @@ const (
 	// or could not be (class): the request then ends at its timeout.
 	MsgPermissionAnswerPassed = "agent_permission_answer_passed"
 	MsgPermissionAnswerFailed = "agent_permission_answer_failed"
+	// S1: idle eviction. The daemon stopped a conversation's retained
+	// sandbox after --sandbox-idle without a turn (conversation_id,
+	// idle_ms, backend), kept, not deleted; a turn of it claimed later
+	// wakes it (conversation_id, stopped_ms, backend) through the turn's
+	// Ensure, which starts it again as after a supervisor restart (K13's
+	// verification follows). A failed eviction keeps the sandbox running
+	// (class) and is tried again next round.
+	MsgSandboxEvicted     = "sandbox_evicted"
+	MsgSandboxWoken       = "sandbox_woken"
+	MsgSandboxEvictFailed = "sandbox_evict_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON
@@ -79,6 +89,8 @@ const (
 	KeyReason      = "reason"
 	KeyDropped     = "dropped"
 	KeyStage       = "stage"
+	KeyIdle        = "idle_ms"    // how long a sandbox had no turn (S1)
+	KeyStoppedFor  = "stopped_ms" // how long a sandbox was stopped before its wake (S1)
 )
 
 // Attempt names the attempt a record is about.

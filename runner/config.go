@@ -38,6 +38,7 @@ const (
 	DefaultControlTimeout        = 30 * time.Second // R6
 	DefaultJitter                = 0.2
 	DefaultSandboxSweep          = time.Minute
+	DefaultSandboxIdle           = 30 * time.Minute
 )
 
 // Config configures a Daemon. Zero fields mean the default; the first four
@@ -75,6 +76,11 @@ type Config struct {
 	// at start, after the restart decisions. Default 1 min; negative: no
 	// sweep. It needs a Backend that can list its sandboxes.
 	SandboxSweep time.Duration
+	// SandboxIdle is how long a retained sandbox may go without a turn of
+	// its conversation before the daemon stops it, keeping it (idle.go,
+	// S1). Default 30 min; negative: never. It needs a Backend that can
+	// list and stop its sandboxes (sandbox.Stopper).
+	SandboxIdle time.Duration
 
 	// Timings are the lease renewal timings, already checked against R12
 	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.
@@ -246,6 +252,9 @@ func (c Config) withDefaults() (Config, error) {
 	setDur(&c.ControlTimeout, DefaultControlTimeout)
 	if c.SandboxSweep == 0 {
 		c.SandboxSweep = DefaultSandboxSweep
+	}
+	if c.SandboxIdle == 0 {
+		c.SandboxIdle = DefaultSandboxIdle
 	}
 	c.LaunchBackoffMax = max(c.LaunchBackoffMax, c.LaunchBackoff)
 	c.ClaimBackoffMax = max(c.ClaimBackoffMax, c.ClaimBackoff)

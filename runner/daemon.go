@@ -46,6 +46,7 @@ type Daemon struct {
 	refused    chan struct{} // closed when the host token was first refused
 	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
 
+	// mu guards the fields from here to cancelWatchMoved, and idle.
 	mu          sync.Mutex
 	busy        int // attempts held plus the slots of a claim in flight
 	claiming    int // the slots the claim in flight reserved (counted in busy)
@@ -54,6 +55,9 @@ type Daemon struct {
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
 	turnConvs   map[string]int // conversations with a turn held here (sweep.go)
+	// idle holds the idle clocks of this host's sandboxes that no turn
+	// holds (idle.go); nil when idle eviction is off.
+	idle map[string]*sandboxIdle
 	// cancelWatch holds the attempts the host's cancel poll asks about:
 	// held here and not yet told of a cancel (cancels.go).
 	cancelWatch      map[string]*attempt
@@ -101,6 +105,9 @@ func New(cfg Config) (*Daemon, error) {
 		cancelWatchMoved: make(chan struct{}, 1),
 		refused:          make(chan struct{}),
 		cluster:          loadClusterPin(cfg.StateDir),
+	}
+	if _, ok := cfg.Backend.(sandboxStopper); ok && cfg.SandboxIdle > 0 {
+		d.idle = map[string]*sandboxIdle{}
 	}
 	if _, ok := cfg.Backend.(backendProber); !ok {
 		d.backend = backendReady // nothing to ask: the turn child's preflight decides
@@ -183,6 +190,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer stopSweep()
 		defer context.AfterFunc(ctx, stopSweep)()
 		wg.Go(func() { d.sweepLoop(sweepCtx) })
+	}
+	if st, ok := d.cfg.Backend.(sandboxStopper); ok && d.idle != nil {
+		// After the restart decisions too: every re-attached turn is held.
+		idleCtx, stopIdle := context.WithCancel(loops)
+		defer stopIdle()
+		defer context.AfterFunc(ctx, stopIdle)()
+		wg.Go(func() { d.idleLoop(idleCtx, st) })
 	}
 
 	// The claim loop is the only one that starts attempts: once it has
@@ -289,6 +303,7 @@ func (d *Daemon) logStarted() {
 		slog.Int64("host_heartbeat_ms", c.HostHeartbeatInterval.Milliseconds()),
 		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
 		slog.Int64("sandbox_sweep_ms", max(c.SandboxSweep, 0).Milliseconds()),
+		slog.Int64("sandbox_idle_ms", max(c.SandboxIdle, 0).Milliseconds()),
 		slog.Bool("notify", c.Notifier != nil),
 		slog.Bool("tls_ca_file", c.TLS.CAFile != ""),
 		slog.Bool("tls_client_cert", c.TLS.CertFile != ""),

@@ -28,6 +28,9 @@ type Metrics struct {
 	TurnDuration   *prometheus.HistogramVec
 	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
 	ClaimWait      prometheus.Histogram // a claim's first request to the answer that brought turns, per turn
+	// SandboxEvictions counts idle evictions (S1) by result: evicted, or
+	// the class of the one that did not happen.
+	SandboxEvictions *prometheus.CounterVec
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -95,11 +98,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from a claim's first request (free slots asking for work) to the answer that brought turns, one observation per turn claimed.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
 		}),
+		SandboxEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_sandbox_evictions_total", Help: "Idle sandboxes stopped and kept (result evicted), or left running (result: why).",
+		}, []string{"result"}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, stateCollector{m})
 	}
 	return m
 }

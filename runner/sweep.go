@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
@@ -200,16 +201,30 @@ func (s *sweeper) remove(st wire.ConversationState, why string) {
 
 // holdConversation marks a turn of conv as held by this daemon, from its
 // claim until its attempt is over; the sweep leaves its sandbox alone.
+// It also ends the conversation's idle clock (idle.go): a held
+// conversation's sandbox is never evicted, and one that was is woken by
+// this turn's Ensure, with a record.
 func (d *Daemon) holdConversation(conv string) {
 	d.mu.Lock()
 	d.turnConvs[conv]++
+	stoppedFor, woken := d.wakeNotedLocked(conv)
 	d.mu.Unlock()
+	if woken {
+		d.log.LogAttrs(context.Background(), slog.LevelInfo, diagnostics.MsgSandboxWoken,
+			slog.String(keyConversation, conv), slog.String(keyBackend, d.cfg.Backend.Name()),
+			slog.Int64(diagnostics.KeyStoppedFor, stoppedFor.Milliseconds()))
+	}
 }
 
+// releaseConversation ends a hold; the last one starts the conversation's
+// idle clock when idle eviction is on.
 func (d *Daemon) releaseConversation(conv string) {
 	d.mu.Lock()
 	if d.turnConvs[conv]--; d.turnConvs[conv] <= 0 {
 		delete(d.turnConvs, conv)
+		if d.idle != nil {
+			d.idle[conv] = &sandboxIdle{phase: sandboxRetained, since: time.Now()}
+		}
 	}
 	d.mu.Unlock()
 }

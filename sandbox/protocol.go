@@ -214,6 +214,11 @@ type Status struct {
 	// preparing. Recovery fences with a new activation and verifies the
 	// native turn boundary instead of trusting busy=false.
 	Busy bool `json:"busy"`
+	// Unloadable: the conversation's ACP agent process is alive and did
+	// not advertise loadSession — its session lives only in that process,
+	// so stopping the supervisor would end the conversation's session for
+	// good (A6). Idle eviction leaves such a sandbox running (S1).
+	Unloadable bool `json:"unloadable,omitempty"`
 	// NativeTurn is the native session's last turn ordinal as the
 	// supervisor knows it (durable across supervisor restarts).
 	NativeTurn int64 `json:"native_turn"`

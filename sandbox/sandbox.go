@@ -147,6 +147,25 @@ type Backend interface {
 	Remove(ctx context.Context, conversationID string) error
 }
 
+// Stopper is a backend that can stop a conversation's sandbox without
+// deleting it (idle eviction, S1): the docker backend stops the container
+// (its writable layer and workspace volume stay), the process backend
+// makes the supervisor exit (its state and workspace stay). The next Ensure
+// starts it again over the same sandbox, as after a supervisor restart:
+// same ID, the recorded native turn boundary, no receipts (R28).
+type Stopper interface {
+	// Stop takes the conversation's lock — the one Ensure takes — and
+	// then asks idle; only if idle still reports true does it stop the
+	// sandbox. A turn child's Ensure waits on that lock, so whatever idle
+	// answered stays true until the sandbox is stopped: a turn that comes
+	// later finds it stopped and wakes it. A supervisor that says it runs a
+	// turn is never stopped (ErrBusy), nor one whose live ACP agent's
+	// session could not be loaded again (ErrSessionNotLoadable: stopping
+	// would lose the conversation). stopped is false when there was
+	// nothing running to stop, or idle said no; err is nil then.
+	Stop(ctx context.Context, conversationID string, idle func() bool) (stopped bool, err error)
+}
+
 // Preflight failure classes, the reason class of a DECLINE frame.
 const (
 	ClassEngineUnreachable = "engine_unreachable"    // docker: the engine does not answer

@@ -60,7 +60,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		dockerLogFiles                 int
 		receiptTimeout, receiptRetry   time.Duration
 		launchBackoff, launchBackoffMx time.Duration
-		sandboxSweep                   time.Duration
+		sandboxSweep, sandboxIdle      time.Duration
 	)
 	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start), or several replicas' comma-separated, the preferred first: calls move to the next on a transport failure or a 5xx and come back when the preferred one answers")
 	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
@@ -90,6 +90,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.ClaimBackoffMax, "claim-backoff-max", runner.DefaultClaimBackoffMax, "longest wait after failed claims")
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
 	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
+	fs.DurationVar(&sandboxIdle, "sandbox-idle", runner.DefaultSandboxIdle, "stop (not delete) a conversation's sandbox after this long without a turn; the next message starts it again (0: never)")
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
 	fs.DurationVar(&receiptTimeout, "receipt-timeout", settlement.DefaultTryTimeout, "timeout of each receipt or report try (R24)")
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
@@ -184,6 +185,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, fmt.Errorf("--launch-backoff-max %v is shorter than --launch-backoff %v", launchBackoffMx, launchBackoff)
 	case sandboxSweep < 0:
 		return o, fmt.Errorf("--sandbox-sweep %v: must not be negative (0 turns the sweep off)", sandboxSweep)
+	case sandboxIdle < 0:
+		return o, fmt.Errorf("--sandbox-idle %v: must not be negative (0 never stops an idle sandbox)", sandboxIdle)
 	case c.ClaimBackoffMax < c.ClaimBackoff:
 		return o, fmt.Errorf("--claim-backoff-max %v is shorter than --claim-backoff %v", c.ClaimBackoffMax, c.ClaimBackoff)
 	case c.Sandbox != sandbox.BackendProcess && c.Sandbox != sandbox.BackendDocker:
@@ -213,6 +216,10 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	c.SandboxSweep = sandboxSweep
 	if sandboxSweep == 0 {
 		c.SandboxSweep = -1 // runner.Config: zero is the default, negative is off
+	}
+	c.SandboxIdle = sandboxIdle
+	if sandboxIdle == 0 {
+		c.SandboxIdle = -1 // runner.Config: zero is the default, negative is never
 	}
 	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
 	c.Reports.TryTimeout, c.Reports.Wait = receiptTimeout, receiptRetry

@@ -42,7 +42,7 @@ func TestConfigPrecedence(t *testing.T) {
 				c.DrainTimeout != runner.DefaultDrainTimeout || c.StateDir != "/var/lib/runnerd" || o.logFormat != "json" ||
 				o.tokenFile != "/etc/runnerd/host-token" || c.ControlPlaneURL != "http://127.0.0.1:8080" || o.metricsListen != "" ||
 				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 ||
-				c.SandboxSweep != time.Minute || c.Docker.LogMaxBytes != 10<<20 || c.Docker.LogMaxFiles != 3 {
+				c.SandboxSweep != time.Minute || c.SandboxIdle != 30*time.Minute || c.Docker.LogMaxBytes != 10<<20 || c.Docker.LogMaxFiles != 3 {
 				t.Fatalf("defaults %+v", o)
 			}
 		}},
@@ -84,6 +84,18 @@ func TestConfigPrecedence(t *testing.T) {
 			func(t *testing.T, o options) {
 				if o.cfg.SandboxSweep >= 0 {
 					t.Fatalf("sweep %v, want negative (off)", o.cfg.SandboxSweep)
+				}
+			}},
+		{"--sandbox-idle over RUNNERD_SANDBOX_IDLE", []string{"--sandbox-idle=2s"}, []string{"RUNNERD_SANDBOX_IDLE", "1h"},
+			func(t *testing.T, o options) {
+				if o.cfg.SandboxIdle != 2*time.Second {
+					t.Fatalf("idle %v", o.cfg.SandboxIdle)
+				}
+			}},
+		{"RUNNERD_SANDBOX_IDLE=0 never stops an idle sandbox", nil, []string{"RUNNERD_SANDBOX_IDLE", "0"},
+			func(t *testing.T, o options) {
+				if o.cfg.SandboxIdle >= 0 {
+					t.Fatalf("idle %v, want negative (never)", o.cfg.SandboxIdle)
 				}
 			}},
 		{"R12: a short AGENT_LEASE_TTL is ignored with a warning", nil, []string{"AGENT_LEASE_TTL", "20"},
@@ -144,6 +156,7 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"zero container log size", []string{"--docker-log-max-size=0"}, nil, "--docker-log-max-size 0: want a size in bytes"},
 		{"no container log files", nil, []string{"RUNNERD_DOCKER_LOG_MAX_FILES", "0"}, "--docker-log-max-files 0: must be at least 1"},
 		{"negative sandbox sweep", []string{"--sandbox-sweep=-1s"}, nil, "--sandbox-sweep -1s: must not be negative"},
+		{"negative sandbox idle", []string{"--sandbox-idle=-1m"}, nil, "--sandbox-idle -1m0s: must not be negative"},
 		{"bad sandbox", nil, []string{"RUNNERD_SANDBOX", "vm"}, `--sandbox "vm": want process or docker`},
 		{"bad log format", []string{"--log-format=xml"}, nil, `--log-format "xml": want json or text`},
 		{"automatic label by hand", []string{"--label=sandbox=docker"}, nil, "--label sandbox=docker: sandbox is set by the daemon itself"},

@@ -37,7 +37,10 @@ type Backend struct {
 	cfg Config
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend = (*Backend)(nil)
+	_ sandbox.Stopper = (*Backend)(nil)
+)
 
 // New checks cfg and returns the backend. It does not talk to the engine.
 func New(cfg Config) (*Backend, error) {
@@ -309,6 +312,53 @@ func (b *Backend) Alive(ctx context.Context, sb sandbox.Sandbox) error {
 		return fmt.Errorf("container %.12s is %s: %w", sb.ID, status, ErrSandboxGone)
 	}
 	return nil
+}
+
+// Stop stops the conversation's running container (SIGTERM to its
+// supervisor, which ends its agent; SIGKILL after StopTimeout) and keeps
+// it: its writable layer, its workspace volume and the supervisor's state
+// directory stay, and the next Ensure starts the same container again
+// (sandbox.Stopper). idle is asked under the conversation's lock, after
+// the container was found running; a supervisor that reports a turn
+// running is left alone (sandbox.ErrBusy).
+func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() bool) (bool, error) {
+	if conversationID == "" {
+		return false, errors.New("stop docker sandbox: empty conversation id")
+	}
+	unlock, err := b.lock(ctx, conversationID)
+	if err != nil {
+		return false, fmt.Errorf("stop docker sandbox: %w", err)
+	}
+	defer unlock()
+	found, ok, err := b.findContainer(ctx, conversationID)
+	if err != nil || !ok {
+		return false, err
+	}
+	info, err := b.cfg.Engine.ContainerInspect(ctx, found.ID)
+	if cerrdefs.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("stop docker sandbox: inspect container: %w", err)
+	}
+	if info.State == nil || !info.State.Running || !idle() {
+		return false, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
+	st, err := (&sandbox.Client{Socket: b.SocketPath(conversationID)}).Status(pctx)
+	cancel()
+	if err == nil && st.Busy {
+		return false, fmt.Errorf("stop docker sandbox: %w", sandbox.ErrBusy)
+	}
+	if err == nil && st.Unloadable {
+		return false, fmt.Errorf("stop docker sandbox: its agent's session lives only in the running agent: %w", sandbox.ErrSessionNotLoadable)
+	}
+	secs := int(b.cfg.StopTimeout.Seconds())
+	if err := b.cfg.Engine.ContainerStop(ctx, info.ID, container.StopOptions{Timeout: &secs}); err != nil {
+		return false, fmt.Errorf("stop docker sandbox: stop container: %w", err)
+	}
+	recordContainer(b.cfg.Logger, RecordContainerStopped, conversationID, info.ID)
+	return true, nil
 }
 
 // Remove stops and removes the conversation's container and its workspace

@@ -120,3 +120,56 @@ func reportPercentiles(b *testing.B, samples []time.Duration) {
 	b.ReportMetric(pick(0.50), "p50-ms")
 	b.ReportMetric(pick(0.95), "p95-ms")
 }
+
+// BenchmarkDockerWake measures the wake of an idle-evicted conversation
+// (S1): from its stopped container to the agent having the prompt — Ensure
+// starts the same container and waits for its supervisor, Activate, Run up
+// to the supervisor's "started". Stopping it again is not timed.
+func BenchmarkDockerWake(b *testing.B) {
+	be, _ := newBackend(b, nil)
+	benchWake(b, be, newSpec())
+}
+
+// benchWake times the wake of spec's sandbox on be from stopped, each
+// iteration stopping it first with the clock stopped.
+func benchWake(b *testing.B, be interface {
+	sandbox.Backend
+	sandbox.Stopper
+}, spec sandbox.Spec) {
+	ctx := context.Background()
+	b.Cleanup(func() {
+		if err := be.Remove(context.Background(), spec.ConversationID); err != nil {
+			b.Error(err)
+		}
+	})
+	sb, err := be.Ensure(ctx, spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runTurn(b, ctx, sb, spec.AgentCommand, "before the first eviction")
+	spec.RecordedID = sb.ID
+	samples := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		if stopped, err := be.Stop(ctx, spec.ConversationID, func() bool { return true }); !stopped || err != nil {
+			b.Fatalf("stop: %v, %v", stopped, err)
+		}
+		b.StartTimer()
+		start := time.Now()
+		sb, err := be.Ensure(ctx, spec)
+		if err != nil {
+			b.Fatal(err)
+		}
+		turn, act := startTurn(b, ctx, sb, spec.AgentCommand)
+		samples = append(samples, time.Since(start))
+		b.StopTimer()
+		if !sb.Created {
+			b.Fatal("the woken sandbox was found running, not started")
+		}
+		finishTurn(b, ctx, sb, turn, act)
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportPercentiles(b, samples)
+}

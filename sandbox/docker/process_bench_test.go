@@ -23,3 +23,17 @@ func BenchmarkProcessTurnStartWarm(b *testing.B) {
 		return sandbox.Spec{ConversationID: "bench-" + randHex(4), AgentCommand: []string{env.hostAgent}}
 	}, true)
 }
+
+// BenchmarkProcessWake is BenchmarkDockerWake on the process backend: from
+// its stopped supervisor (idle eviction, S1) to the agent having the
+// prompt, with the same static supervisor and agent binaries.
+func BenchmarkProcessWake(b *testing.B) {
+	if env.skip != "" {
+		b.Skip(env.skip)
+	}
+	be, err := process.New(process.Config{StateDir: b.TempDir(), Command: []string{env.runnerd, "supervise"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchWake(b, be, sandbox.Spec{ConversationID: "bench-" + randHex(4), AgentCommand: []string{env.hostAgent}})
+}

@@ -11,6 +11,7 @@ const (
 	RecordContainerCreated = "sandbox_container_created"
 	RecordContainerStarted = "sandbox_container_started"
 	RecordContainerRestart = "sandbox_container_restarted"
+	RecordContainerStopped = "sandbox_container_stopped" // Stop: stopped and kept (idle eviction)
 	RecordSwept            = "sandbox_swept"
 	RecordSweepFailed      = "sandbox_sweep_failed"
 	// RecordStateAdopted: the native turn boundary the previous release

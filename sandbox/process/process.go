@@ -94,7 +94,10 @@ type Backend struct {
 	children map[int]*exec.Cmd // supervisors this process started, to reap
 }
 
-var _ sandbox.Backend = (*Backend)(nil)
+var (
+	_ sandbox.Backend = (*Backend)(nil)
+	_ sandbox.Stopper = (*Backend)(nil)
+)
 
 // New checks cfg and returns a backend.
 func New(cfg Config) (*Backend, error) {
@@ -319,6 +322,57 @@ func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 	}
 	recordRemoved(b.log)
 	return ctx.Err()
+}
+
+// Stop makes the conversation's supervisor exit (SIGTERM: it interrupts a
+// turn it runs, which by idle's answer it does not, and ends its ACP agent;
+// SIGKILL after StopTimeout) and keeps everything else: the sandbox id, the
+// workspace and the supervisor's state. The next Ensure starts a
+// supervisor over them (sandbox.Stopper). idle is asked under the
+// conversation's lock, after the supervisor was found running; a
+// supervisor that reports a turn running is left alone (sandbox.ErrBusy).
+func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() bool) (bool, error) {
+	if err := checkConversation(conversationID); err != nil {
+		return false, fmt.Errorf("stop process sandbox: %w", err)
+	}
+	dir := b.Dir(conversationID)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return false, fmt.Errorf("stop process sandbox: %w", err)
+	}
+	defer unlock()
+	socket := b.SocketPath(conversationID)
+	raw, err := os.ReadFile(filepath.Join(dir, "supervisor.pid"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("stop process sandbox: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || pid <= 0 || !servesSocket(pid, socket) {
+		return false, nil // no supervisor of this sandbox runs
+	}
+	if !idle() {
+		return false, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, b.cfg.ProbeTimeout)
+	st, err := (&sandbox.Client{Socket: socket}).Status(pctx)
+	cancel()
+	if err == nil && st.Busy {
+		return false, fmt.Errorf("stop process sandbox: %w", sandbox.ErrBusy)
+	}
+	if err == nil && st.Unloadable {
+		return false, fmt.Errorf("stop process sandbox: its agent's session lives only in the running agent: %w", sandbox.ErrSessionNotLoadable)
+	}
+	// A supervisor that does not answer is hung, and Ensure would replace
+	// it anyway: it is stopped the same way.
+	b.kill(pid, b.cfg.StopTimeout)
+	recordStopped(b.log, pid)
+	return true, ctx.Err()
 }
 
 // Conversations lists, sorted, the conversations that have a sandbox
@@ -557,6 +611,7 @@ const (
 	RecordSupervisorStarted     = "sandbox_supervisor_started"
 	RecordSupervisorStartFailed = "sandbox_supervisor_start_failed"
 	RecordRemoved               = "sandbox_removed"
+	RecordSupervisorStopped     = "sandbox_supervisor_stopped"  // Stop: the supervisor exited, its sandbox kept (idle eviction)
 	RecordSupervisorReplaced    = "sandbox_supervisor_replaced" // a running supervisor was stopped for a new one, and why
 	RecordStateAdopted          = "sandbox_state_adopted"       // the previous release's state moved out of the workspace
 	RecordSupervisorOutdated    = "sandbox_supervisor_outdated" // an older supervisor kept for a turn: its features only
@@ -583,6 +638,10 @@ func recordStarted(l *slog.Logger, pid int) {
 
 func recordStartFailed(l *slog.Logger, class string) {
 	l.Error(RecordSupervisorStartFailed, slog.String("backend", sandbox.BackendProcess), slog.String("class", class))
+}
+
+func recordStopped(l *slog.Logger, pid int) {
+	l.Info(RecordSupervisorStopped, slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid))
 }
 
 func recordRemoved(l *slog.Logger) {

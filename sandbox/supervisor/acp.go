@@ -55,6 +55,10 @@ type acpAgent struct {
 	cred      *syscall.Credential
 	exited    chan struct{} // closed once the agent's process is reaped
 	result    sandbox.Result
+	// loadable: the agent advertised loadSession, so its session can be
+	// loaded into a new process. Set before the agent is published
+	// (server.acp), read-only after.
+	loadable bool
 
 	mu sync.Mutex // guards the fields below
 	// session is the session id, set once prepare created or loaded it.
@@ -316,6 +320,7 @@ func (s *server) prepare(req sandbox.Request) (sandbox.Prepared, error) {
 		ag.session = sid
 		ag.mu.Unlock()
 	}
+	ag.loadable = init.AgentCapabilities.LoadSession
 	s.mu.Lock()
 	s.acp = ag
 	s.acpSession = string(sid)

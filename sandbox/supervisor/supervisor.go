@@ -399,6 +399,7 @@ func (s *server) status() sandbox.Status {
 		ID:         s.cfg.ID,
 		PID:        os.Getpid(),
 		Busy:       s.running != nil,
+		Unloadable: s.acp != nil && !s.acp.loadable,
 		NativeTurn: s.nativeTurn,
 		StartedAt:  s.startedAt,
 	}
