@@ -20,28 +20,16 @@ func conversation(ctx context.Context, args []string, getenv func(string) string
 		return usagef(`"conversation" takes a subcommand: delete`)
 	}
 	f := newFlags("conversation delete ID", stderr)
-	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
-	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
+	api := addAPIFlags(f)
 	asJSON := f.fs.Bool("json", false, "print the deleted conversation as JSON")
 	id, err := oneArg(f, args[1:], "the conversation's ID")
 	if err != nil {
 		return err
 	}
-	u, err := url.Parse(*server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server must be an http:// or https:// URL")
-	}
-	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	c, token, err := api.client(getenv, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	tr, err := clientTransport(*caFile)
-	if err != nil {
-		return err
-	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 	var conv wire.Conversation
 	if _, err := c.Do(ctx, http.MethodDelete, "/v1/conversations/"+url.PathEscape(id), token, nil, &conv); err != nil {
 		var se *wire.StatusError

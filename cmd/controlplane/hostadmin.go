@@ -31,10 +31,7 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 		usage = "host list"
 	}
 	f := newFlags(usage, stderr)
-	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
-	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	api := addAPIFlags(f)
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
 	var name string
 	if sub == "list" {
@@ -53,19 +50,10 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 			return err
 		}
 	}
-	u, err := url.Parse(*server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server must be an http:// or https:// URL")
-	}
-	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	c, token, err := api.client(getenv, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	tr, err := clientTransport(*caFile)
-	if err != nil {
-		return err
-	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 
 	switch sub {
 	case "list":

@@ -31,11 +31,8 @@ func jobs(ctx context.Context, sub string, args []string, getenv func(string) st
 		usage = "jobs list"
 	}
 	f := newFlags(usage, stderr)
-	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	api := addAPIFlags(f)
 	output := f.fs.String("output", "table", "table or json")
-	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
 	var filters map[string]*string
 	var limit *int
 	var all, follow *bool
@@ -68,19 +65,10 @@ func jobs(ctx context.Context, sub string, args []string, getenv func(string) st
 		return usagef("--output must be table or json, not %q", *output)
 	}
 	asJSON := *output == "json"
-	u, err := url.Parse(*server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server must be an http:// or https:// URL")
-	}
-	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	c, token, err := api.client(getenv, followWait+30*time.Second)
 	if err != nil {
 		return err
 	}
-	tr, err := clientTransport(*caFile)
-	if err != nil {
-		return err
-	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: followWait + 30*time.Second}}
 	call := func(method, path string, body, out any) error {
 		_, err := c.Do(ctx, method, path, token, body, out)
 		return err

@@ -17,10 +17,7 @@ import (
 // its own words (not pending, not one of the options, no such job).
 func permit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("permit JOB REQUEST OPTION", stderr)
-	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
-	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
+	api := addAPIFlags(f)
 	asJSON := f.fs.Bool("json", false, "print the job as JSON")
 	if err := f.parse(args); err != nil {
 		return err
@@ -30,19 +27,10 @@ func permit(ctx context.Context, args []string, getenv func(string) string, stdo
 		return usagef("want JOB REQUEST OPTION (the request and its options are on the job's page and in its pending_permissions), got %d argument(s)", len(pos))
 	}
 	job, request, option := pos[0], pos[1], pos[2]
-	u, err := url.Parse(*server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server must be an http:// or https:// URL")
-	}
-	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	c, token, err := api.client(getenv, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	tr, err := clientTransport(*caFile)
-	if err != nil {
-		return err
-	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: 30 * time.Second}}
 	var j wire.Job
 	path := "/v1/jobs/" + url.PathEscape(job) + "/permissions/" + url.PathEscape(request)
 	if _, err := c.Do(ctx, http.MethodPost, path, token, wire.PermissionAnswer{OptionID: option}, &j); err != nil {

@@ -29,10 +29,7 @@ const (
 
 func submit(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("submit", stderr)
-	server := f.fs.String("server", "http://127.0.0.1:8080", "control plane URL")
-	caFile := f.fs.String("ca-file", "", "PEM CA to trust beside the system's, for an https:// --server")
-	dataDir := f.fs.String("data-dir", "data", "data directory of the control plane, for its user token")
-	tokenFile := f.fs.String("user-token-file", "", "file holding the user token (default DATA-DIR/user-token; env CONTROLPLANE_USER_TOKEN holds the token itself)")
+	api := addAPIFlags(f)
 	convID := f.fs.String("conversation", "", "conversation to send the message to")
 	newConv := f.fs.Bool("new", false, "start a new conversation (with --image and --agent)")
 	title := f.fs.String("title", "", "title of a new conversation")
@@ -60,10 +57,6 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	case *prompt == "":
 		return usagef("--prompt is required")
 	}
-	u, err := url.Parse(*server)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return usagef("--server must be an http:// or https:// URL")
-	}
 	requires, err := wire.ParseLabels(*require)
 	if err != nil {
 		return usagef("--require %q: %v", *require, err)
@@ -75,16 +68,10 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		}
 		*prompt = string(b)
 	}
-	token, err := userToken(f, *tokenFile, getenv, *dataDir)
+	c, token, err := api.client(getenv, followWait+30*time.Second)
 	if err != nil {
 		return err
 	}
-
-	tr, err := clientTransport(*caFile)
-	if err != nil {
-		return err
-	}
-	c := &wire.Client{BaseURL: *server, HTTP: &http.Client{Transport: tr, Timeout: followWait + 30*time.Second}}
 	call := func(method, path string, body, out any) error {
 		_, err := c.Do(ctx, method, path, token, body, out)
 		return err
