@@ -223,8 +223,9 @@ func (u *uploader) flush(ctx context.Context) {
 }
 
 // stop cancels the uploader, waits for it, and records the drops not yet
-// recorded, counting the events it never uploaded.
-func (u *uploader) stop() {
+// recorded, counting the events it never uploaded. It answers how many
+// events were dropped in all.
+func (u *uploader) stop() int64 {
 	u.stopOnce.Do(func() {
 		u.mu.Lock()
 		u.closed = true
@@ -241,4 +242,7 @@ func (u *uploader) stop() {
 			u.s.rec.EventsDropped(context.Background(), u.s.attempt(), n)
 		}
 	})
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.dropped
 }

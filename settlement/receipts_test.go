@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -376,6 +377,9 @@ func TestFinishWhileEventUploadDown(t *testing.T) {
 		if len(drops) != 2 || drops[0]["dropped"] != float64(1) || drops[1]["dropped"] != float64(20) {
 			t.Errorf("drop records %v, want the first drop and a total of 20 (12 refused, 8 never uploaded)", drops)
 		}
+		if err := sess.Close(); !errors.Is(err, settlement.ErrEventsDropped) || !strings.Contains(err.Error(), "20 never reached") {
+			t.Errorf("Close: %v, want ErrEventsDropped counting 20", err)
+		}
 		if recs := w.records("agent_control_failure"); len(recs) != 1 || recs[0]["op"] != wire.OpEvents {
 			t.Errorf("records %v, want one events failure for the whole outage", recs)
 		}
@@ -427,6 +431,9 @@ func TestEventsUploadedInSequence(t *testing.T) {
 		}
 		if len(seen) != 7 {
 			t.Errorf("uploaded sequence numbers %v, want 1..7", seen)
+		}
+		if err := sess.Close(); err != nil {
+			t.Errorf("Close after every event was stored: %v", err)
 		}
 	})
 }

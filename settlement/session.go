@@ -37,6 +37,10 @@ var (
 	ErrUnconfirmed = errors.New("supervisor settlement unconfirmed")
 	// ErrNotSettled: a notice before a recorded settlement.
 	ErrNotSettled = errors.New("not settled")
+	// ErrEventsDropped: Close found events of the attempt that never reached
+	// the control plane (refused while the buffer was full, or still queued
+	// when the uploader stopped). They were recorded as dropped (R21).
+	ErrEventsDropped = errors.New("events dropped")
 )
 
 // Classes of terminal failures decided here.
@@ -139,9 +143,13 @@ const DefaultLeaseTTL = 120 * time.Second
 // Reporter is the Session's Reporter: its fence, and its terminal report.
 func (s *Session) Reporter() *Reporter { return s.rep }
 
-// Close stops the event uploader and waits for it. It writes nothing.
+// Close stops the event uploader and waits for it. It writes nothing. Its
+// error says how many of the attempt's events never reached the control
+// plane (ErrEventsDropped).
 func (s *Session) Close() error {
-	s.ev.stop()
+	if n := s.ev.stop(); n > 0 {
+		return fmt.Errorf("%w: %d never reached the control plane", ErrEventsDropped, n)
+	}
 	return nil
 }
 

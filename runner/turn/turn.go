@@ -214,6 +214,8 @@ func (t *turn) run(ctx context.Context) Result {
 		return result(settlement.Facts{}, ref, wire.OutcomeFailed, ClassBadPayload)
 	}
 	t.sess = sess
+	// Close's only error is ErrEventsDropped, which the Session has already
+	// recorded (agent_events_dropped): the turn's outcome does not change.
 	defer sess.Close()
 	// The fence ends the turn at once, in every phase and past the user's
 	// cancel too: the child's own lease deadline passed, or one of its own
