@@ -3,10 +3,17 @@ BIN := bin
 LDFLAGS := -s -w -X main.version=$(shell git describe --always --dirty 2>/dev/null || echo dev)
 PKGS := ./...
 
-.PHONY: build test lint bench chaos demo dev clean compose-up compose-down
+.PHONY: build test lint bench chaos demo dev clean compose-up compose-down packages
 
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+
+# The runnerd and controlplane .deb packages (deploy/packages/, nfpm pinned
+# in tools/packages/go.mod) of `make build`'s binaries, in bin/packages/.
+PKG_VERSION ?= 0.$(shell git rev-list --count HEAD 2>/dev/null || echo 0)
+
+packages: build
+	deploy/packages/build.sh $(BIN) $(BIN)/packages $(PKG_VERSION)
 
 lint:
 	$(GO) vet $(PKGS)

@@ -168,9 +168,17 @@ func buildNextRunnerd(t *testing.T) string {
 // re-attached the turn (runnerd_turn_reattached).
 func (c *sdContainer) upgrade(e *env, first int, next, job string) {
 	c.t.Helper()
+	c.copyIn(next, "/usr/bin/runnerd.new", "0755")
+	c.sh("mv /usr/bin/runnerd.new /usr/bin/runnerd && systemctl restart runnerd")
+	c.upgraded(e, first, job)
+}
+
+// upgraded checks what an upgrade during the turn of job left: a new main
+// pid, the turn handed over by the daemon whose main pid was first and
+// re-attached by the next build (nextVersion), nothing drained or stopped.
+func (c *sdContainer) upgraded(e *env, first int, job string) {
+	c.t.Helper()
 	t := c.t
-	c.copyIn(next, "/usr/local/bin/runnerd.new", "0755")
-	c.sh("mv /usr/local/bin/runnerd.new /usr/local/bin/runnerd && systemctl restart runnerd")
 	if c.mainPID() == first {
 		t.Fatalf("runnerd's main pid is still %d after the restart", first)
 	}
@@ -230,7 +238,7 @@ func systemdHost(t *testing.T, ctx context.Context, asRoot bool, o hostOpts) (*e
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.copyIn(bins.Runnerd, "/usr/local/bin/runnerd", "0755")
+	c.copyIn(bins.Runnerd, "/usr/bin/runnerd", "0755")
 	c.copyIn(bins.DemoAgent, "/usr/local/bin/demoagent", "0755")
 	c.copyIn(filepath.Join(root, "deploy/runnerd.service"), "/etc/systemd/system/runnerd.service", "0644")
 	c.sh("mkdir -p /etc/systemd/system/runnerd.service.d /etc/runnerd /etc/sysusers.d && chmod 0700 /etc/runnerd")
@@ -241,6 +249,15 @@ func systemdHost(t *testing.T, ctx context.Context, asRoot bool, o hostOpts) (*e
 	}
 	c.write("/etc/systemd/system/runnerd.service.d/test.conf", "[Service]\nEnvironment=RUNNERD_SANDBOX=process\n"+o.unit)
 	c.copyIn(e.token, "/etc/runnerd/host-token", "0600")
+	c.write("/etc/runnerd/runnerd.env", e.unitEnv(o))
+	c.sh("systemctl daemon-reload && systemctl start runnerd")
+	return e, c, c.mainPID()
+}
+
+// unitEnv is /etc/runnerd/runnerd.env for a daemon of e under systemd: its
+// control plane and the test's scaled timings (every flag has a RUNNERD_
+// variable).
+func (e *env) unitEnv(o hostOpts) string {
 	cfg := e.daemonConfig()
 	lease, every, timeout := leaseTTL, renewEvery, renewTimeout
 	if o.leaseTTL != 0 {
@@ -259,9 +276,7 @@ func systemdHost(t *testing.T, ctx context.Context, asRoot bool, o hostOpts) (*e
 	} {
 		fmt.Fprintf(&env, "RUNNERD_%s=%s\n", kv[0], kv[1])
 	}
-	c.write("/etc/runnerd/runnerd.env", env.String())
-	c.sh("systemctl daemon-reload && systemctl start runnerd")
-	return e, c, c.mainPID()
+	return env.String()
 }
 
 // TestSystemdUpgradeKeepsTurns (P5) installs deploy/runnerd.service as
@@ -358,7 +373,7 @@ func TestSystemdDrainTakesHostOutOfService(t *testing.T) {
 	e.waitPrompts(conv.ID, 1)
 
 	var out bytes.Buffer
-	drain := exec.CommandContext(ctx, "docker", "exec", c.id, "/usr/local/bin/runnerd", "drain")
+	drain := exec.CommandContext(ctx, "docker", "exec", c.id, "/usr/bin/runnerd", "drain")
 	drain.Stdout, drain.Stderr = &out, &out
 	if err := drain.Start(); err != nil {
 		t.Fatal(err)
@@ -625,7 +640,7 @@ type ctrProc struct {
 }
 
 func (p ctrProc) runnerd(role string) bool {
-	return strings.HasPrefix(p.cmdline, "/usr/local/bin/runnerd "+role)
+	return strings.HasPrefix(p.cmdline, "/usr/bin/runnerd "+role)
 }
 
 type ctrProcs []ctrProc
