@@ -133,3 +133,31 @@ func TestACPDaemonRestartedMidTurnReattaches(t *testing.T) {
 	}
 	e.assertPromptsOnce(c.ID, "first", long, "third")
 }
+
+// Bad input before admission, end to end: an ACP agent that never answers
+// initialize fails its turn before admission with class
+// agent_unresponsive (after the supervisor's 30 s bound), one that exits
+// during initialize with agent_start_failed; neither prompt was admitted,
+// and each conversation stays usable, not quarantined or lost.
+func TestACPAgentBadAtInitializeLeavesConversationUsable(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, envOpts{})
+	e.startDaemon(nil)
+	for _, c := range []struct{ flag, class string }{{"--init=hang", "agent_unresponsive"}, {"--init=exit", "agent_start_failed"}} {
+		cv, err := e.user.Create(e.ctx, wire.CreateConversationRequest{Title: "acp " + c.flag, Image: "demo",
+			AgentCommand: []string{bins.DemoAgent, "--acp", c.flag}, AgentProtocol: wire.AgentProtocolACP})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := e.waitEnded(e.send(cv.ID, "never admitted").ID)
+		if j.State != wire.JobFailed || !hasFinishClass(j, c.class) || len(j.Attempts) != 1 {
+			t.Fatalf("%s: want failed on one attempt with class %s: %s", c.flag, c.class, describeJob(j))
+		}
+		if _, ok := findEvent(j, "", "admitted"); ok {
+			t.Fatalf("%s: the turn was admitted: %s", c.flag, describeJob(j))
+		}
+		if got := e.conv(cv.ID); got.State != wire.ConversationUsable || got.NativeTurn != 0 {
+			t.Fatalf("%s: conversation %s at native turn %d, want usable at 0", c.flag, got.State, got.NativeTurn)
+		}
+	}
+}
