@@ -401,6 +401,15 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	}
 	var res sandbox.Result
 	if perr != nil && (why == stopNone || why == stopInterrupt) {
+		// A JSON-RPC error leaves the connection up; an exit, or a
+		// connection the SDK gave up on, ends it, and then the agent is
+		// reaped within the drain timeout (it is killed if it lingers).
+		var answered <-chan time.Time
+		select {
+		case <-ag.conn.Done():
+		default:
+			answered = time.After(s.cfg.DrainTimeout)
+		}
 		select {
 		case <-ag.exited:
 			res = ag.result
@@ -410,7 +419,7 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 				res.Failure = sandbox.FailureACPConnection
 			}
 			ag.mu.Unlock()
-		case <-time.After(s.cfg.DrainTimeout):
+		case <-answered:
 			res.Failure = sandbox.FailureACPError
 		}
 	} else if perr == nil {

@@ -1,12 +1,15 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -517,5 +520,60 @@ func TestACPBoundedEventData(t *testing.T) {
 	}
 	if b, truncated := bounded([]byte(`{"a":1}`), sandbox.MaxEventBytes); truncated || string(b) != `{"a":1}` {
 		t.Fatalf("data within the bound changed: %s", b)
+	}
+}
+
+// Bad input: a notification flood, while nobody reads the turn's events,
+// does not grow the supervisor's memory without bound: the SDK's queue of
+// notifications is bounded, the connection that overflows it is given up,
+// the agent is stopped and the turn fails acp_connection_lost with only
+// part of the flood delivered; the next turn loads the session into a new
+// agent.
+func TestACPNotificationFloodIsBounded(t *testing.T) {
+	// The SDK goes on handling (and the supervisor dropping) what it had
+	// queued of the given-up connection, on its own goroutines, within its
+	// own bound: await them once the supervisor is stopped (cleanups run
+	// last first), lest the package's leak check count them.
+	t.Cleanup(func() { awaitNoGoroutine(t, "acp-go-sdk.(*Connection).processNotifications") })
+	s := startServe(t, func(c *Config) { c.DrainTimeout = 200 * time.Millisecond })
+	ctx := context.Background()
+	act, p := acpPrepared(t, s.c, demoACP())
+	const flood = 200000
+	turn, err := s.c.RunACP(ctx, act.ID, "!flood "+strconv.Itoa(flood), sandbox.ACPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextEvent(t, turn) // the flood is on
+	// Not reading: the supervisor's writes block, the SDK's queue fills.
+	if err := testbin.WaitGone(p.PID, waitLimit); err != nil {
+		t.Fatalf("the flooding agent was not stopped: %v", err)
+	}
+	evs, res := drain(t, turn)
+	turn.Close()
+	if res.Failure != sandbox.FailureACPConnection || len(evs) >= flood {
+		t.Fatalf("result %+v after %d of %d updates; want %s with part of the flood", res, len(evs), flood, sandbox.FailureACPConnection)
+	}
+	if _, err := s.c.Settle(ctx, act.ID); err != nil {
+		t.Fatal(err)
+	}
+	p2, evs, res := acpRun(t, s.c, demoACP(), "after the flood", sandbox.ACPOptions{})
+	if !p2.Started || !p2.Loaded || res.StopReason != "end_turn" || !containsText(texts(t, evs), "echo: after the flood") {
+		t.Fatalf("after the flood: prepare %+v, result %+v", p2, res)
+	}
+}
+
+// awaitNoGoroutine polls the goroutines' stacks until none runs fn.
+func awaitNoGoroutine(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 4<<20)
+	for deadline := time.Now().Add(waitLimit); ; {
+		n := runtime.Stack(buf, true)
+		if !bytes.Contains(buf[:n], []byte(fn)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a goroutine still runs %s after %v", fn, waitLimit)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
