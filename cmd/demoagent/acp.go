@@ -38,12 +38,15 @@ import (
 //
 //	!stop REASON      end the turn with that stop reason (max_tokens, refusal, …)
 //	!error            answer session/prompt with a JSON-RPC error
-//	!permission       ask for permission (allow / reject options) and say which was chosen
+//	!permission [N]   ask for permission (allow / reject options) and say which was chosen;
+//	                  with N, the tool call's title is N bytes longer
 //	!write PATH TEXT  fs/write_text_file PATH with TEXT, and say how it went
 //	!read PATH        fs/read_text_file PATH, and say how it went
 //	!big N            one agent_message_chunk of N bytes
 //	!garbage          write a malformed JSON-RPC line
 //	!flood N          N agent_message_chunk notifications as fast as possible
+//	!unknown          call an unknown method, an extension method and terminal/create
+//	!orphan           write a JSON-RPC response to an id the client never sent
 
 type acpDemo struct {
 	conn        *acp.AgentSideConnection
@@ -243,7 +246,7 @@ func (d *acpDemo) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptResp
 		case "permission":
 			resp, err := d.conn.RequestPermission(ctx, acp.RequestPermissionRequest{
 				SessionId: sid,
-				ToolCall:  acp.ToolCallUpdate{ToolCallId: "demo_call", Title: acp.Ptr("Write a file")},
+				ToolCall:  acp.ToolCallUpdate{ToolCallId: "demo_call", Title: acp.Ptr("Write a file" + pad(arg))},
 				Options: []acp.PermissionOption{
 					{Kind: acp.PermissionOptionKindAllowOnce, Name: "Allow", OptionId: "yes"},
 					{Kind: acp.PermissionOptionKindRejectOnce, Name: "Reject", OptionId: "no"},
@@ -273,6 +276,17 @@ func (d *acpDemo) Prompt(_ context.Context, p acp.PromptRequest) (acp.PromptResp
 			d.say(ctx, sid, strings.Repeat("x", n))
 		case "garbage":
 			_, _ = d.out.Write([]byte("{\"jsonrpc\":\"2.0\", garbage\n"))
+		case "unknown":
+			// A request of a method ACP does not have (its answer, to an
+			// id the SDK did not send, is dropped here), an extension
+			// method and a terminal, which the client does not serve.
+			_, _ = d.out.Write([]byte(`{"jsonrpc":"2.0","id":"demo-unknown","method":"no/such_method","params":{}}` + "\n"))
+			_, err := d.conn.CallExtension(ctx, "_demoagent/unknown", map[string]any{})
+			d.say(ctx, sid, "extension: "+errText(err))
+			_, err = d.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "sh"})
+			d.say(ctx, sid, "terminal: "+errText(err))
+		case "orphan":
+			_, _ = d.out.Write([]byte(`{"jsonrpc":"2.0","id":987654321,"result":{"stopReason":"end_turn"}}` + "\n"))
 		default:
 			d.say(ctx, sid, "unknown directive "+line)
 		}
@@ -294,6 +308,12 @@ func (d *acpDemo) abs(p string) string {
 	}
 	wd, _ := os.Getwd()
 	return wd + "/" + p
+}
+
+// pad is arg's number of bytes of padding.
+func pad(arg string) string {
+	n, _ := strconv.Atoi(arg)
+	return strings.Repeat("p", max(n, 0))
 }
 
 func errText(err error) string {

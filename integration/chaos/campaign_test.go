@@ -46,6 +46,7 @@ type campaign struct {
 	long      bool
 	build     string // the broken build's tag, "" for the product
 	process   int    // conversations on the process backend
+	acp       int    // of them, those over ACP (the demo agent with --acp)
 	docker    int    // conversations on the docker backend
 	script    string // every turn's directives; "" draws them from scripts
 	fresh     bool   // every turn in a new conversation
@@ -53,7 +54,7 @@ type campaign struct {
 
 func campaignFromEnv(t *testing.T) campaign {
 	c := campaign{turns: shortTurns, faults: shortFaults, minLength: 200 * time.Millisecond, maxLength: 3 * time.Second,
-		process: 9, docker: 3}
+		process: 9, acp: 3, docker: 3}
 	if v := os.Getenv(envTurns); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 12 {
@@ -238,7 +239,11 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign, controlPlane stri
 
 	wl := &workload{w: w}
 	wl.script, wl.fresh = c.script, c.fresh
-	if err := wl.create(ctx, c.process, convSpec{sandbox: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent}}); err != nil {
+	if err := wl.create(ctx, c.process-c.acp, convSpec{sandbox: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wl.create(ctx, c.acp, convSpec{sandbox: wire.SandboxProcess, image: "demo", agent: []string{bins.DemoAgent, "--acp"},
+		protocol: wire.AgentProtocolACP}); err != nil {
 		t.Fatal(err)
 	}
 	if err := wl.create(ctx, c.docker, convSpec{sandbox: wire.SandboxDocker, image: dockerImage, agent: []string{"/demoagent"}}); err != nil {

@@ -66,9 +66,10 @@ type conv struct {
 }
 
 type convSpec struct {
-	sandbox string
-	image   string
-	agent   []string
+	sandbox  string
+	image    string
+	agent    []string
+	protocol string // wire.AgentProtocolACP or "" (lines)
 }
 
 func (wl *workload) create(ctx context.Context, n int, spec convSpec) error {
@@ -86,8 +87,13 @@ func (wl *workload) open(ctx context.Context, spec convSpec) (wire.Conversation,
 	var c wire.Conversation
 	err := wl.w.user(ctx, func(u *fleet.User) error {
 		var err error
-		c, err = u.Create(ctx, wire.CreateConversationRequest{Title: "chaos " + spec.sandbox,
-			Image: spec.image, AgentCommand: spec.agent, Sandbox: spec.sandbox})
+		req := wire.CreateConversationRequest{Title: "chaos " + spec.sandbox,
+			Image: spec.image, AgentCommand: spec.agent, Sandbox: spec.sandbox}
+		if spec.protocol == wire.AgentProtocolACP {
+			req.Title += " acp"
+			req.AgentProtocol, req.PermissionPolicy = wire.AgentProtocolACP, wire.PermissionAllow
+		}
+		c, err = u.Create(ctx, req)
 		return err
 	})
 	if err != nil {
@@ -166,6 +172,11 @@ func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *ra
 		wl.mu.Lock()
 		wl.sent = append(wl.sent, sentTurn{conv: id, job: j.ID, prompt: prompt, script: name})
 		wl.mu.Unlock()
+		if c.spec.protocol == wire.AgentProtocolACP && rng.IntN(4) == 0 {
+			// The owner cancels a share of the ACP turns once they run:
+			// session/cancel, and the agent's own "cancelled" (K10).
+			wl.cancelRunning(ctx, j.ID, bound)
+		}
 		if _, ended := wl.w.waitEnded(ctx, j.ID, bound); !ended {
 			return
 		}
@@ -177,6 +188,28 @@ func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *ra
 			}
 			id = nc.ID
 		}
+	}
+}
+
+// cancelRunning cancels the job once it runs, unless it ended first or
+// bound passed.
+func (wl *workload) cancelRunning(ctx context.Context, id string, bound time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	var j wire.Job
+	err := fleet.Poll(wctx, 100*time.Millisecond, "job "+id+" to run", func(ctx context.Context) (bool, error) {
+		err := wl.w.user(ctx, func(u *fleet.User) error {
+			var err error
+			j, err = u.Job(ctx, id)
+			return err
+		})
+		return err == nil && (j.State == wire.JobRunning || fleet.Ended(j.State)), nil
+	})
+	if err != nil || fleet.Ended(j.State) {
+		return
+	}
+	if err := wl.w.user(ctx, func(u *fleet.User) error { _, err := u.Cancel(ctx, id); return err }); err != nil && ctx.Err() == nil {
+		wl.w.t.Logf("cancel job %s: %v", id, err)
 	}
 }
 

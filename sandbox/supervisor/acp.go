@@ -401,6 +401,15 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	}
 	var res sandbox.Result
 	if perr != nil && (why == stopNone || why == stopInterrupt) {
+		// A JSON-RPC error leaves the connection up; an exit, or a
+		// connection the SDK gave up on, ends it, and then the agent is
+		// reaped within the drain timeout (it is killed if it lingers).
+		var answered <-chan time.Time
+		select {
+		case <-ag.conn.Done():
+		default:
+			answered = time.After(s.cfg.DrainTimeout)
+		}
 		select {
 		case <-ag.exited:
 			res = ag.result
@@ -410,7 +419,7 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 				res.Failure = sandbox.FailureACPConnection
 			}
 			ag.mu.Unlock()
-		case <-time.After(s.cfg.DrainTimeout):
+		case <-answered:
 			res.Failure = sandbox.FailureACPError
 		}
 	} else if perr == nil {
@@ -518,11 +527,43 @@ func (k *acpSink) write(resp sandbox.Response) {
 // event emits one job event of type typ with data, bounded: data over
 // sandbox.MaxEventBytes is replaced by a note saying so, with its head.
 func (k *acpSink) event(typ string, data []byte) {
-	if len(data) > sandbox.MaxEventBytes {
-		head := data[:sandbox.MaxEventBytes/2]
-		data, _ = json.Marshal(map[string]any{"truncated": true, "bytes": len(data), "head": string(head)})
-	}
+	data, _ = bounded(data, sandbox.MaxEventBytes)
 	k.write(sandbox.Response{Event: &sandbox.Event{Time: time.Now().UTC(), Type: typ, Data: data}})
+}
+
+// bounded is data if it is at most limit bytes, else a note of at most
+// limit bytes saying it was truncated, its size, and as much of its head
+// as fits once quoted (quoting can make the head several times longer).
+func bounded(data []byte, limit int) ([]byte, bool) {
+	if len(data) <= limit {
+		return data, false
+	}
+	for n := limit / 2; ; n /= 2 {
+		b, _ := json.Marshal(map[string]any{"truncated": true, "bytes": len(data), "head": string(data[:n])})
+		if len(b) <= limit {
+			return b, true
+		}
+	}
+}
+
+// permissionRequested is the data of a permission_requested event, within
+// the event bound. Over it, the tool call is truncated (and says so) while
+// request_id, options and policy stay whole, so the owner can still answer;
+// answerable is false only if even those do not fit.
+func permissionRequested(id string, p acp.RequestPermissionRequest, policy string) (data []byte, answerable bool) {
+	full, _ := json.Marshal(map[string]any{"request_id": id, "tool_call": p.ToolCall, "options": p.Options, "policy": policy})
+	if len(full) <= sandbox.MaxEventBytes {
+		return full, true
+	}
+	tc, _ := json.Marshal(p.ToolCall)
+	tc, _ = bounded(tc, sandbox.MaxEventBytes/2)
+	b, _ := json.Marshal(map[string]any{"request_id": id, "tool_call": json.RawMessage(tc), "options": p.Options, "policy": policy,
+		"truncated": true, "bytes": len(full)})
+	if len(b) <= sandbox.MaxEventBytes {
+		return b, true
+	}
+	b, _ = bounded(full, sandbox.MaxEventBytes)
+	return b, false
 }
 
 // cancel answers every waiting permission request cancelled, and every
@@ -577,7 +618,7 @@ func (k *acpSink) permission(ctx context.Context, p acp.RequestPermissionRequest
 		delete(k.pending, id)
 		k.pmu.Unlock()
 	}()
-	req, _ := json.Marshal(map[string]any{"request_id": id, "tool_call": p.ToolCall, "options": p.Options, "policy": k.policy})
+	req, answerable := permissionRequested(id, p, k.policy)
 	k.event(EventPermissionRequested, req)
 	answer := func(option acp.PermissionOptionId, by string) acp.RequestPermissionResponse {
 		b, _ := json.Marshal(map[string]any{"request_id": id, "option_id": option, "by": by})
@@ -613,6 +654,10 @@ func (k *acpSink) permission(ctx context.Context, p acp.RequestPermissionRequest
 			return answer(o, "policy")
 		}
 		return answerCancelled("no_reject_option")
+	}
+	if !answerable {
+		// The owner could not see its options: nobody can answer it.
+		return answerCancelled("too_large")
 	}
 	timer := time.NewTimer(k.timeout)
 	defer timer.Stop()

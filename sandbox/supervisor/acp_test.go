@@ -1,12 +1,15 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -411,5 +414,166 @@ func TestACPFilesystemConfined(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(s.ws, "notes", "a.txt")); string(b) != "hello" {
 		t.Fatalf("the write inside: %q", b)
+	}
+}
+
+// A2, A4: a permission_requested larger than the event bound is truncated
+// and says so, like any event, but keeps its request id, options and
+// policy whole: the owner can still answer it, and the answer reaches the
+// agent.
+func TestACPPermissionRequestOverTheBoundIsTruncated(t *testing.T) {
+	s := startServe(t)
+	ctx := context.Background()
+	act, _ := acpPrepared(t, s.c, demoACP())
+	turn, err := s.c.RunACP(ctx, act.ID, "!permission 400000", sandbox.ACPOptions{PermissionPolicy: wire.PermissionAsk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer turn.Close()
+	var evs []sandbox.Event
+	for {
+		ev := nextEvent(t, turn)
+		evs = append(evs, ev)
+		if ev.Type != EventPermissionRequested {
+			continue
+		}
+		if len(ev.Data) > sandbox.MaxEventBytes {
+			t.Fatalf("permission_requested of %d bytes, over the bound %d", len(ev.Data), sandbox.MaxEventBytes)
+		}
+		var req struct {
+			RequestID string `json:"request_id"`
+			Policy    string `json:"policy"`
+			Truncated bool   `json:"truncated"`
+			Bytes     int    `json:"bytes"`
+			ToolCall  struct {
+				Truncated bool   `json:"truncated"`
+				Head      string `json:"head"`
+			} `json:"tool_call"`
+			Options []struct {
+				OptionID string `json:"optionId"`
+			} `json:"options"`
+		}
+		if err := json.Unmarshal(ev.Data, &req); err != nil {
+			t.Fatalf("permission_requested %.200s: %v", ev.Data, err)
+		}
+		if !req.Truncated || req.Bytes <= 400000 || !req.ToolCall.Truncated || !strings.HasPrefix(req.ToolCall.Head, "{") {
+			t.Fatalf("permission_requested does not say it was truncated: truncated %v, bytes %d, tool call truncated %v",
+				req.Truncated, req.Bytes, req.ToolCall.Truncated)
+		}
+		if req.RequestID == "" || req.Policy != wire.PermissionAsk || len(req.Options) != 2 || req.Options[0].OptionID != "yes" {
+			t.Fatalf("the truncated request lost what answering needs: %+v", req)
+		}
+		if err := turn.Answer(req.RequestID, "yes"); err != nil {
+			t.Fatal(err)
+		}
+		break
+	}
+	rest, res := drain(t, turn)
+	evs = append(evs, rest...)
+	inOrder(t, evs)
+	if !slices.Contains(texts(t, evs), "permission: yes") || res.StopReason != "end_turn" {
+		t.Fatalf("the owner's answer did not reach the agent: %q, %+v", texts(t, evs), res)
+	}
+	if _, err := s.c.Settle(ctx, act.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Bad input on a kept connection: a request of a method ACP does not
+// have, an extension method and terminal/create are declined (method not
+// found, -32601), and a response to an id the client never sent is
+// dropped; none of them breaks the turn or the connection: the next turn
+// runs on the same agent process.
+func TestACPUnknownMethodsAndStrayResponses(t *testing.T) {
+	s := startServe(t)
+	p1, evs, res := acpRun(t, s.c, demoACP(), "!unknown\n!orphan\nstill here", sandbox.ACPOptions{})
+	ts := texts(t, evs)
+	for _, want := range []string{"extension: refused -32601", "terminal: refused -32601", "echo: still here"} {
+		if !slices.Contains(ts, want) {
+			t.Fatalf("no %q in %q", want, ts)
+		}
+	}
+	if res.StopReason != "end_turn" || res.Failure != "" {
+		t.Fatalf("result %+v", res)
+	}
+	p2, evs, res := acpRun(t, s.c, demoACP(), "next", sandbox.ACPOptions{})
+	if p2.Started || p2.PID != p1.PID || res.StopReason != "end_turn" || !containsText(texts(t, evs), "echo: next") {
+		t.Fatalf("next turn: prepare %+v (first pid %d), result %+v", p2, p1.PID, res)
+	}
+}
+
+// A2: the bound holds whatever the update holds: quoting the head of one
+// full of characters JSON escapes (<, >, &, quotes) makes it several times
+// longer, and the note still fits.
+func TestACPBoundedEventData(t *testing.T) {
+	for _, fill := range []string{"x", "<", `\"`, "é"} {
+		data, _ := json.Marshal(map[string]string{"text": strings.Repeat(fill, sandbox.MaxEventBytes)})
+		b, truncated := bounded(data, sandbox.MaxEventBytes)
+		var note struct {
+			Truncated bool   `json:"truncated"`
+			Bytes     int    `json:"bytes"`
+			Head      string `json:"head"`
+		}
+		if err := json.Unmarshal(b, &note); err != nil || !truncated || !note.Truncated || note.Bytes != len(data) || len(b) > sandbox.MaxEventBytes || len(note.Head) < sandbox.MaxEventBytes/16 {
+			t.Fatalf("fill %q: %d bytes, truncated %v, note %v/%d, head %d bytes, %v", fill, len(b), truncated, note.Truncated, note.Bytes, len(note.Head), err)
+		}
+	}
+	if b, truncated := bounded([]byte(`{"a":1}`), sandbox.MaxEventBytes); truncated || string(b) != `{"a":1}` {
+		t.Fatalf("data within the bound changed: %s", b)
+	}
+}
+
+// Bad input: a notification flood, while nobody reads the turn's events,
+// does not grow the supervisor's memory without bound: the SDK's queue of
+// notifications is bounded, the connection that overflows it is given up,
+// the agent is stopped and the turn fails acp_connection_lost with only
+// part of the flood delivered; the next turn loads the session into a new
+// agent.
+func TestACPNotificationFloodIsBounded(t *testing.T) {
+	// The SDK goes on handling (and the supervisor dropping) what it had
+	// queued of the given-up connection, on its own goroutines, within its
+	// own bound: await them once the supervisor is stopped (cleanups run
+	// last first), lest the package's leak check count them.
+	t.Cleanup(func() { awaitNoGoroutine(t, "acp-go-sdk.(*Connection).processNotifications") })
+	s := startServe(t, func(c *Config) { c.DrainTimeout = 200 * time.Millisecond })
+	ctx := context.Background()
+	act, p := acpPrepared(t, s.c, demoACP())
+	const flood = 200000
+	turn, err := s.c.RunACP(ctx, act.ID, "!flood "+strconv.Itoa(flood), sandbox.ACPOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextEvent(t, turn) // the flood is on
+	// Not reading: the supervisor's writes block, the SDK's queue fills.
+	if err := testbin.WaitGone(p.PID, waitLimit); err != nil {
+		t.Fatalf("the flooding agent was not stopped: %v", err)
+	}
+	evs, res := drain(t, turn)
+	turn.Close()
+	if res.Failure != sandbox.FailureACPConnection || len(evs) >= flood {
+		t.Fatalf("result %+v after %d of %d updates; want %s with part of the flood", res, len(evs), flood, sandbox.FailureACPConnection)
+	}
+	if _, err := s.c.Settle(ctx, act.ID); err != nil {
+		t.Fatal(err)
+	}
+	p2, evs, res := acpRun(t, s.c, demoACP(), "after the flood", sandbox.ACPOptions{})
+	if !p2.Started || !p2.Loaded || res.StopReason != "end_turn" || !containsText(texts(t, evs), "echo: after the flood") {
+		t.Fatalf("after the flood: prepare %+v, result %+v", p2, res)
+	}
+}
+
+// awaitNoGoroutine polls the goroutines' stacks until none runs fn.
+func awaitNoGoroutine(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 4<<20)
+	for deadline := time.Now().Add(waitLimit); ; {
+		n := runtime.Stack(buf, true)
+		if !bytes.Contains(buf[:n], []byte(fn)) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a goroutine still runs %s after %v", fn, waitLimit)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -629,7 +629,8 @@ func (h *history) overlaps() []Finding {
 
 // leaks: every leftover is a leak but one supervisor and one sandbox of
 // each conversation that is still usable or quarantined (retained for its
-// next turn).
+// next turn), and, of an ACP conversation, its one agent (its supervisor
+// keeps it across turns, A1).
 func (h *history) leaks() []Finding {
 	type key struct{ conv, role string }
 	kept := map[key]bool{}
@@ -637,8 +638,9 @@ func (h *history) leaks() []Finding {
 	for _, r := range h.leftover {
 		l := r.Leftover
 		subject := fmt.Sprintf("%s %s on %s", l.Role, first(l.ContainerID, fmt.Sprint(l.PID)), r.Host)
-		retainable := l.Role == RoleSupervisor || l.Role == RoleSandbox
 		c := h.convs[r.ConversationID]
+		retainable := l.Role == RoleSupervisor || l.Role == RoleSandbox ||
+			l.Role == RoleAgent && c != nil && c.Conversation.AgentProtocol == wire.AgentProtocolACP
 		switch {
 		case !retainable:
 			out = append(out, Finding{Leak, subject, "a " + l.Role + " still there at the end", lines(r)})

@@ -330,9 +330,14 @@ func TestLeaks(t *testing.T) {
 	h.leftover("h2", "nobody", RoleSupervisor, 403) // of no known conversation
 	h.conv("c3", wire.ConversationLost).leftover("h2", "c3", RoleSupervisor, 404)
 	h.send(60, "c3", "j30").job("c3", "j30", wire.JobFailed) // c3 needs a cause; its LOST is counted apart
+	h.leftover("h1", "c1", RoleAgent, 405)                   // a lines agent after its turn
+	// An ACP conversation's one agent is kept by its supervisor; a second
+	// one is a leak.
+	h.add(Record{Time: h.at(1000), Conversation: &wire.Conversation{ID: "c4", State: wire.ConversationUsable, AgentProtocol: wire.AgentProtocolACP}})
+	h.leftover("h1", "c4", RoleAgent, 406).leftover("h1", "c4", RoleAgent, 407)
 	rep, _ := h.check()
-	if n := rep.Count(Leak); n != 4 {
-		t.Fatalf("%d leaks, want 4:\n%s", n, rep.Summary())
+	if n := rep.Count(Leak); n != 6 {
+		t.Fatalf("%d leaks, want 6:\n%s", n, rep.Summary())
 	}
 }
 
