@@ -294,6 +294,7 @@ func (d *Daemon) logStarted() {
 		slog.String("host_name", c.HostName),
 		slog.String("state_dir", c.StateDir),
 		slog.Int("capacity", c.Capacity),
+		slog.Bool("spare_child", !c.NoSpare),
 		slog.String("sandbox", c.Sandbox),
 		slog.Int64("lease_ttl_ms", c.Timings.LeaseTTL.Milliseconds()),
 		slog.Int64("renew_interval_ms", c.Timings.Interval.Milliseconds()),

@@ -97,7 +97,7 @@ func (d *Daemon) spareConfig(seq int) handover.Config {
 func (d *Daemon) refillSpare() {
 	s := &d.spare
 	s.mu.Lock()
-	if s.phase != spareNone {
+	if s.phase != spareNone || d.cfg.NoSpare {
 		s.mu.Unlock()
 		return
 	}
