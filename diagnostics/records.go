@@ -62,6 +62,13 @@ const (
 	MsgSandboxEvicted     = "sandbox_evicted"
 	MsgSandboxWoken       = "sandbox_woken"
 	MsgSandboxEvictFailed = "sandbox_evict_failed"
+	// Issue 24 §4: the daemon's spare turn child, started before any
+	// claim and waiting on its descriptor with nothing handed to it. It
+	// was discarded without a payload (reason: exited, outdated — the
+	// executable changed since it started —, assign_failed, stopped; pid),
+	// or could not be started (class). Neither concerns a claim (R33).
+	MsgSpareDiscarded = "runnerd_spare_discarded"
+	MsgSpareFailed    = "runnerd_spare_failed"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

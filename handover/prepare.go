@@ -2,8 +2,12 @@ package handover
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Prepared is a child started before its payload: the process exists, its
@@ -74,4 +78,49 @@ func (c *Prepared) Close() {
 	if t.cfg.Reattach != "" {
 		_ = os.Remove(t.cfg.Reattach)
 	}
+}
+
+// PID is the prepared child's process id.
+func (c *Prepared) PID() int { return c.t.pid }
+
+// Exited reports, without waiting, whether the prepared child has exited
+// (its pidfd is readable). A spare found exited was handed nothing: Close
+// reaps it and no claim is concerned (R33).
+func (c *Prepared) Exited() bool {
+	rc, err := c.t.pidfd.SyscallConn()
+	if err != nil {
+		return true
+	}
+	exited := true
+	_ = rc.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		exited = err != nil || n > 0
+	})
+	return exited
+}
+
+// Assign gives a child prepared before its claim was known (a spare) the
+// turn's configuration: everything of cfg but what the process was
+// started with (Path, Args, Env, Dir, Stdout, Stderr and KillGrace, which
+// stay the prepared ones). Its re-attach socket moves to cfg.Reattach
+// (a rename in the same directory: the child holds the listening
+// descriptor, so the new path reaches it). The child still has been given
+// nothing. An error leaves it as it was, to be closed: a child prepared
+// with a re-attach socket cannot be made one without, nor the reverse.
+func (c *Prepared) Assign(cfg Config) error {
+	t := c.t
+	if (cfg.Reattach == "") != (t.cfg.Reattach == "") {
+		return errors.New("handover: prepared child and turn disagree on a re-attach socket")
+	}
+	if cfg.Reattach != t.cfg.Reattach {
+		if err := os.Rename(t.cfg.Reattach, cfg.Reattach); err != nil {
+			return fmt.Errorf("handover: move the re-attach socket: %w", err)
+		}
+	}
+	cfg = cfg.withDefaults()
+	cfg.Path, cfg.Args, cfg.Env, cfg.Dir = t.cfg.Path, t.cfg.Args, t.cfg.Env, t.cfg.Dir
+	cfg.Stdout, cfg.Stderr, cfg.KillGrace = t.cfg.Stdout, t.cfg.Stderr, t.cfg.KillGrace
+	t.cfg = cfg
+	return nil
 }

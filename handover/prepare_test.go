@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // TestPreparedChild: a child started before its payload (the daemon's
@@ -83,6 +84,72 @@ func TestPreparedChild(t *testing.T) {
 		}
 		if _, ok := na.Release(); !ok {
 			t.Fatal("no release offered for a spawn that failed")
+		}
+	})
+	t.Run("a spare assigned its turn", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		spare := testConfig(t, "result")
+		spare.Reattach = filepath.Join(dir, "spare-1.sock")
+		c, err := Prepare(spare)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Exited() {
+			t.Fatal("a waiting spare reported exited")
+		}
+		// The turn's configuration: its own socket name, hooks and timeout.
+		turnCfg := Config{Path: "/not/used", Reattach: filepath.Join(dir, "att_1.sock"), ExecutionTimeout: time.Minute}
+		var started []int
+		var result []byte
+		turnCfg.Started = func(pid int) { started = append(started, pid) }
+		turnCfg.OnResult = func(b []byte) { result = append([]byte(nil), b...) }
+		if err := c.Assign(turnCfg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(spare.Reattach); !os.IsNotExist(err) {
+			t.Fatalf("the spare's socket name is still there: %v", err)
+		}
+		if _, err := os.Stat(turnCfg.Reattach); err != nil {
+			t.Fatalf("no re-attach socket under the turn's name: %v", err)
+		}
+		if len(started) != 0 {
+			t.Fatal("Started ran before the payload")
+		}
+		turn, err := c.Launch(t.Context(), testPayload())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if end := turn.Wait(); end.Outcome != OutcomeResult || string(result) != "done" {
+			t.Fatalf("end %+v, OnResult got %q", end, result)
+		}
+		if len(started) != 1 || started[0] != turn.PID() || turn.PID() != c.PID() {
+			t.Fatalf("Started ran with %v, want the spare's pid %d", started, c.PID())
+		}
+	})
+	t.Run("a spare that died is seen exited", func(t *testing.T) {
+		t.Parallel()
+		c, err := Prepare(testConfig(t, "die-before-payload"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := awaitExited(c.t.pidfd); err != nil {
+			t.Fatal(err)
+		}
+		if !c.Exited() {
+			t.Fatal("a dead spare reported alive")
+		}
+		c.Close()
+	})
+	t.Run("a spare without a re-attach socket cannot take a turn with one", func(t *testing.T) {
+		t.Parallel()
+		c, err := Prepare(testConfig(t, "parent-gone"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Assign(Config{Reattach: filepath.Join(t.TempDir(), "att.sock")}); err == nil {
+			t.Fatal("Assign gave a socket to a child started without one")
 		}
 	})
 }

@@ -355,9 +355,14 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 	case e.faults != nil:
 		url = e.faults.URL()
 	}
-	var args []string
+	// No spare turn child: these tests count and place the turn children
+	// of their turns (turnChildren, the scopes), and a spare is a turn
+	// child of none. The spare is proved in runner's own tests (its
+	// TestSpare*) with real children, and B4 runs it through the real
+	// binaries.
+	args := []string{"--spare-child=false"}
 	if e.tls != nil {
-		args = []string{"--ca-file", e.tls.ca.File, "--tls-client-cert", e.tls.client.CertFile, "--tls-client-key", e.tls.client.KeyFile}
+		args = append(args, "--ca-file", e.tls.ca.File, "--tls-client-cert", e.tls.client.CertFile, "--tls-client-key", e.tls.client.KeyFile)
 	}
 	return fleet.DaemonConfig{
 		Args:            args,

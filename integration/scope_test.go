@@ -247,7 +247,7 @@ func systemdHost(t *testing.T, ctx context.Context, asRoot bool, o hostOpts) (*e
 	if asRoot {
 		c.copyIn(filepath.Join(root, "deploy/runnerd-docker.conf"), "/etc/systemd/system/runnerd.service.d/docker.conf", "0644")
 	}
-	c.write("/etc/systemd/system/runnerd.service.d/test.conf", "[Service]\nEnvironment=RUNNERD_SANDBOX=process\n"+o.unit)
+	c.write("/etc/systemd/system/runnerd.service.d/test.conf", "[Service]\nEnvironment=RUNNERD_SANDBOX=process\nEnvironment=RUNNERD_SPARE_CHILD=false\n"+o.unit)
 	c.copyIn(e.token, "/etc/runnerd/host-token", "0600")
 	c.write("/etc/runnerd/runnerd.env", e.unitEnv(o))
 	c.sh("systemctl daemon-reload && systemctl start runnerd")

@@ -213,12 +213,13 @@ func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
 // claimed persists the claim, records it and starts its renewer (steps
 // 1–3). False: nothing was launched and nothing is renewed.
 func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
-	// 0. The child's process starts first and waits for its payload, so
-	// that its exec and runtime start overlap the flush below instead of
-	// following it (issue 14 §4). It has been given nothing: whatever
-	// becomes of it before launch, it accepted nothing (R33), and a daemon
-	// that dies now leaves no turn — the child sees EOF and exits.
-	a.child, a.childErr = handover.Prepare(d.handoverConfig(a))
+	// 0. The child: the spare, started before the claim (issue 24 §4), or
+	// one started now, so that its exec and runtime start overlap the
+	// flush below instead of following it (issue 14 §4). It has been given
+	// nothing: whatever becomes of it before launch, it accepted nothing
+	// (R33), and a daemon that dies now leaves no turn — the child sees
+	// EOF and exits.
+	a.child, a.childErr = d.takeChild(a)
 	// 1. Persist before anything that can act on the claim: a restart must
 	// find every lease we hold (P5). This is the launch's one flush — the
 	// record's file and its directory (stateDir.save) — and the only one P5
@@ -268,8 +269,9 @@ func (d *Daemon) launch(ctx context.Context, a *attempt) (*handover.Turn, error)
 	if err != nil {
 		return nil, err
 	}
-	d.gate.success()
 	sinceClaim := time.Since(a.claimedAt) // from the answer, not the long poll's start
+	d.gate.success()
+	d.refillSpare() // after ACCEPT: the next claim's child
 	d.m.ClaimToAccept.Observe(sinceClaim.Seconds())
 	d.logAttempt(slog.LevelInfo, MsgTurnAccepted, a.id, slog.Int("pid", t.PID()),
 		slog.Float64("since_claim_ms", float64(sinceClaim.Microseconds())/1000), slog.String(keyScope, a.scope))

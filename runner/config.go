@@ -81,6 +81,9 @@ type Config struct {
 	// S1). Default 30 min; negative: never. It needs a Backend that can
 	// list and stop its sandboxes (sandbox.Stopper).
 	SandboxIdle time.Duration
+	// NoSpare keeps no spare turn child (spare.go): every claim starts its
+	// child then. Default false: one spare waits.
+	NoSpare bool
 
 	// Timings are the lease renewal timings, already checked against R12
 	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.

@@ -42,6 +42,7 @@ type Daemon struct {
 	handingOver  chan struct{} // closed once the handover began: accepted turns are left running
 	handedOver   atomic.Int64  // turns left running for the next start at the handover
 	kickBeat     chan struct{} // asks the host heartbeat to report now
+	spare        spareState    // the turn child started before a claim (spare.go)
 
 	refused    chan struct{} // closed when the host token was first refused
 	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
@@ -183,6 +184,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Recovery is bounded by one lease; the claim loop's health waits for it.
 	d.health.expect(loopClaim, d.cfg.Timings.LeaseTTL+d.cfg.ControlTimeout+healthSlack)
 	d.recoverAll(ctx)
+	// After recovery, whose sweep of the state directory removes every
+	// re-attach socket without a record (the spare's has none).
+	d.refillSpare()
+	defer d.closeSpare()
 	if d.cfg.SandboxSweep > 0 {
 		// After the restart decisions, so that their own removals come
 		// first; stopped by a handover too, not only with the loops.
@@ -289,6 +294,7 @@ func (d *Daemon) logStarted() {
 		slog.String("host_name", c.HostName),
 		slog.String("state_dir", c.StateDir),
 		slog.Int("capacity", c.Capacity),
+		slog.Bool("spare_child", !c.NoSpare),
 		slog.String("sandbox", c.Sandbox),
 		slog.Int64("lease_ttl_ms", c.Timings.LeaseTTL.Milliseconds()),
 		slog.Int64("renew_interval_ms", c.Timings.Interval.Milliseconds()),

@@ -55,6 +55,7 @@ func supervise(args []string) int {
 //	stopped   ACCEPT, wait for STOP, then RESULT: cancelled for a STOP of class
 //	          "cancelled", failed with the STOP's class otherwise
 //	silent    never answer; wait for STOP
+//	die       read the payload, then die by SIGKILL before any answer
 //	rejected  ACCEPT, PROGRESS (container recorded), RESULT failed with
 //	          LeaseRejected, as when the child's own write got a 409
 //	deaf      ACCEPT, PROGRESS, then ignore STOP, SIGTERM and its own
@@ -91,6 +92,9 @@ func fakeTurn() int {
 	case "silent":
 		<-ch.Context().Done()
 		return 0
+	case "die":
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
 	}
 	if err := ch.Accept(); err != nil {
 		return 92

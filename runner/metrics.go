@@ -31,6 +31,10 @@ type Metrics struct {
 	// SandboxEvictions counts idle evictions (S1) by result: evicted, or
 	// the class of the one that did not happen.
 	SandboxEvictions *prometheus.CounterVec
+	// SpareChildren counts spare turn children by how each ended its wait:
+	// handed (a claim's payload), or discarded unused (exited, outdated,
+	// assign_failed, stopped). runnerd_spare_ready is the gauge.
+	SpareChildren *prometheus.CounterVec
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -47,6 +51,7 @@ const (
 	metricSlotsBusy      = "runnerd_slots_busy"
 	metricClaimsPaused   = "runnerd_claims_paused"
 	metricDraining       = "runnerd_draining"
+	metricSpareReady     = "runnerd_spare_ready"
 )
 
 var (
@@ -58,6 +63,8 @@ var (
 	descPaused    = prometheus.NewDesc(metricClaimsPaused,
 		"1 for the reason claiming is paused now, 0 for the others.", []string{"reason"}, nil)
 	descDraining = prometheus.NewDesc(metricDraining, "1 once a drain began.", nil, nil)
+	descSpare    = prometheus.NewDesc(metricSpareReady,
+		"1 while a spare turn child waits for a claim's payload (it takes no slot of --capacity), 0 otherwise.", nil, nil)
 )
 
 // NewMetrics creates the series and registers them on reg (nil: not registered).
@@ -101,11 +108,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SandboxEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_sandbox_evictions_total", Help: "Idle sandboxes stopped and kept (result evicted), or left running (result: why).",
 		}, []string{"result"}),
+		SpareChildren: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_spare_children_total", Help: "Spare turn children (started before a claim, no slot of --capacity), by how their wait ended: handed a claim's payload, or discarded unused (exited, outdated, assign_failed, stopped).",
+		}, []string{"end"}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SpareChildren, stateCollector{m})
 	}
 	return m
 }
@@ -150,7 +160,7 @@ func (m *Metrics) claimFailed(err error) {
 type stateCollector struct{ m *Metrics }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descLeasesHeld, descMargin, descSlots, descSlotsBusy, descPaused, descDraining} {
+	for _, d := range []*prometheus.Desc{descLeasesHeld, descMargin, descSlots, descSlotsBusy, descPaused, descDraining, descSpare} {
 		ch <- d
 	}
 }
@@ -187,6 +197,11 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		v = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descDraining, prometheus.GaugeValue, v)
+	v = 0
+	if d.spareReady() {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descSpare, prometheus.GaugeValue, v)
 }
 
 // countRenewals counts renewal answers by result class ("ok", "http_409",

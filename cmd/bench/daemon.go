@@ -110,19 +110,17 @@ func (r *records) await(ctx context.Context, reports int, timeout time.Duration)
 	}
 }
 
-// b3b4 runs B3 (whole turns through the daemon) and B4 (claim → ACCEPT on
-// an idle host) on one real `runnerd run` with the process backend and
-// the demo agent, served by the control plane in this process on SQLite.
+// b3 runs B3 (whole turns through the daemon) on one real `runnerd run`
+// with the process backend and the demo agent, served by the control plane
+// in this process on SQLite.
 //
 // B3: conv conversations each run one turn first (their supervisors start
 // then, untimed); then turns more each are queued at once and timed from
-// the first enqueue to the last acknowledged finish, capacity 16. B4: one
-// turn at a time, each queued once the last has ended, so nothing else
-// runs on the host; the daemon's runnerd_turn_accepted records give the
-// time from the claim's answer to the child's ACCEPT.
-func (b *bench) b3b4(ctx context.Context) error {
+// the first enqueue to the last acknowledged finish, capacity 16. (B4 has
+// a daemon of its own: b4.go.)
+func (b *bench) b3(ctx context.Context) error {
 	const capacity = 16
-	conv, turns, single := b.size(32, 2), b.size(20, 2), b.size(100, 5)
+	conv, turns := b.size(32, 2), b.size(20, 2)
 	bins, err := binaries(b.o.bin)
 	if err != nil {
 		return err
@@ -196,7 +194,7 @@ func (b *bench) b3b4(ctx context.Context) error {
 	done, _ := recs.mark()
 	b.logf("B3: %d conversations warm, daemon pid %d", conv, d.Pid())
 
-	if b.want("B3") {
+	{
 		n := conv * turns
 		cpuBefore, err := treeCPU(d.Pid(), stateDir, ids)
 		if err != nil {
@@ -228,27 +226,6 @@ func (b *bench) b3b4(ctx context.Context) error {
 				n, conv, perOp(cpuAfter.daemon-cpuBefore.daemon, n), perOp(cpuAfter.sandboxes-cpuBefore.sandboxes, n), perOp(cpCPU, n))})
 	}
 
-	if b.want("B4") {
-		_, from := recs.mark()
-		for i := range single {
-			if err := enqueue(ids[i%conv]); err != nil {
-				return err
-			}
-			done++
-			if err := recs.await(ctx, done, time.Minute); err != nil {
-				return fmt.Errorf("%w\n%s", err, tail(d.Output()))
-			}
-		}
-		ms := recs.acceptsSince(from)
-		if len(ms) != single {
-			return fmt.Errorf("%d claim → ACCEPT times recorded for %d turns", len(ms), single)
-		}
-		slices.Sort(ms)
-		b.rep.add(row{ID: "B4", Store: sqliteFull, What: "claim → ACCEPT, idle host, process backend, p50", Value: quantile(ms, 0.5), Unit: "ms",
-			Detail: fmt.Sprintf("%d turns one at a time", single)})
-		b.rep.add(row{ID: "B4", Store: sqliteFull, What: "claim → ACCEPT, idle host, process backend, p99", Value: quantile(ms, 0.99), Unit: "ms",
-			Detail: fmt.Sprintf("max %.2f ms", ms[len(ms)-1])})
-	}
 	return nil
 }
 

@@ -70,6 +70,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
 	fs.IntVar(&c.Capacity, "capacity", runner.DefaultCapacity, "turns run at once")
+	spare := fs.Bool("spare-child", true, "keep one turn child started and waiting for the next claim (no slot of --capacity): claim → ACCEPT without a process start")
 	fs.StringVar(&c.Sandbox, "sandbox", sandbox.BackendProcess, "sandbox backend: process or docker")
 	c.Labels = wire.Labels{}
 	fs.Var(labelsFlag(c.Labels), "label", "routing label key=value, repeatable or comma-separated (RUNNERD_LABEL=a=1,b=2); sandbox, os and arch are set automatically")
@@ -217,6 +218,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	if sandboxSweep == 0 {
 		c.SandboxSweep = -1 // runner.Config: zero is the default, negative is off
 	}
+	c.NoSpare = !*spare
 	c.SandboxIdle = sandboxIdle
 	if sandboxIdle == 0 {
 		c.SandboxIdle = -1 // runner.Config: zero is the default, negative is never

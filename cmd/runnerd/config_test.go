@@ -42,7 +42,7 @@ func TestConfigPrecedence(t *testing.T) {
 				c.DrainTimeout != runner.DefaultDrainTimeout || c.StateDir != "/var/lib/runnerd" || o.logFormat != "json" ||
 				o.tokenFile != "/etc/runnerd/host-token" || c.ControlPlaneURL != "http://127.0.0.1:8080" || o.metricsListen != "" ||
 				c.Docker.Network != "none" || c.Docker.NanoCPUs != 1e9 || c.Docker.PidsLimit != 256 || c.LaunchFailures != 3 ||
-				c.SandboxSweep != time.Minute || c.SandboxIdle != 30*time.Minute || c.Docker.LogMaxBytes != 10<<20 || c.Docker.LogMaxFiles != 3 {
+				c.SandboxSweep != time.Minute || c.SandboxIdle != 30*time.Minute || c.Docker.LogMaxBytes != 10<<20 || c.Docker.LogMaxFiles != 3 || c.NoSpare {
 				t.Fatalf("defaults %+v", o)
 			}
 		}},
@@ -90,6 +90,12 @@ func TestConfigPrecedence(t *testing.T) {
 			func(t *testing.T, o options) {
 				if o.cfg.SandboxIdle != 2*time.Second {
 					t.Fatalf("idle %v", o.cfg.SandboxIdle)
+				}
+			}},
+		{"RUNNERD_SPARE_CHILD=false keeps no spare turn child", nil, []string{"RUNNERD_SPARE_CHILD", "false"},
+			func(t *testing.T, o options) {
+				if !o.cfg.NoSpare {
+					t.Fatal("a spare is kept")
 				}
 			}},
 		{"RUNNERD_SANDBOX_IDLE=0 never stops an idle sandbox", nil, []string{"RUNNERD_SANDBOX_IDLE", "0"},
