@@ -133,11 +133,16 @@ var finishGuard = unnestGuard(`r.now`) + ` AND CASE WHEN r.outcome = '` + wire.O
 // batch finished ($1 their ids, $2 their nows): each one's next turn made
 // its head. A second statement, so that its snapshot sees a turn
 // enqueued while the first waited for the conversation's row
-// (Race_FinishAsVsEnqueue).
+// (Race_FinishAsVsEnqueue). Each attempt is looked up by its id from
+// the batch's row (a LATERAL subquery with LIMIT 1, which the planner
+// cannot flatten into a join): as a join, the statistics of a busy fleet,
+// whose attempts are mostly running, made it scan all of attempts for
+// state 'finished' and join the batch to that (TestQueryPlansUseIndexes).
 const coalescedAdvance = `UPDATE jobs SET head = 1 FROM (
 	SELECT (SELECT MIN(q.pos) FROM jobs q WHERE q.conversation_id = j.conversation_id AND q.state IN ('queued', 'running')) AS pos
 	FROM unnest(CAST($1 AS TEXT[]), CAST($2 AS BIGINT[])) AS f(id, t)
-	JOIN attempts a ON a.id = f.id AND a.state = 'finished' AND a.ended_at = f.t JOIN jobs j ON j.id = a.job_id
+	CROSS JOIN LATERAL (SELECT a.job_id FROM attempts a WHERE a.id = f.id AND a.state = 'finished' AND a.ended_at = f.t LIMIT 1) AS a
+	JOIN jobs j ON j.id = a.job_id
 ) AS c WHERE jobs.pos = c.pos AND jobs.state = 'queued'`
 
 // oneFinish and oneAdvance are coalescedFinish and coalescedAdvance for

@@ -5,7 +5,9 @@ import (
 	"database/sql"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"testing"
+	"testing/fstest"
 
 	"github.com/runnerd/runnerd/controlplane/store"
 )
@@ -149,4 +151,197 @@ func TestUpgradeNumbersEventsPerJob(t *testing.T) {
 			}
 		})
 	}
+}
+
+// previousRelease is what a database of the previous release recorded in
+// schema_migrations, in the order it applied them: the names before the
+// files were renumbered (four shared 0006 and 0010). The bodies are the
+// files of the same name after the number, which the renumbering left as
+// they were.
+var previousRelease = []string{
+	"0001_init.sql", "0002_sandbox_host.sql", "0003_retention.sql", "0004_one_clock.sql", "0005_user_tokens.sql",
+	"0006_claim_key.sql", "0006_cluster.sql", "0006_release_cap.sql", "0007_host_lifecycle.sql",
+	"0010_interrupted.sql", "0010_quarantine.sql", "0011_routing.sql", "0012_work_signal.sql", "0013_agent_protocol.sql",
+}
+
+// The migrations of each dialect are numbered 1 … n, each number once,
+// and both dialects have the same names; a set with a repeated number (a
+// merge of two branches that each added one) or a gap is refused, so no
+// store opens on it. Every old name of renamedMigrations is gone, every
+// new one is a file, and together they map previousRelease onto the
+// names of its files.
+func TestMigrationNumbersUniqueAndOrdered(t *testing.T) {
+	lite, err := migrationNames(migrationFS, sqlite.migrationDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := migrationNames(migrationFS, postgres.migrationDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(lite, pg) {
+		t.Fatalf("the dialects' migrations differ:\nsqlite   %v\npostgres %v", lite, pg)
+	}
+	renamed := map[string]string{}
+	for _, r := range renamedMigrations {
+		if slices.Contains(lite, r.old) || !slices.Contains(lite, r.new) {
+			t.Errorf("rename %s → %s: the old name is a file, or the new one is not", r.old, r.new)
+		}
+		renamed[r.old] = r.new
+	}
+	var upgraded []string
+	for _, old := range previousRelease {
+		if n, ok := renamed[old]; ok {
+			old = n
+		}
+		upgraded = append(upgraded, old)
+	}
+	if !slices.Equal(upgraded, lite[:len(previousRelease)]) {
+		t.Errorf("the previous release's migrations renamed = %v, want the first %d files %v", upgraded, len(previousRelease), lite)
+	}
+	for _, bad := range []fstest.MapFS{
+		{"m/0001_a.sql": {}, "m/0002_b.sql": {}, "m/0002_c.sql": {}},
+		{"m/0001_a.sql": {}, "m/0003_b.sql": {}},
+		{"m/0001_a.sql": {}, "m/0002_b.txt": {}},
+		{"m/0001_a.sql": {}, "m/2_b.sql": {}},
+	} {
+		if names, err := migrationNames(bad, "m"); err == nil {
+			t.Errorf("migrationNames accepted %v", names)
+		}
+	}
+	if names, err := migrationNames(fstest.MapFS{"m/0001_a.sql": {}, "m/0002_b.sql": {}}, "m"); err != nil || len(names) != 2 {
+		t.Errorf("migrationNames of 0001, 0002 = %v, %v", names, err)
+	}
+}
+
+// A database created by the previous release — its migrations recorded
+// under their old names — migrates forward cleanly on both dialects: the
+// store opens it without applying any migration twice (each would fail:
+// a column or table added again), records the current names beside the
+// old ones (a replica of the previous release, in a rolling upgrade, still
+// finds its own), is ready, and ends with the schema a new database has; its rows are kept and its
+// queued turn is claimed. The same from a release that had applied only
+// the first of the migrations numbered 0006 twice, whose other 0006 is
+// still to apply (under its new number).
+func TestUpgradeFromPreviousReleaseNumbering(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range dialects {
+		for _, upTo := range []string{"0013_agent_protocol.sql", "0006_cluster.sql"} {
+			t.Run(tc.name+"/through "+upTo, func(t *testing.T) {
+				var raw *sql.DB
+				var open func() (*Store, error)
+				if tc.name == "sqlite" {
+					path := filepath.Join(t.TempDir(), "cp.db")
+					db, err := sql.Open("sqlite", path)
+					if err != nil {
+						t.Fatal(err)
+					}
+					raw, open = db, func() (*Store, error) { return OpenSQLite(ctx, path) }
+				} else {
+					dsn := postgresSchema(t)
+					db, err := sql.Open("pgx", dsn)
+					if err != nil {
+						t.Fatal(err)
+					}
+					raw, open = db, func() (*Store, error) { return OpenPostgres(ctx, dsn) }
+				}
+				d := map[string]dialect{"sqlite": sqlite, "postgres": postgres}[tc.name]
+				current, err := migrationNames(migrationFS, d.migrationDir())
+				if err != nil {
+					t.Fatal(err)
+				}
+				bodyOf := func(old string) string {
+					for _, name := range current {
+						if name[4:] == old[4:] {
+							body, err := fs.ReadFile(migrationFS, d.migrationDir()+"/"+name)
+							if err != nil {
+								t.Fatal(err)
+							}
+							return string(body)
+						}
+					}
+					t.Fatalf("no file for the previous release's %s", old)
+					return ""
+				}
+				q := []string{`CREATE TABLE schema_migrations (name TEXT PRIMARY KEY)`}
+				applied := previousRelease[:slices.Index(previousRelease, upTo)+1]
+				for _, old := range applied {
+					q = append(q, bodyOf(old), `INSERT INTO schema_migrations VALUES ('`+old+`')`)
+				}
+				q = append(q,
+					`INSERT INTO hosts (id, name, token_hash, created_at) VALUES ('h1', 'host-1', 't1', 0)`,
+					`INSERT INTO conversations (id, agent_command, state, next_seq, created_at, updated_at) VALUES ('c', '["a"]', 'usable', 2, 0, 0)`,
+					`INSERT INTO jobs (id, conversation_id, seq, prompt, state, head, created_at) VALUES ('j1', 'c', 1, 'p', 'queued', 1, 0)`,
+				)
+				for _, stmt := range q {
+					if _, err := raw.ExecContext(ctx, stmt); err != nil {
+						t.Fatalf("%s: %v", stmt, err)
+					}
+				}
+				raw.Close()
+				s, err := open()
+				if err != nil {
+					t.Fatalf("opening the previous release's database: %v", err)
+				}
+				t.Cleanup(func() { s.Close() })
+				// The current names, and the old ones kept for a replica of
+				// the previous release.
+				want := slices.Clone(current)
+				for _, old := range applied {
+					if !slices.Contains(want, old) {
+						want = append(want, old)
+					}
+				}
+				slices.Sort(want)
+				recorded, err := ids(ctx, s.r, `SELECT name FROM schema_migrations ORDER BY name`)
+				if err != nil || !slices.Equal(recorded, want) {
+					t.Fatalf("schema_migrations = %v, %v; want %v", recorded, err, want)
+				}
+				if err := s.Ready(ctx); err != nil {
+					t.Fatalf("Ready = %v", err)
+				}
+				if got, want := schemaOf(t, s), schemaOf(t, tc.open(t)); !slices.Equal(got, want) {
+					t.Errorf("the upgraded schema differs from a new database's:\nupgraded %q\nnew      %q", got, want)
+				}
+				c, ok, err := s.Claim(ctx, store.ClaimParams{HostID: "h1", WorkerTokenHash: []byte("wh1"), Now: t0})
+				if err != nil || !ok || c.JobID != "j1" || c.Turn.Prompt != "p" {
+					t.Fatalf("Claim = %+v, %v, %v; want j1", c, ok, err)
+				}
+				// Opening it again (a second replica, or a restart) applies nothing.
+				again, err := open()
+				if err != nil {
+					t.Fatalf("opening the upgraded database again: %v", err)
+				}
+				again.Close()
+			})
+		}
+	}
+}
+
+// schemaOf describes s's schema, one line per table, column, index and
+// constraint, with the PostgreSQL schema's own name left out so that two
+// test schemas compare.
+func schemaOf(t *testing.T, s *Store) []string {
+	t.Helper()
+	query := `SELECT type || ' ' || name || ' ' || COALESCE(sql, '') FROM sqlite_master ORDER BY type, name`
+	if s.d == postgres {
+		query = `SELECT replace(x, current_schema() || '.', '') FROM (
+			SELECT 'column ' || table_name || '.' || column_name || ' ' || ordinal_position || ' ' || data_type || ' ' ||
+				is_nullable || ' ' || COALESCE(column_default, '') AS x
+			FROM information_schema.columns WHERE table_schema = current_schema()
+			UNION ALL SELECT 'index ' || indexname || ' ' || indexdef FROM pg_indexes WHERE schemaname = current_schema()
+			UNION ALL SELECT 'constraint ' || c.conrelid::regclass::text || ' ' || c.conname || ' ' || pg_get_constraintdef(c.oid)
+			FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = current_schema()
+			UNION ALL SELECT 'trigger ' || event_object_table || ' ' || trigger_name || ' ' || action_statement
+			FROM information_schema.triggers WHERE trigger_schema = current_schema()
+		) AS d ORDER BY 1`
+	}
+	lines, err := ids(context.Background(), s.r, query)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lines) < 20 {
+		t.Fatalf("a schema of %d lines: %q", len(lines), lines)
+	}
+	return lines
 }

@@ -119,7 +119,25 @@ func (s *Store) appendEventsPG(ctx context.Context, w store.Worker, ref wire.Att
 	if err != nil {
 		return wire.EventsResponse{}, false, fmt.Errorf("append events: %w", err)
 	}
-	q := `WITH ` + pgClock + `, a AS (
+	var resp wire.EventsResponse
+	ok, err := s.workerRow(ctx, appendEventsPGStatement, pgWorkerArgs(nowA, w, ref, seqs, times, types, data, int64(n)), &resp.StoredThrough)
+	if isConstraint(err, "job_events_runner_seq") {
+		// The same seqs stored meanwhile by an upload that raced this one
+		// (both saw none, and this one waited for the job's counter): a
+		// repeat, which rolled back whole and is AppendEvents' to answer.
+		return wire.EventsResponse{}, false, nil
+	}
+	if err != nil {
+		return resp, false, fmt.Errorf("append events: %w", err)
+	}
+	return resp, ok, nil
+}
+
+// appendEventsPGStatement stores one upload's events: pgWorkerArgs, then
+// $6 … $9 the events' seqs, times (0: the statement's clock), types and
+// data, $10 how many. It answers the attempt's stored_through, or no row
+// when it changed nothing.
+var appendEventsPGStatement = `WITH ` + pgClock + `, a AS (
 	UPDATE attempts SET lease_ttl = lease_ttl WHERE ` + pgWorkerGuard + `
 		AND NOT EXISTS (SELECT 1 FROM job_events e WHERE e.attempt_id = attempts.id AND e.seq = ANY(CAST($6 AS BIGINT[])))
 	RETURNING job_id
@@ -133,19 +151,6 @@ func (s *Store) appendEventsPG(ctx context.Context, w store.Worker, ref wire.Att
 )
 SELECT GREATEST(COALESCE((SELECT MAX(seq) FROM job_events WHERE attempt_id = $2 AND seq IS NOT NULL), 0),
 	COALESCE((SELECT MAX(s) FROM unnest(CAST($6 AS BIGINT[])) AS s), 0)) FROM a`
-	var resp wire.EventsResponse
-	ok, err := s.workerRow(ctx, q, pgWorkerArgs(nowA, w, ref, seqs, times, types, data, int64(n)), &resp.StoredThrough)
-	if isConstraint(err, "job_events_runner_seq") {
-		// The same seqs stored meanwhile by an upload that raced this one
-		// (both saw none, and this one waited for the job's counter): a
-		// repeat, which rolled back whole and is AppendEvents' to answer.
-		return wire.EventsResponse{}, false, nil
-	}
-	if err != nil {
-		return resp, false, fmt.Errorf("append events: %w", err)
-	}
-	return resp, ok, nil
-}
 
 // AdmitAs is Admit for the worker w (see store.Store).
 func (s *Store) AdmitAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, activationID string, now time.Time) (wire.AdmissionReceipt, error) {

@@ -312,22 +312,72 @@ func (s *Store) exec(ctx context.Context, tx txn, query string, args ...any) (in
 	return res.RowsAffected()
 }
 
-// migrate applies the embedded migrations of the dialect that are not yet
-// recorded in schema_migrations, each in its own transaction.
-func (s *Store) migrate(ctx context.Context) error {
-	dir := "migrations/sqlite"
-	if s.d == postgres {
-		dir = "migrations/postgres"
+// Migrations are the files migrations/<dialect>/NNNN_what.sql, the same
+// names in both dialects, numbered 0001, 0002, … without a gap or a
+// repeat (migrationNames refuses any other set, so a merge that brings
+// two files of one number fails every test that opens a store), applied
+// in that order, each once: its name is recorded in schema_migrations in
+// the transaction that applies it. A new migration is one more file at
+// the end, numbered one past the last.
+//
+// Until this release four files shared the numbers 0006 and 0010, and
+// those after them were numbered from there; renamedMigrations maps each
+// name a database of the previous release recorded to the name the same
+// file has now (bodies unchanged, order unchanged), and migrate records
+// the new name beside each old one first, so that such a database applies
+// only what it lacks. The old records stay: a replica of the previous
+// release still running in a rolling upgrade finds its own names, stays
+// ready and restarts without applying any again. Names are never reused:
+// an old name is nobody's new name.
+var renamedMigrations = []struct{ old, new string }{
+	{"0006_cluster.sql", "0007_cluster.sql"},
+	{"0006_release_cap.sql", "0008_release_cap.sql"},
+	{"0007_host_lifecycle.sql", "0009_host_lifecycle.sql"},
+	{"0010_quarantine.sql", "0011_quarantine.sql"},
+	{"0011_routing.sql", "0012_routing.sql"},
+	{"0012_work_signal.sql", "0013_work_signal.sql"},
+	{"0013_agent_protocol.sql", "0014_agent_protocol.sql"},
+}
+
+// migrationDir is the dialect's directory of migrationFS.
+func (d dialect) migrationDir() string {
+	if d == postgres {
+		return "migrations/postgres"
 	}
-	entries, err := fs.ReadDir(migrationFS, dir)
+	return "migrations/sqlite"
+}
+
+// migrationNames lists the migrations in fsys's dir in the order they
+// apply, and refuses a set not numbered 1, 2, … n (four digits, an
+// underscore, a name, .sql).
+func migrationNames(fsys fs.FS, dir string) ([]string, error) {
+	entries, err := fs.ReadDir(fsys, dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
 	sort.Strings(names)
+	for i, name := range names {
+		want := fmt.Sprintf("%04d_", i+1)
+		if !strings.HasPrefix(name, want) || len(name) <= len(want)+len(".sql") || !strings.HasSuffix(name, ".sql") {
+			return nil, fmt.Errorf("migration %s in %s: expected %s<name>.sql (numbers unique, in order, without a gap)", name, dir, want)
+		}
+	}
+	return names, nil
+}
+
+// migrate records renamedMigrations' new names beside the old ones, then
+// applies the embedded migrations of the dialect that are not yet
+// recorded in schema_migrations, in order, all in one transaction.
+func (s *Store) migrate(ctx context.Context) error {
+	dir := s.d.migrationDir()
+	names, err := migrationNames(migrationFS, dir)
+	if err != nil {
+		return err
+	}
 	return s.write(ctx, func(tx txn) error {
 		if s.d == postgres {
 			// Replicas starting together migrate one at a time.
@@ -337,6 +387,13 @@ func (s *Store) migrate(ctx context.Context) error {
 		}
 		if _, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (name TEXT PRIMARY KEY)`); err != nil {
 			return fmt.Errorf("create schema_migrations: %w", err)
+		}
+		for _, r := range renamedMigrations {
+			if _, err := tx.ExecContext(ctx, s.q(`INSERT INTO schema_migrations (name) SELECT ?
+				WHERE EXISTS (SELECT 1 FROM schema_migrations WHERE name = ?)
+				AND NOT EXISTS (SELECT 1 FROM schema_migrations WHERE name = ?)`), r.new, r.old, r.new); err != nil {
+				return fmt.Errorf("rename migration %s: %w", r.old, err)
+			}
 		}
 		for _, name := range names {
 			var n int
