@@ -10,12 +10,13 @@ import (
 )
 
 // TestS4MissingImageNeverPausesHostDocker is S4 on the Docker backend
-// against the real engine: turns whose conversation names an image this
-// host does not have decline in the preflight (image_missing) beside
+// against the real engine: under --pull never, turns whose conversation
+// names an image this host does not have decline in the preflight
+// (image_unavailable) beside
 // turns of a present image, on a host whose claiming would pause ten
 // minutes after one launch failure. The healthy turns all succeed on this
 // host meanwhile; the broken job fails past the release cap naming
-// image_missing, its conversation usable; no launch_error.
+// image_unavailable, its conversation usable; no launch_error.
 func TestS4MissingImageNeverPausesHostDocker(t *testing.T) {
 	t.Parallel()
 	e := newDockerEnv(t, envOpts{}, "")
@@ -25,7 +26,7 @@ func TestS4MissingImageNeverPausesHostDocker(t *testing.T) {
 		c.LaunchFailures = 1
 		c.LaunchBackoff = 10 * time.Minute
 		c.LaunchBackoffMax = 10 * time.Minute
-		c.Args = append(c.Args, "--sandbox-sweep", "0")
+		c.Args = append(c.Args, "--sandbox-sweep", "0", "--pull", "never")
 	})
 	missing, err := e.user.Create(e.ctx, wire.CreateConversationRequest{Title: "no such image", Image: "runnerd-test/no-such-image:none", AgentCommand: []string{"/demoagent"}})
 	if err != nil {
@@ -41,8 +42,8 @@ func TestS4MissingImageNeverPausesHostDocker(t *testing.T) {
 			t.Errorf("healthy turn beside a missing image: %s", describeJob(j))
 		}
 	}
-	if j := e.waitEnded(bad.ID); j.State != wire.JobFailed || !strings.Contains(j.Reason, "image_missing") {
-		t.Errorf("turn of a missing image, want it failed past the release cap naming image_missing: %s", describeJob(j))
+	if j := e.waitEnded(bad.ID); j.State != wire.JobFailed || !strings.Contains(j.Reason, "image_unavailable") {
+		t.Errorf("turn of a missing image, want it failed past the release cap naming image_unavailable: %s", describeJob(j))
 	}
 	if cv := e.conv(missing.ID); cv.State != wire.ConversationUsable {
 		t.Errorf("conversation of a missing image is %s, want usable", cv.State)
