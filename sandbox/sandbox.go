@@ -135,8 +135,9 @@ type Backend interface {
 	Name() string
 
 	// Preflight checks, read-only, that a turn of this conversation can
-	// start here (docker: engine reachable, image present, network present,
-	// the retained container, if any, inspectable). It runs before the
+	// start here (docker: engine reachable, image reference valid and,
+	// when nothing may be pulled, the image present; network present; the
+	// retained container, if any, inspectable). It runs before the
 	// child ACCEPTs, so a failure lets the host release the claim (R33): it
 	// must start, create and change nothing. A failure is a
 	// *PreflightError carrying a class for the DECLINE frame.

@@ -220,6 +220,7 @@ func TestDockerPullMissingPullsOnceThenReuses(t *testing.T) {
 	if got := reg.pulls(t, repo); got != 1 {
 		t.Fatalf("registry served %d pulls after the first container, want 1", got)
 	}
+	t.Logf("pull of %s: %v (its layers already on the engine)", ref, sb.Pulled.Duration)
 	if out := runTurn(t, testCtx(t), sb, env.agent, "from a pulled image"); out.result.ExitCode != 0 {
 		t.Fatalf("turn in the pulled image: %+v", out.result)
 	}
