@@ -32,6 +32,7 @@ const (
 	MsgAcceptFailed        = "agent_turn_accept_failed"         // ACCEPT could not be sent; nothing was done
 	MsgResultUndelivered   = "agent_turn_result_undelivered"    // the turn's result could not reach the daemon
 	MsgSandboxUnavailable  = "agent_sandbox_unavailable"        // the sandbox could not be ensured
+	MsgImageUnavailable    = "agent_image_unavailable"          // the sandbox's image is not on this host and could not be pulled (S4: the turn fails before admission)
 	MsgActivationFailed    = "agent_activation_failed"          // the supervisor refused or failed activation
 	MsgAgentPrepareFailed  = "agent_prepare_failed"             // an ACP agent could not be started, initialized or given its session
 	MsgBoundaryMismatch    = "agent_native_boundary_mismatch"   // the supervisor's native turn is not the settled one (R31)

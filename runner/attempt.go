@@ -555,6 +555,10 @@ func (d *Daemon) turnEnded(a *attempt, e handover.Ended) {
 	if e.TimedOut {
 		d.rec.ExecutionTimeout(context.Background(), a.id, d.cfg.ExecTimeout+d.cfg.ExecTimeoutMargin)
 	}
+	var res turn.Result
+	if e.Outcome == handover.OutcomeResult && json.Unmarshal(e.Result, &res) == nil {
+		d.m.imagePull(res.ImagePull)
+	}
 }
 
 // reportOf is the terminal report of an accepted turn: the child's own from

@@ -12,6 +12,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
+	"github.com/runnerd/runnerd/runner/turn"
 )
 
 // Metrics are the daemon's Prometheus series. NewMetrics registers them on
@@ -35,6 +36,11 @@ type Metrics struct {
 	// handed (a claim's payload), or discarded unused (exited, outdated,
 	// assign_failed, stopped). runnerd_spare_ready is the gauge.
 	SpareChildren *prometheus.CounterVec
+	// ImagePulls counts the image pulls of turns' sandboxes (docker
+	// --pull) by result, pulled or failed; ImagePullDuration times the
+	// ones that were made.
+	ImagePulls        *prometheus.CounterVec
+	ImagePullDuration prometheus.Histogram
 
 	daemon atomic.Pointer[Daemon] // set once by New; nil: the state gauges are absent
 
@@ -111,11 +117,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SpareChildren: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_spare_children_total", Help: "Spare turn children (started before a claim, no slot of --capacity), by how their wait ended: handed a claim's payload, or discarded unused (exited, outdated, assign_failed, stopped).",
 		}, []string{"end"}),
+		ImagePulls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_image_pulls_total", Help: "Image pulls made to create turns' sandboxes (docker --pull), by result: pulled or failed.",
+		}, []string{"result"}),
+		ImagePullDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "runnerd_image_pull_seconds",
+			Help:    "Time an image pull took, of the ones made.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 14),
+		}),
 		leases: map[int]func() time.Duration{},
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SpareChildren, stateCollector{m})
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SpareChildren,
+			m.ImagePulls, m.ImagePullDuration, stateCollector{m})
 	}
 	return m
 }
@@ -140,6 +155,18 @@ func (m *Metrics) turnEnded(outcome string, claimedAt time.Time) {
 	m.Turns.WithLabelValues(outcome).Inc()
 	if !claimedAt.IsZero() {
 		m.TurnDuration.WithLabelValues(outcome).Observe(time.Since(claimedAt).Seconds())
+	}
+}
+
+// imagePull counts a turn's image pull (nil: it made none).
+func (m *Metrics) imagePull(p *turn.ImagePull) {
+	switch {
+	case p == nil:
+	case p.Failed:
+		m.ImagePulls.WithLabelValues("failed").Inc()
+	default:
+		m.ImagePulls.WithLabelValues("pulled").Inc()
+		m.ImagePullDuration.Observe(float64(p.DurationMS) / 1000)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -155,4 +156,21 @@ func TestDaemonMetricsCountDeclines(t *testing.T) {
 	waitFor(t, "the release sent and the slot free", 10*time.Second, func() bool {
 		return r.d.status(time.Now()).String() == "claims paused: launch failures (0/1 turns)"
 	})
+}
+
+// A turn's RESULT says what image pull its sandbox needed: none is not
+// counted, a pull made counts as pulled with its duration, a failed one
+// as failed with none.
+func TestMetricsCountImagePulls(t *testing.T) {
+	m, url := metricsServer(t)
+	for _, p := range []*turn.ImagePull{nil, {DurationMS: 1500}, {DurationMS: 20, Failed: true}, {DurationMS: 500}} {
+		m.imagePull(p)
+	}
+	got := scrape(t, url)
+	if got[`runnerd_image_pulls_total{result="pulled"}`] != 2 || got[`runnerd_image_pulls_total{result="failed"}`] != 1 ||
+		got[`runnerd_image_pull_seconds_count`] != 2 || got[`runnerd_image_pull_seconds_sum`] != 2 {
+		t.Fatalf("pull series: pulled %v, failed %v, timed %v summing %v s; want 2, 1, 2, 2",
+			got[`runnerd_image_pulls_total{result="pulled"}`], got[`runnerd_image_pulls_total{result="failed"}`],
+			got[`runnerd_image_pull_seconds_count`], got[`runnerd_image_pull_seconds_sum`])
+	}
 }

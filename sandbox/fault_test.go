@@ -11,7 +11,7 @@ import (
 // know is the host's, so that a broken host can never hide behind it.
 func TestS4ConversationFaultClasses(t *testing.T) {
 	for class, conversation := range map[string]bool{
-		sandbox.ClassImageMissing:      true,
+		sandbox.ClassImageUnavailable:  true,
 		sandbox.ClassAgentMissing:      true,
 		sandbox.ClassInvalidSpec:       true,
 		sandbox.ClassEngineUnreachable: false,

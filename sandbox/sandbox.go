@@ -50,6 +50,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/runnerd/runnerd/wire"
 )
@@ -109,6 +110,15 @@ type Sandbox struct {
 	// or the backend cannot start this build's supervisor in it), and the
 	// turn runs with that version's features.
 	Version int
+	// Pulled is the image pull Ensure made to create the sandbox, nil when
+	// it pulled nothing (docker --pull; the job timeline's image_pulled).
+	Pulled *ImagePull
+}
+
+// ImagePull is one image pull a backend made.
+type ImagePull struct {
+	Image    string        // as the conversation names it
+	Duration time.Duration // from the pull's request to its stream's end
 }
 
 // Client returns a supervisor client for the sandbox's socket, speaking
@@ -125,8 +135,9 @@ type Backend interface {
 	Name() string
 
 	// Preflight checks, read-only, that a turn of this conversation can
-	// start here (docker: engine reachable, image present, network present,
-	// the retained container, if any, inspectable). It runs before the
+	// start here (docker: engine reachable, image reference valid and,
+	// when nothing may be pulled, the image present; network present; the
+	// retained container, if any, inspectable). It runs before the
 	// child ACCEPTs, so a failure lets the host release the claim (R33): it
 	// must start, create and change nothing. A failure is a
 	// *PreflightError carrying a class for the DECLINE frame.
@@ -169,7 +180,7 @@ type Stopper interface {
 // Preflight failure classes, the reason class of a DECLINE frame.
 const (
 	ClassEngineUnreachable = "engine_unreachable"    // docker: the engine does not answer
-	ClassImageMissing      = "image_missing"         // docker: the image is not present locally
+	ClassImageUnavailable  = "image_unavailable"     // docker: the image is not on this host and may not or could not be pulled
 	ClassNetworkMissing    = "network_missing"       // docker: the configured network does not exist
 	ClassSandboxBroken     = "sandbox_uninspectable" // the retained sandbox exists but cannot be inspected
 	ClassSupervisorMissing = "supervisor_missing"    // the supervisor executable cannot be found
@@ -179,7 +190,7 @@ const (
 )
 
 // ConversationFault reports whether a preflight failure of class is the
-// conversation's own (S4): its image is missing, its agent command is
+// conversation's own (S4): its image is unavailable, its agent command is
 // missing or not executable, or its spec is unusable. Another conversation
 // would launch on this host, so such a failure declines that turn only and
 // never counts toward the host's launch backoff (R37). Every other class —
@@ -188,7 +199,7 @@ const (
 // class this build does not know — is the host's.
 func ConversationFault(class string) bool {
 	switch class {
-	case ClassImageMissing, ClassAgentMissing, ClassInvalidSpec:
+	case ClassImageUnavailable, ClassAgentMissing, ClassInvalidSpec:
 		return true
 	}
 	return false
@@ -217,6 +228,13 @@ func (e *PreflightError) Unwrap() error { return e.Err }
 // the docker backend that returns it, so that the turn child can tell it
 // apart without linking that backend (cmd/runnerd-child).
 var ErrWorkspaceLost = errors.New("the conversation's workspace volume is missing on this host")
+
+// ErrImageUnavailable is a backend's failure in Ensure: the sandbox had to
+// be made from the conversation's image, and the image is not on this host
+// and could not be pulled (or the pull policy forbids it). It is the
+// conversation's fault (S4): the turn fails before admission, the
+// conversation stays usable, and the host is not paused.
+var ErrImageUnavailable = errors.New("the conversation's image is unavailable on this host")
 
 // Sentinel errors of the supervisor protocol. Client methods wrap them;
 // check with errors.Is.

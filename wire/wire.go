@@ -292,6 +292,15 @@ type PermissionAnswer struct {
 	OptionID string `json:"option_id"`
 }
 
+// Job event types of an image pull (runner events, `runnerd run --pull`):
+// the sandbox's image was pulled to create it (data: image, duration_ms),
+// or could not be had, which fails the turn before admission (data: image,
+// duration_ms, reason).
+const (
+	EventImagePulled     = "image_pulled"
+	EventImagePullFailed = "image_pull_failed"
+)
+
 // Job event types of an ACP permission request: the supervisor's request
 // and its answer (runner events), and the owner's answer as the control
 // plane recorded it (a control event).

@@ -26,6 +26,7 @@ func openBackend(s turn.Sandbox, log *slog.Logger) (sandbox.Backend, error) {
 			Host:        s.HostName,
 			StateDir:    s.StateDir,
 			RunnerdPath: s.Runnerd,
+			Pull:        s.Docker.Pull,
 			Network:     s.Docker.Network,
 			PidsLimit:   s.Docker.PidsLimit,
 			MemoryBytes: s.Docker.MemoryBytes,

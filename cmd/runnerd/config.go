@@ -100,6 +100,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz (the daemon's loops check in) and /readyz (control plane reachable, claiming enabled); empty: off")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.Docker.Pull, "pull", docker.PullMissing, "docker backend: pull a conversation's image to create its container: never, missing (when not on this host) or always")
 	fs.StringVar(&c.Docker.Network, "docker-network", "none", "docker backend: container network")
 	fs.Int64Var(&dockerPids, "docker-pids", 256, "docker backend: process limit per container (negative: none)")
 	fs.Int64Var(&dockerMemory, "docker-memory", 2<<30, "docker backend: memory limit in bytes (negative: none)")
@@ -180,6 +181,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		return o, errors.New("--host-token-file is required")
 	case c.Capacity < 1:
 		return o, fmt.Errorf("--capacity %d: must be at least 1", c.Capacity)
+	case c.Docker.Pull != docker.PullNever && c.Docker.Pull != docker.PullMissing && c.Docker.Pull != docker.PullAlways:
+		return o, fmt.Errorf("--pull %q: want %s, %s or %s", c.Docker.Pull, docker.PullNever, docker.PullMissing, docker.PullAlways)
 	case c.LaunchFailures < 1:
 		return o, fmt.Errorf("--launch-failures %d: must be at least 1", c.LaunchFailures)
 	case launchBackoffMx < launchBackoff:
@@ -227,6 +230,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	c.Reports.TryTimeout, c.Reports.Wait = receiptTimeout, receiptRetry
 	c.LogFormat = o.logFormat
 	c.Docker = turn.DockerOptions{
+		Pull:        c.Docker.Pull,
 		Network:     c.Docker.Network,
 		PidsLimit:   dockerPids,
 		MemoryBytes: dockerMemory,

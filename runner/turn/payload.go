@@ -50,6 +50,7 @@ type Sandbox struct {
 
 // DockerOptions are the docker backend's safe defaults, each a daemon flag.
 type DockerOptions struct {
+	Pull        string `json:"pull,omitempty"` // docker.PullNever, PullMissing, PullAlways; "": missing
 	Network     string `json:"network,omitempty"`
 	PidsLimit   int64  `json:"pids_limit,omitempty"`
 	MemoryBytes int64  `json:"memory_bytes,omitempty"`
@@ -100,4 +101,14 @@ type Result struct {
 	// and stops renewal: nothing more is written about the attempt (R8, R10,
 	// R11, R22, R23).
 	LeaseRejected bool `json:"lease_rejected,omitempty"`
+	// ImagePull is the image pull the turn's sandbox needed, for the
+	// daemon's metrics; nil when it needed none.
+	ImagePull *ImagePull `json:"image_pull,omitempty"`
+}
+
+// ImagePull is one image pull of a turn: made in DurationMS, or failed
+// (the turn then failed with ClassImageUnavailable).
+type ImagePull struct {
+	DurationMS int64 `json:"duration_ms"`
+	Failed     bool  `json:"failed,omitempty"`
 }

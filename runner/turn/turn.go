@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/handover"
@@ -48,6 +49,7 @@ const (
 	ClassContainerReplaced  = "container_replaced"        // K13: not the exact retained container
 	ClassReceiptMismatch    = "retained_receipt_mismatch" // K13: the supervisor retains no record of the interrupted activation
 	ClassWorkspaceLost      = "workspace_lost"
+	ClassImageUnavailable   = sandbox.ClassImageUnavailable // the sandbox's image could not be had (S4: the conversation's)
 	ClassContainerRecord    = "container_record_failed"
 	ClassAdmissionRefused   = "admission_refused"
 	ClassAgentStart         = "agent_start_failed"
@@ -182,6 +184,7 @@ type turn struct {
 	sess      *settlement.Session
 	fence     context.Context // ends when the lease is gone (run)
 	stage     Stage           // the last progress stage, for records
+	pull      *ImagePull      // the image pull Ensure made or failed, for the RESULT
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -257,6 +260,7 @@ func (t *turn) run(ctx context.Context) Result {
 	sess.FlushEvents(context.WithoutCancel(ctx))
 	res := result(sess.Facts(), ref, outcome, class)
 	res.LeaseRejected = sess.Rejected() || leaseGone
+	res.ImagePull = t.pull
 	return res
 }
 
@@ -353,13 +357,28 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		return fail(ClassAgentInterrupted)
 	}
 
+	ensureStart := time.Now()
 	sb, err := t.backend.Ensure(ctx, t.spec)
+	if err != nil && errors.Is(err, sandbox.ErrImageUnavailable) && ctx.Err() == nil {
+		// S4: the conversation's image, not the host: the turn fails before
+		// admission, the conversation stays usable. The reason (the
+		// engine's, no secret of ours) goes on the job's timeline.
+		took := time.Since(ensureStart)
+		t.pull = &ImagePull{DurationMS: took.Milliseconds(), Failed: true}
+		t.log.Warn(diagnostics.MsgImageUnavailable, "image", t.spec.Image)
+		t.event(wire.EventImagePullFailed, map[string]any{"image": t.spec.Image, "duration_ms": took.Milliseconds(), "reason": truncate(err.Error(), 512)})
+		return fail(ClassImageUnavailable)
+	}
 	if err != nil {
 		t.log.Error(diagnostics.MsgSandboxUnavailable, "error_class", diagnostics.Class(err))
 		if errors.Is(err, sandbox.ErrWorkspaceLost) {
 			return fail(ClassWorkspaceLost)
 		}
 		return fail(ClassSandboxUnavailable)
+	}
+	if p := sb.Pulled; p != nil {
+		t.pull = &ImagePull{DurationMS: p.Duration.Milliseconds()}
+		t.event(wire.EventImagePulled, map[string]any{"image": p.Image, "duration_ms": p.Duration.Milliseconds()})
 	}
 	cl := sb.Client()
 	if sb.Version < sandbox.ProtocolVersion {
@@ -703,6 +722,26 @@ func (t *turn) progress(stage Stage) {
 	if err == nil {
 		_ = t.ch.Progress(b)
 	}
+}
+
+// event queues one runner event of the turn's own (not the agent's) for
+// the job's timeline.
+func (t *turn) event(typ string, data map[string]any) {
+	b, err := json.Marshal(data)
+	if err == nil {
+		t.sess.Event(typ, b)
+	}
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func ms(v int64, def time.Duration) time.Duration {

@@ -32,7 +32,7 @@ func TestPreflightDeclineClasses(t *testing.T) {
 		want string
 	}{
 		{"healthy", nil, ""},
-		{"backend class is the decline class", &sandbox.PreflightError{Class: sandbox.ClassImageMissing}, sandbox.ClassImageMissing},
+		{"backend class is the decline class", &sandbox.PreflightError{Class: sandbox.ClassImageUnavailable}, sandbox.ClassImageUnavailable},
 		{"unclassified failure", errors.New("boom"), "preflight_failed"},
 	}
 	for _, tt := range tests {

@@ -117,10 +117,18 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
+	if !found2 && spec.RecordedID != "" {
+		return sandbox.Sandbox{}, sandbox.ErrWorkspaceLost
+	}
+	// The image is needed only now, to create the container, and before a
+	// workspace volume is made for it; a retained container keeps its own,
+	// whatever the registry says since (S4: an image that cannot be had
+	// fails this turn, the conversation's fault).
+	pulled, err := b.image(ctx, spec.Image)
+	if err != nil {
+		return sandbox.Sandbox{}, err
+	}
 	if !found2 {
-		if spec.RecordedID != "" {
-			return sandbox.Sandbox{}, sandbox.ErrWorkspaceLost
-		}
 		vol, _, err = b.ensureVolume(ctx, conv)
 		if err != nil {
 			return sandbox.Sandbox{}, err
@@ -144,7 +152,7 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	return sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: id, Socket: b.SocketPath(conv), Created: true, Version: sst.Version}, nil
+	return sandbox.Sandbox{Backend: sandbox.BackendDocker, ID: id, Socket: b.SocketPath(conv), Created: true, Version: sst.Version, Pulled: pulled}, nil
 }
 
 // reuse returns a found container, starting it first if it stopped.

@@ -29,6 +29,15 @@ const (
 	DefaultLogMaxFiles = 3
 )
 
+// Pull policies (Config.Pull, `runnerd run --pull`): when the backend
+// asks the engine to pull a conversation's image. The image is needed
+// only to create a container; a retained container keeps its own.
+const (
+	PullNever   = "never"   // never pull: an image not on this host is unavailable
+	PullMissing = "missing" // pull when the image is not on this host (default)
+	PullAlways  = "always"  // pull before every container the backend creates
+)
+
 // Paths inside the container. The runnerd binary and the socket directory
 // are ours; they sit under one directory no image is likely to use.
 const (
@@ -59,6 +68,12 @@ type Config struct {
 	// SuperviseArgs are extra arguments for `runnerd supervise` after the
 	// ones the backend sets (socket and workspace).
 	SuperviseArgs []string
+
+	// Pull is the pull policy: PullNever, PullMissing (default) or
+	// PullAlways. Credentials come from the engine client's own
+	// configuration, config.json in DOCKER_CONFIG or ~/.docker (its auths,
+	// credsStore and credHelpers), read at each pull.
+	Pull string
 
 	// Network is the network mode: "none" (default), "bridge", "host" or a
 	// user-defined network name. Preflight checks that it exists.
@@ -137,6 +152,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if err := errors.Join(missing...); err != nil {
 		return c, fmt.Errorf("docker backend config: %w", err)
+	}
+	switch c.Pull {
+	case "":
+		c.Pull = PullMissing
+	case PullNever, PullMissing, PullAlways:
+	default:
+		return c, fmt.Errorf("docker backend config: Pull %q: want %s, %s or %s", c.Pull, PullNever, PullMissing, PullAlways)
 	}
 	if c.Network == "" {
 		c.Network = DefaultNetwork

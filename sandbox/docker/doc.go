@@ -9,8 +9,10 @@
 // workspace. When the agents' user is not root, the supervisor runs as root
 // with CAP_SETUID, CAP_SETGID and CAP_KILL only and starts the agents as
 // that user (--agent-user), so they cannot reach its state or its socket.
-// Images are never pulled (BuildScratchImage builds one from local files
-// where there is no registry).
+// A conversation's image is pulled, as Config.Pull says, only to create
+// its container, with the credentials of the engine client's config.json
+// (pull.go); BuildScratchImage builds one from local files where there is
+// no registry.
 //
 // Everything the backend creates carries the labels runnerd.managed=true,
 // runnerd.host and runnerd.conversation; it never starts, stops or removes

@@ -232,7 +232,9 @@ func TestDockerPreflightDeclinesAndCreatesNothing(t *testing.T) {
 		spec   func(*sandbox.Spec)
 		class  string
 	}{
-		{name: "image missing", spec: func(s *sandbox.Spec) { s.Image = "runnerd-test/missing:" + randHex(4) }, class: sandbox.ClassImageMissing},
+		{name: "image missing, pull never", modify: func(c *docker.Config) { c.Pull = docker.PullNever },
+			spec: func(s *sandbox.Spec) { s.Image = "runnerd-test/missing:" + randHex(4) }, class: sandbox.ClassImageUnavailable},
+		{name: "image reference invalid", spec: func(s *sandbox.Spec) { s.Image = "Not A/Reference!" }, class: sandbox.ClassImageUnavailable},
 		{name: "network missing", modify: func(c *docker.Config) { c.Network = "runnerd-test-nonet-" + randHex(4) }, class: sandbox.ClassNetworkMissing},
 		{name: "engine unreachable", modify: func(c *docker.Config) { c.Engine = unreachable }, class: sandbox.ClassEngineUnreachable},
 		{name: "runnerd binary missing", modify: func(c *docker.Config) { c.RunnerdPath = "/nonexistent/runnerd" }, class: sandbox.ClassSupervisorMissing},

@@ -97,6 +97,9 @@ func testMain(m *testing.M) int {
 	shared, _ := json.Marshal(built{Runnerd: env.runnerd, Image: env.image, HostAgent: env.hostAgent})
 	os.Setenv(envBuilt, string(shared))
 	code := m.Run()
+	if registryDir != "" {
+		_ = os.RemoveAll(registryDir)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	_, _ = eng.ImageRemove(ctx, env.image, image.RemoveOptions{Force: true, PruneChildren: true})
 	cancel()
@@ -157,17 +160,20 @@ func setup(dir string) error {
 }
 
 func goBuild(root, out, pkg string) error {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	cmd := exec.Command(gobin, "build", "-trimpath", "-o", out, pkg)
+	cmd := exec.Command(goBinary(), "build", "-trimpath", "-o", out, pkg)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
 	}
 	return nil
+}
+
+func goBinary() string {
+	if gobin, err := exec.LookPath("go"); err == nil {
+		return gobin
+	}
+	return filepath.Join(runtime.GOROOT(), "bin", "go")
 }
 
 func moduleRoot() (string, error) {

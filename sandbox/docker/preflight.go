@@ -14,8 +14,9 @@ import (
 
 // Preflight checks, reading only, that a turn of the conversation can start
 // on this host: the spec is usable, the runnerd binary to bind-mount is
-// there, the engine answers, the image is present locally (nothing is ever
-// pulled), the configured network exists, and the conversation's retained
+// there, the engine answers, the image reference is valid and — under
+// --pull never — the image is here (a pull, which changes the host, is
+// Ensure's, after ACCEPT), the configured network exists, and the conversation's retained
 // container, if there is one, can be inspected. It starts, creates and
 // changes nothing, so a failure lets the host release the claim (R33).
 // Every failure is a *sandbox.PreflightError.
@@ -35,11 +36,18 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 	if _, err := b.cfg.Engine.Ping(ctx); err != nil {
 		return fail(sandbox.ClassEngineUnreachable, err)
 	}
-	if _, err := b.cfg.Engine.ImageInspect(ctx, spec.Image); err != nil {
-		if cerrdefs.IsNotFound(err) {
-			return fail(sandbox.ClassImageMissing, fmt.Errorf("image %q is not present on this host", spec.Image))
+	if err := validImageRef(spec.Image); err != nil {
+		return fail(sandbox.ClassImageUnavailable, fmt.Errorf("image %q: %w", spec.Image, err))
+	}
+	if b.cfg.Pull == PullNever {
+		// Nothing will be pulled: an image not here now never will be, and
+		// releasing lets a host that has it take the turn.
+		if _, err := b.cfg.Engine.ImageInspect(ctx, spec.Image); err != nil {
+			if cerrdefs.IsNotFound(err) {
+				return fail(sandbox.ClassImageUnavailable, fmt.Errorf("image %q is not on this host and --pull is never", spec.Image))
+			}
+			return fail(sandbox.ClassEngineUnreachable, fmt.Errorf("inspect image: %w", err))
 		}
-		return fail(sandbox.ClassEngineUnreachable, fmt.Errorf("inspect image: %w", err))
 	}
 	if _, err := b.cfg.Engine.NetworkInspect(ctx, b.cfg.Network, network.InspectOptions{}); err != nil {
 		if cerrdefs.IsNotFound(err) {

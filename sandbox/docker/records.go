@@ -3,6 +3,7 @@ package docker
 import (
 	"context"
 	"log/slog"
+	"time"
 )
 
 // Record names of this package. Fields are ids and classes only: never an
@@ -78,4 +79,23 @@ func recordOutdatedKept(l *slog.Logger, conv, id string, version int, busy bool)
 		slog.String("container_id", id),
 		slog.Int("version", version),
 		slog.String("reason", reason))
+}
+
+// Records of image pulls (Config.Pull): the image as the conversation
+// names it and how long the pull took. A failed pull's reason goes to the
+// turn's own records and its job timeline, never here.
+const (
+	RecordImagePulled     = "sandbox_image_pulled"
+	RecordImagePullFailed = "sandbox_image_pull_failed"
+)
+
+func recordPull(l *slog.Logger, msg, ref string, took time.Duration) {
+	level := slog.LevelInfo
+	if msg == RecordImagePullFailed {
+		level = slog.LevelWarn
+	}
+	l.LogAttrs(context.Background(), level, msg,
+		slog.String("backend", "docker"),
+		slog.String("image", ref),
+		slog.Int64("duration_ms", took.Milliseconds()))
 }
