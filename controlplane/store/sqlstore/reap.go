@@ -94,8 +94,13 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	}); err != nil {
 		return err
 	}
+	// S5: the host went silent under the turn; a job this ends says so.
+	lost := fmt.Sprintf("the lease of host %s (generation %d) expired at %s with no report", owner, gen, fromNS(exp).Format(time.RFC3339))
 	if !admitted.Valid {
 		state, err := s.requeueLost(ctx, tx, jobID, id, maxLost, now)
+		if err == nil {
+			err = s.setCause(ctx, tx, jobID, wire.CauseHostLost, lost)
+		}
 		switch state {
 		case wire.JobQueued:
 			res.Requeued++
@@ -132,7 +137,10 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 		return err
 	}
 	res.ConversationsQuarantined++
-	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonInterruptedHostSilent, now)
+	if err := s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonInterruptedHostSilent, now); err != nil {
+		return err
+	}
+	return s.setCause(ctx, tx, jobID, wire.CauseHostLost, lost)
 }
 
 // ResumeAfterAbsence ends the control plane's own absence (P4, K3): when
