@@ -14,8 +14,8 @@ import (
 // (FinishAs: on PostgreSQL the path that coalesces finishes) as through
 // Finish, and counted by cause; a cause off the closed list, or evidence
 // past its bound, is refused as invalid; the reaper names host_lost for
-// the job it ends because its host went silent; a success and a job
-// queued again carry none.
+// the job it ends because its host went silent, lease_fenced when the
+// host still heartbeats; a success and a job queued again carry none.
 func testS5CauseStored(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	now := T0
@@ -90,12 +90,27 @@ func testS5CauseStored(t *testing.T, st store.Store) {
 		t.Fatalf("reaped job: %s cause %q (%q); want failed, host_lost with evidence", j.State, j.Cause, j.CauseEvidence)
 	}
 
+	// The same with the host heartbeating all along: its renewals did not
+	// get through, and the attempt fenced itself — lease_fenced.
+	fenced := f.enqueue(f.conversation().ID, "renewals lost")
+	now = at(TTL + 2*time.Minute)
+	cf := f.claim(now)
+	f.admit(cf, now)
+	reapAt := now.Add(TTL + time.Minute)
+	f.beat(f.host, nil, reapAt.Add(-time.Second))
+	if _, err := st.Reap(f.ctx, store.ReapParams{Now: reapAt, Grace: 10 * time.Second}); err != nil {
+		t.Fatalf("Reap: %v", err)
+	}
+	if j := f.job(fenced.ID); cf.JobID != fenced.ID || j.State != wire.JobFailed || j.Cause != wire.CauseLeaseFenced {
+		t.Fatalf("reaped job of a heartbeating host: %s cause %q (%q); want failed, lease_fenced", j.State, j.Cause, j.CauseEvidence)
+	}
+
 	s, err := st.Stats(f.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Two host_lost: the requeued job, admitted above on the silent host, ended too.
-	want := map[wire.Cause]int{wire.CauseOOMKilled: 1, wire.CauseCancelled: 1, wire.CauseHostLost: 2}
+	want := map[wire.Cause]int{wire.CauseOOMKilled: 1, wire.CauseCancelled: 1, wire.CauseHostLost: 2, wire.CauseLeaseFenced: 1}
 	if len(s.JobsByCause) != len(want) {
 		t.Fatalf("jobs by cause %v, want %v", s.JobsByCause, want)
 	}
