@@ -395,6 +395,7 @@ var jobPage = adminPage(`{{define "title"}}Job {{.Job.ID}}{{end}}{{define "conte
 <tr><th>Conversation</th><td><a class="mono" href="/admin/jobs?conversation={{.ConversationID}}">{{.ConversationID}}</a>, turn {{.Seq}}</td></tr>
 <tr><th>State</th><td class="state">{{.State}}{{with .Outcome}} ({{.}}){{end}}{{if .CancelRequested}}, cancel requested{{end}}</td></tr>
 {{with .Reason}}<tr><th>Reason</th><td>{{.}}</td></tr>{{end}}
+{{with .Cause}}<tr><th>Cause</th><td class="cause"><code>{{.}}</code>{{with $.Job.CauseEvidence}}: {{.}}{{end}}</td></tr>{{end}}
 <tr><th>Admitted</th><td>{{if .Admitted}}yes: the prompt was handed to the agent{{else}}no{{end}}</td></tr>
 <tr><th>Counts</th><td>{{.AttemptCount}} counted attempt(s), {{.WorkerLostCount}} host loss(es), {{.ReleaseCount}} release(s){{with .ReleaseClass}} (last: {{.}}){{end}}</td></tr>
 {{with .NotBefore}}<tr><th>Not before</th><td>{{stamp .}} (release backoff)</td></tr>{{end}}

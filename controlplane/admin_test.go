@@ -207,3 +207,23 @@ func TestAdminJobsFilter(t *testing.T) {
 		t.Fatalf("/admin/: HTTP %d to %q", status, h.Get("Location"))
 	}
 }
+
+// TestS5CauseOnTheJobPage: a failed turn's cause and its evidence, as its
+// runner reported them, are on the job's JSON and its Admin page.
+func TestS5CauseOnTheJobPage(t *testing.T) {
+	f := newFixture(t)
+	f.send(f.newConversation().ID, "hog")
+	c := f.claim()
+	const ev = "cgroup v1 memory/memory.oom_control oom_kill 0→1 during the turn; the agent was ended by SIGKILL"
+	if _, err := f.wc.Finish(context.Background(), c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed,
+		Class: "agent_signal_KILL", Cause: wire.CauseOOMKilled, CauseEvidence: ev}); err != nil {
+		t.Fatal(err)
+	}
+	if j := f.job(c.JobID); j.Cause != wire.CauseOOMKilled || j.CauseEvidence != ev {
+		t.Fatalf("job JSON: cause %q (%q), want oom_killed with its evidence", j.Cause, j.CauseEvidence)
+	}
+	status, page, _ := f.admin(adminRequest{method: "GET", path: "/admin/jobs/" + c.JobID})
+	if status != http.StatusOK || !strings.Contains(page, "<code>oom_killed</code>: "+ev) {
+		t.Fatalf("GET the job page: %d, no cause with its evidence:\n%s", status, page)
+	}
+}

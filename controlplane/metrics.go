@@ -40,6 +40,7 @@ const statsTimeout = 5 * time.Second
 
 var (
 	descJobs       = prometheus.NewDesc("controlplane_jobs", "Jobs by state, from the store.", []string{"state"}, nil)
+	descJobCauses  = prometheus.NewDesc("controlplane_jobs_by_cause", "Jobs that ended failed or cancelled, by the cause of their end (S5: the closed list, every cause shown), from the store.", []string{"cause"}, nil)
 	descLeases     = prometheus.NewDesc("controlplane_leases_live", "Attempts running now (live leases), from the store.", nil, nil)
 	descHosts      = prometheus.NewDesc("controlplane_hosts", "Hosts not removed, by state (online, offline, draining, paused).", []string{"state"}, nil)
 	descStoreStats = prometheus.NewDesc("controlplane_store_stats_up", "1 when the store answered this scrape's questions, else 0 and the store gauges are absent.", nil, nil)
@@ -191,6 +192,7 @@ type storeCollector struct{ m *Metrics }
 
 func (c storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descJobs
+	ch <- descJobCauses
 	ch <- descLeases
 	ch <- descHosts
 	ch <- descStoreStats
@@ -219,6 +221,9 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descStoreStats, prometheus.GaugeValue, 1)
 	for state, n := range st.JobsByState {
 		ch <- prometheus.MustNewConstMetric(descJobs, prometheus.GaugeValue, float64(n), state)
+	}
+	for _, cause := range wire.Causes {
+		ch <- prometheus.MustNewConstMetric(descJobCauses, prometheus.GaugeValue, float64(st.JobsByCause[cause]), string(cause))
 	}
 	ch <- prometheus.MustNewConstMetric(descLeases, prometheus.GaugeValue, float64(st.LiveLeases))
 	hosts := map[string]int{wire.HostOnline: 0, wire.HostOffline: 0, wire.HostDraining: 0, wire.HostPaused: 0}

@@ -113,7 +113,8 @@ func TestControlPlaneMetricsMove(t *testing.T) {
 	if _, err := f.wc.Renew(ctx, c.WorkerToken, c.JobID, wire.RenewRequest{AttemptRef: ref(c)}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "agent_exit"}); err != nil {
+	if _, err := f.wc.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref(c), Outcome: wire.OutcomeFailed, Class: "agent_exit_3",
+		Cause: wire.CauseAgentExit, CauseEvidence: "the agent exited 3"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := f.wc.Renew(ctx, c.WorkerToken, c.JobID, wire.RenewRequest{AttemptRef: ref(c)}); err == nil {
@@ -124,20 +125,27 @@ func TestControlPlaneMetricsMove(t *testing.T) {
 	}
 	got = scrapeText(t, url)
 	for series, want := range map[string]float64{
-		`controlplane_claims_total{result="granted"}`:           3,
-		`controlplane_claims_total{result="empty"}`:             1,
-		`controlplane_renewals_total{status="200"}`:             1,
-		`controlplane_finishes_total{op="finish",status="200"}`: 1,
-		`controlplane_releases_total{status="200"}`:             1,
-		`controlplane_stale_reports_total{op="renew"}`:          1,
-		`controlplane_jobs{state="failed"}`:                     1,
-		`controlplane_jobs{state="queued"}`:                     1,
-		`controlplane_jobs{state="running"}`:                    1,
-		"controlplane_leases_live":                              1,
+		`controlplane_claims_total{result="granted"}`:                                                        3,
+		`controlplane_claims_total{result="empty"}`:                                                          1,
+		`controlplane_renewals_total{status="200"}`:                                                          1,
+		`controlplane_finishes_total{op="finish",status="200"}`:                                              1,
+		`controlplane_releases_total{status="200"}`:                                                          1,
+		`controlplane_stale_reports_total{op="renew"}`:                                                       1,
+		`controlplane_jobs{state="failed"}`:                                                                  1,
+		`controlplane_jobs_by_cause{cause="agent_exit"}`:                                                     1,
+		`controlplane_jobs_by_cause{cause="oom_killed"}`:                                                     0,
+		`controlplane_jobs{state="queued"}`:                                                                  1,
+		`controlplane_jobs{state="running"}`:                                                                 1,
+		"controlplane_leases_live":                                                                           1,
 		`controlplane_http_request_duration_seconds_count{route="POST /v1/agent/worker/claim",status="200"}`: 3,
 	} {
 		if got[series] != want {
 			t.Errorf("%s = %v, want %v", series, got[series], want)
+		}
+	}
+	for _, cause := range wire.Causes { // S5: every cause of the closed list is shown, zero included
+		if _, ok := got[`controlplane_jobs_by_cause{cause="`+string(cause)+`"}`]; !ok {
+			t.Errorf("no controlplane_jobs_by_cause series for %s", cause)
 		}
 	}
 	if n := got[`controlplane_renewals_total{status="409"}`] + got[`controlplane_renewals_total{status="410"}`]; n != 1 {

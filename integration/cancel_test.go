@@ -225,6 +225,9 @@ func TestCancelReachesRunningTurnWithinSeconds(t *testing.T) {
 	if got.State != wire.JobCancelled || len(got.Attempts) != 1 || !strings.Contains(got.Reason, "interrupted at your request") {
 		t.Fatalf("want cancelled on its one attempt, interrupted at the user's request; got %s", describeJob(got))
 	}
+	if got.Cause != wire.CauseCancelled || !strings.Contains(got.CauseEvidence, "cancel") {
+		t.Errorf("cancelled job's cause %q (%q), want %s (S5)", got.Cause, got.CauseEvidence, wire.CauseCancelled)
+	}
 	if !strings.Contains(d.Output(), `"msg":"runnerd_cancel_received","job_id":"`+j.ID+`","attempt_id":"`+got.Attempts[0].ID+`","via":"host_poll"`) {
 		t.Errorf("the cancel did not come by the host's poll:\n%s", d.Output())
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -522,13 +523,16 @@ func (d *Daemon) notAccepted(runCtx context.Context, a *attempt, err error) {
 		return
 	}
 	outcome, class := wire.OutcomeFailed, na.Class
+	cause, evidence := wire.CauseUnknown, "the turn child never accepted: "+na.Outcome.String()+" "+na.Class
 	switch why {
 	case stopCancel:
-		outcome = wire.OutcomeCancelled
+		outcome, cause, evidence = wire.OutcomeCancelled, wire.CauseCancelled, "the user's cancel before the turn child accepted"
 	case stopDrain:
 		outcome, class = wire.OutcomeWorkerLost, ClassHostStopped
+		cause, evidence = wire.CauseHostLost, "the host daemon's drain or shutdown before the turn child accepted"
 	}
-	rep := settlement.Facts{}.Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: "the turn child never accepted"})
+	rep := settlement.Facts{}.Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: "the turn child never accepted",
+		Cause: cause, CauseEvidence: evidence})
 	d.finish(runCtx, a, rep, outcome)
 }
 
@@ -588,15 +592,21 @@ func (d *Daemon) reportOf(a *attempt, e handover.Ended) (settlement.Report, stri
 	}
 	outcome := wire.OutcomeFailed
 	reason := "the turn child ended without a result"
+	cause, evidence := wire.CauseUnknown, fmt.Sprintf("the turn child ended without a result (%s, exit code %d)", e.Outcome, e.ExitCode)
+	if e.TimedOut {
+		cause, evidence = wire.CauseExecTimeout, "the daemon's execution deadline passed and it ended the turn child"
+	}
 	switch a.stopReason() {
 	case stopCancel:
 		outcome, reason = wire.OutcomeCancelled, "cancelled by the user"
+		cause, evidence = wire.CauseCancelled, "the user's cancel; the turn child ended without a result"
 	case stopDrain:
 		// The host, not the turn, ended it: a never-admitted job runs again
 		// without counting an attempt (P6); an admitted one is LOST.
 		outcome, class, reason = wire.OutcomeWorkerLost, ClassHostStopped, "stopped by the host daemon's shutdown"
+		cause, evidence = wire.CauseHostLost, "the host daemon's drain or shutdown ended the turn child"
 	}
-	rep := a.lastFacts().Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: reason})
+	rep := a.lastFacts().Report(a.ref, settlement.Result{Outcome: outcome, Class: class, Reason: reason, Cause: cause, CauseEvidence: evidence})
 	if rep.Abandon != nil {
 		outcome = "abandoned"
 	}

@@ -181,6 +181,7 @@ func (d *Daemon) settleRecovered(ctx context.Context, a *attempt, r record, kill
 		rep = settlement.Report{Finish: &wire.FinishRequest{
 			AttemptRef: a.ref, Outcome: wire.OutcomeWorkerLost, Class: ClassWorkerLost,
 			Reason: "the host daemon restarted while the turn ran",
+			Cause:  wire.CauseDaemonRestart, CauseEvidence: "the restarted daemon found the attempt's state file and no turn child to re-attach",
 		}}
 	}
 	d.finish(ctx, a, rep, outcome)

@@ -99,8 +99,8 @@ func TestP6RestartDecisions(t *testing.T) {
 		{
 			name: "no report, lease alive, never admitted: worker lost, requeued, not counted", decision: decisionWorkerLost,
 			check: func(t *testing.T, c *cp, j wire.Job, conv wire.Conversation, removed []string) {
-				if j.State != wire.JobQueued || j.AttemptCount != 0 || j.WorkerLostCount != 1 || j.Attempts[0].CountsAsAttempt {
-					t.Fatalf("job %s, attempts counted %d, worker lost %d, counts %v", j.State, j.AttemptCount, j.WorkerLostCount, j.Attempts[0].CountsAsAttempt)
+				if j.State != wire.JobQueued || j.AttemptCount != 0 || j.WorkerLostCount != 1 || j.Attempts[0].CountsAsAttempt || j.Cause != "" {
+					t.Fatalf("job %s, attempts counted %d, worker lost %d, counts %v, cause %q", j.State, j.AttemptCount, j.WorkerLostCount, j.Attempts[0].CountsAsAttempt, j.Cause)
 				}
 				if conv.State != wire.ConversationUsable || len(removed) != 0 {
 					t.Fatalf("conversation %s, removed %v", conv.State, removed)
@@ -116,6 +116,10 @@ func TestP6RestartDecisions(t *testing.T) {
 				// K13: the next turn verifies and resumes the retained sandbox.
 				if conv.State != wire.ConversationQuarantined || len(removed) != 0 {
 					t.Fatalf("conversation %s, removed %v", conv.State, removed)
+				}
+				// S5: the job names why it ended, and the evidence.
+				if j.Cause != wire.CauseDaemonRestart || j.CauseEvidence == "" {
+					t.Fatalf("job cause %q (%q), want %s with its evidence", j.Cause, j.CauseEvidence, wire.CauseDaemonRestart)
 				}
 			},
 		},

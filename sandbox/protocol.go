@@ -354,6 +354,13 @@ type Result struct {
 	// FailureACPError (the agent answered session/prompt with a JSON-RPC
 	// error) or FailureACPAgentExit (the agent exited during the turn).
 	Failure string `json:"failure,omitempty"`
+	// Cause is why the agent ended, when it did not exit 0 on its own and
+	// was not stopped by the supervisor (S5): agent_exit, agent_signal, or
+	// what the sandbox's cgroup and filesystems show — oom_killed,
+	// pids_exhausted, disk_full — with CauseEvidence saying what was read.
+	// Supervisors of earlier releases send neither.
+	Cause         wire.Cause `json:"cause,omitempty"`
+	CauseEvidence string     `json:"cause_evidence,omitempty"`
 }
 
 // Failures of an ACP turn (Result.Failure).

@@ -379,6 +379,10 @@ type Result struct {
 	Outcome string // wire.Outcome*; "" means failed
 	Class   string // error class of a failure
 	Reason  string // operator detail; no secrets
+	// Cause and CauseEvidence say why a turn that did not succeed ended
+	// (S5); carried on a finish, not on an abandon.
+	Cause         wire.Cause
+	CauseEvidence string
 }
 
 // Report decides the terminal report of an attempt from what is known:
@@ -401,9 +405,11 @@ func (f Facts) Report(ref wire.AttemptRef, r Result) Report {
 	if outcome == wire.OutcomeFailed && f.ContainerRecorded && !f.Admitted && !f.Ambiguous {
 		return Report{Abandon: &wire.AbandonRequest{AttemptRef: ref, Class: class, Reason: r.Reason}}
 	}
-	return Report{Finish: &wire.FinishRequest{
-		AttemptRef: ref, Outcome: outcome, Class: class, Reason: r.Reason, Ambiguous: f.Ambiguous,
-	}}
+	fin := &wire.FinishRequest{AttemptRef: ref, Outcome: outcome, Class: class, Reason: r.Reason, Ambiguous: f.Ambiguous}
+	if outcome != wire.OutcomeSucceeded {
+		fin.Cause, fin.CauseEvidence = r.Cause, r.CauseEvidence
+	}
+	return Report{Finish: fin}
 }
 
 // Finish sends the attempt's terminal report (Facts.Report) through the

@@ -231,12 +231,17 @@ type SendMessageRequest struct {
 
 // Job is one turn of a conversation, as the user API shows it.
 type Job struct {
-	ID              string `json:"id"`
-	ConversationID  string `json:"conversation_id"`
-	Seq             int64  `json:"seq"` // turn number within the conversation, from 1
-	State           string `json:"state"`
-	Outcome         string `json:"outcome,omitempty"`
-	Reason          string `json:"reason,omitempty"` // plain language
+	ID             string `json:"id"`
+	ConversationID string `json:"conversation_id"`
+	Seq            int64  `json:"seq"` // turn number within the conversation, from 1
+	State          string `json:"state"`
+	Outcome        string `json:"outcome,omitempty"`
+	Reason         string `json:"reason,omitempty"` // plain language
+	// Cause is why the failed, cancelled or lost turn ended (S5) and
+	// CauseEvidence what it was read from, as its last attempt reported
+	// them (host_lost when the reaper ended it unreported).
+	Cause           Cause  `json:"cause,omitempty"`
+	CauseEvidence   string `json:"cause_evidence,omitempty"`
 	CancelRequested bool   `json:"cancel_requested"`
 	AttemptCount    int    `json:"attempt_count"`     // counted attempts
 	WorkerLostCount int    `json:"worker_lost_count"` // uncounted host losses (P6)
@@ -763,6 +768,12 @@ type FinishRequest struct {
 	Outcome string `json:"outcome"`
 	Class   string `json:"class,omitempty"`  // error class for failures
 	Reason  string `json:"reason,omitempty"` // operator detail, no secrets
+	// Cause is why a failed, cancelled or lost turn ended (S5), with its
+	// evidence in plain words (what was read, e.g. "memory cgroup v1
+	// memory.oom_control oom_kill 0→1"; at most MaxCauseEvidenceBytes).
+	// Absent on a success, and from runners older than the closed list.
+	Cause         Cause  `json:"cause,omitempty"`
+	CauseEvidence string `json:"cause_evidence,omitempty"`
 	// Ambiguous marks an admission whose answer never came (R30): the
 	// prompt was not sent and the turn is never requeued. The store judges
 	// it by its own record of the admission: none, and the turn failed as

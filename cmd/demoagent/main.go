@@ -19,6 +19,11 @@
 //	!await NAME   write nothing until the file NAME (relative to the
 //	              workspace) exists: a test's turn that lasts until the
 //	              test lets it end, however slow the machine
+//	!hog          allocate and touch memory until the OOM killer ends it
+//	!forkbomb     start idle copies of itself until a start fails (the
+//	              pids limit), then exit 1, leaving them running
+//	!fill PATH    write PATH (absolute, or relative to the workspace)
+//	              until a write fails (the filesystem is full), then exit 1
 //
 // With --acp it speaks the Agent Client Protocol instead (acp.go).
 //
@@ -44,6 +49,11 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "--acp" {
 		os.Exit(runACP(os.Args[1:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "--idle" { // a !forkbomb copy
+		for {
+			time.Sleep(time.Hour)
+		}
 	}
 	end := run(os.Stdin, os.Stdout, ".")
 	switch {
@@ -145,6 +155,21 @@ func run(stdin io.Reader, stdout io.Writer, dir string) ending {
 			return ending{code: n}
 		case "crash":
 			return ending{crash: true}
+		case "hog":
+			a.emit(map[string]any{"type": "status", "text": "allocating until killed"})
+			hog()
+		case "forkbomb":
+			n, err := forkbomb()
+			a.emit(map[string]any{"type": "status", "text": fmt.Sprintf("started %d copies; then: %v", n, err)})
+			return ending{code: 1}
+		case "fill":
+			path := arg
+			if !filepath.IsAbs(path) {
+				path = filepath.Join(dir, path)
+			}
+			n, err := fill(path)
+			a.emit(map[string]any{"type": "status", "text": fmt.Sprintf("wrote %d bytes; then: %v", n, err)})
+			return ending{code: 1}
 		case "hang":
 			a.emit(map[string]any{"type": "status", "text": "hanging"})
 			return ending{hang: true}
@@ -160,6 +185,56 @@ func run(stdin io.Reader, stdout io.Writer, dir string) ending {
 		return ending{code: 1}
 	}
 	return ending{}
+}
+
+// hog allocates memory and touches every page of it, for ever: only the
+// OOM killer ends it.
+func hog() {
+	var kept [][]byte
+	for {
+		b := make([]byte, 1<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		kept = append(kept, b)
+	}
+}
+
+// forkbomb starts idle copies of this executable, in its process group,
+// until one cannot be started, and returns how many were.
+func forkbomb() (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	for n := 0; ; n++ {
+		p, err := os.StartProcess(exe, []string{exe, "--idle"}, &os.ProcAttr{Files: []*os.File{nil, nil, nil}})
+		if err != nil {
+			return n, err
+		}
+		_ = p.Release()
+	}
+}
+
+// fill writes path until a write fails, and returns how much it wrote.
+func fill(path string) (int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		w, err := f.Write(buf)
+		n += int64(w)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // advance records the prompt in the transcript and moves the native turn

@@ -80,7 +80,9 @@ type ConversationState struct {
 // Stats is what the control plane's /metrics shows of the store.
 type Stats struct {
 	JobsByState map[string]int // every job state, zero counts included
-	LiveLeases  int            // attempts running now
+	// JobsByCause counts the jobs that ended with a cause (S5), by cause.
+	JobsByCause map[wire.Cause]int
+	LiveLeases  int // attempts running now
 }
 
 // UserToken is a bearer token of the user API and the admin pages, as the

@@ -185,6 +185,10 @@ type turn struct {
 	fence     context.Context // ends when the lease is gone (run)
 	stage     Stage           // the last progress stage, for records
 	pull      *ImagePull      // the image pull Ensure made or failed, for the RESULT
+	// agentCause and agentEvidence are how the agent ended as its
+	// supervisor told it (S5), once the turn's result is in.
+	agentCause    wire.Cause
+	agentEvidence string
 }
 
 // run drives the turn after ACCEPT (architecture steps 4–7) and returns the
@@ -261,7 +265,37 @@ func (t *turn) run(ctx context.Context) Result {
 	res := result(sess.Facts(), ref, outcome, class)
 	res.LeaseRejected = sess.Rejected() || leaseGone
 	res.ImagePull = t.pull
+	if f := res.Report.Finish; f != nil && f.Outcome != wire.OutcomeSucceeded {
+		f.Cause, f.CauseEvidence = t.cause(ctx, f.Outcome, f.Class, leaseGone, expired)
+		if len(f.CauseEvidence) > wire.MaxCauseEvidenceBytes {
+			f.CauseEvidence = strings.ToValidUTF8(f.CauseEvidence[:wire.MaxCauseEvidenceBytes], "")
+		}
+	}
 	return res
+}
+
+// cause names why the turn ended as it did (S5), from the stop that ended
+// it, if one did, else from how its agent ended.
+func (t *turn) cause(ctx context.Context, outcome, class string, leaseGone, expired bool) (wire.Cause, string) {
+	var se *handover.StopError
+	stopped := errors.As(context.Cause(ctx), &se)
+	switch {
+	case leaseGone && expired:
+		return wire.CauseLeaseFenced, "the lease deadline passed in the turn child (K5) at stage " + string(t.stage)
+	case leaseGone && t.sess.Rejected():
+		return wire.CauseLeaseFenced, "the control plane refused a write of the attempt for its lease at stage " + string(t.stage)
+	case leaseGone:
+		return wire.CauseLeaseFenced, "the daemon's STOP lease_lost at stage " + string(t.stage)
+	case class == ClassExecTimeout:
+		return wire.CauseExecTimeout, "the execution deadline passed at stage " + string(t.stage)
+	case outcome == wire.OutcomeCancelled:
+		return wire.CauseCancelled, "the user's cancel at stage " + string(t.stage)
+	case class == ClassHostStopped && stopped:
+		return wire.CauseHostLost, "the daemon's STOP " + se.Class + " at stage " + string(t.stage)
+	case t.agentCause != "":
+		return t.agentCause, t.agentEvidence
+	}
+	return wire.CauseUnknown, "the turn failed with class " + class + " at stage " + string(t.stage)
 }
 
 // byStop: a turn that failed because it was stopped ends as the stop says:
@@ -517,7 +551,9 @@ func (t *turn) drive(ctx context.Context) (outcome, class string) {
 		t.log.Warn(diagnostics.MsgTurnInterrupted, "error_class", sandbox.CodeOf(err))
 		return fail(ClassAgentInterrupted)
 	}
-	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn)
+	t.agentCause, t.agentEvidence = agentCause(res)
+	t.log.Info(diagnostics.MsgAgentExit, diagnostics.KeyExitCode, res.ExitCode, diagnostics.KeySignal, res.Signal, "native_turn", res.NativeTurn,
+		"cause", string(t.agentCause))
 	t.progress(StageAgentExited)
 	if res.StopReason != "" {
 		// How an ACP agent ended its turn, on the job page among its events.
@@ -684,6 +720,24 @@ func exitClass(res sandbox.Result) string {
 		return fmt.Sprintf("%s_%d", ClassAgentExit, res.ExitCode)
 	}
 	return ""
+}
+
+// agentCause is how the agent ended, as its supervisor names it; for a
+// supervisor of an earlier release, which names none, as its exit says.
+// An ACP turn that ended in a JSON-RPC error or a lost connection has no
+// cause of the closed list: unknown, with the failure as its evidence.
+func agentCause(res sandbox.Result) (wire.Cause, string) {
+	switch {
+	case res.Cause != "" && res.Cause.Valid():
+		return res.Cause, res.CauseEvidence
+	case res.Signal != "":
+		return wire.CauseAgentSignal, "the agent was ended by " + res.Signal
+	case res.Failure == sandbox.FailureACPAgentExit || res.Failure == "" && res.ExitCode != 0:
+		return wire.CauseAgentExit, fmt.Sprintf("the agent exited %d", res.ExitCode)
+	case res.Failure != "":
+		return wire.CauseUnknown, "the ACP turn failed: " + res.Failure
+	}
+	return "", ""
 }
 
 // forwardLeases sends the supervisor every lease deadline a DEADLINE frame

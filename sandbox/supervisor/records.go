@@ -64,7 +64,8 @@ func recordTurnStarted(l *slog.Logger, gen uint64, pid int) {
 
 func recordTurnEnded(l *slog.Logger, gen uint64, r sandbox.Result) {
 	l.Info(RecordTurnEnded, slog.Uint64("generation", gen), slog.Int("exit_code", r.ExitCode),
-		slog.String("signal", r.Signal), slog.Int64("native_turn", r.NativeTurn))
+		slog.String("signal", r.Signal), slog.Int64("native_turn", r.NativeTurn),
+		slog.String("cause", string(r.Cause)), slog.String("cause_evidence", r.CauseEvidence))
 }
 
 func recordTurnStopped(l *slog.Logger, gen uint64, reason string) {

@@ -194,6 +194,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		_ = writeMsg(conn, errReply(fmt.Errorf("%w: empty agent command", sandbox.ErrProtocol)))
 		return
 	}
+	before := readCounters() // the sandbox's counters before the agent runs (S5)
 	a, t, cmd, stdout, stdin, err := s.start(ctx, conn, req)
 	if err != nil {
 		recordRefused(s.log, sandbox.OpRun, sandbox.CodeOf(err))
@@ -275,6 +276,9 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 
 	res := resultOf(cmd, waitErr)
 	why := t.stopReason()
+	if why == stopNone {
+		res.Cause, res.CauseEvidence = causeOf(res, before, readCounters(), []string{s.cfg.Workspace, os.TempDir()})
+	}
 	s.mu.Lock()
 	// The agent said how far its session got, if it did; keep that, on a
 	// turn it ended or one stopped without a receipt alike.

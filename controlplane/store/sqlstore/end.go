@@ -55,6 +55,9 @@ func (s *Store) finish(ctx context.Context, wk *store.Worker, ref wire.AttemptRe
 	default:
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w: unknown outcome", store.ErrInvalid)
 	}
+	if req.Cause != "" && !req.Cause.Valid() || len(req.CauseEvidence) > wire.MaxCauseEvidenceBytes {
+		return wire.FinishResponse{}, fmt.Errorf("finish: %w: cause not on the closed list, or its evidence too long", store.ErrInvalid)
+	}
 	rep := report{Op: wire.OpFinish, Outcome: req.Outcome, Class: req.Class, Reason: req.Reason, Ambiguous: req.Ambiguous, Unrecover: req.Unrecoverable}.String()
 	var resp wire.FinishResponse
 	cond, condArgs := guard, guardArgs(ref, now)
@@ -175,6 +178,9 @@ func (s *Store) finish(ctx context.Context, wk *store.Worker, ref wire.AttemptRe
 		if err != nil {
 			return err
 		}
+		if err := s.setCause(ctx, tx, jobID, req.Cause, req.CauseEvidence); err != nil {
+			return err
+		}
 		resp, err = s.respond(ctx, tx, jobID, conv, ref.AttemptID, now)
 		return err
 	})
@@ -182,6 +188,17 @@ func (s *Store) finish(ctx context.Context, wk *store.Worker, ref wire.AttemptRe
 		return wire.FinishResponse{}, fmt.Errorf("finish: %w", err)
 	}
 	return resp, nil
+}
+
+// setCause records why a job that ended failed or cancelled ended (S5); a
+// job requeued or succeeded keeps none.
+func (s *Store) setCause(ctx context.Context, tx txn, jobID string, cause wire.Cause, evidence string) error {
+	if cause == "" {
+		return nil
+	}
+	_, err := s.exec(ctx, tx, `UPDATE jobs SET cause = ?, cause_evidence = ? WHERE id = ? AND state IN ('failed', 'cancelled')`,
+		string(cause), evidence, jobID)
+	return err
 }
 
 func outcomeOf(jobState string) string {

@@ -61,7 +61,9 @@ type finishAnswer struct {
 func coalescable(req wire.FinishRequest) bool {
 	switch req.Outcome {
 	case wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled:
-		return !req.Ambiguous && !req.Unrecoverable
+		// A cause (S5) is recorded by Finish's ordinary path: the
+		// coalesced statements write none.
+		return !req.Ambiguous && !req.Unrecoverable && req.Cause == ""
 	}
 	return false
 }

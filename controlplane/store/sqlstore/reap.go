@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -94,8 +95,16 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 	}); err != nil {
 		return err
 	}
+	// S5: the job this ends names why, from the host's heartbeats.
+	cause, lost, err := s.silentCause(ctx, tx, owner, gen, exp, now)
+	if err != nil {
+		return err
+	}
 	if !admitted.Valid {
 		state, err := s.requeueLost(ctx, tx, jobID, id, maxLost, now)
+		if err == nil {
+			err = s.setCause(ctx, tx, jobID, cause, lost)
+		}
 		switch state {
 		case wire.JobQueued:
 			res.Requeued++
@@ -132,7 +141,34 @@ func (s *Store) supersede(ctx context.Context, tx txn, id string, cutoff int64, 
 		return err
 	}
 	res.ConversationsQuarantined++
-	return s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonInterruptedHostSilent, now)
+	if err := s.endJob(ctx, tx, jobID, conv, wire.JobFailed, wire.OutcomeFailed, reasonInterruptedHostSilent, now); err != nil {
+		return err
+	}
+	return s.setCause(ctx, tx, jobID, cause, lost)
+}
+
+// silentCause is why an attempt's lease expired with no report (S5): the
+// host still heartbeats (it is online as Admin → Servers judges it), so
+// the attempt's renewals did not get through and it fenced itself, writing
+// nothing more (K5, R8) — lease_fenced; or the host went silent too —
+// host_lost.
+func (s *Store) silentCause(ctx context.Context, tx txn, owner string, gen, exp int64, now time.Time) (wire.Cause, string, error) {
+	var last sql.NullInt64
+	var everyMS int64
+	err := tx.QueryRowContext(ctx, s.q(`SELECT last_heartbeat, heartbeat_interval_ms FROM hosts WHERE name = ?`), owner).Scan(&last, &everyMS)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", "", err
+	}
+	lease := fmt.Sprintf("the lease of host %s (generation %d) expired at %s with no report", owner, gen, fromNS(exp).Format(time.RFC3339Nano))
+	if !last.Valid {
+		return wire.CauseHostLost, lease + "; the host never heartbeated", nil
+	}
+	srv := wire.Server{LastHeartbeat: nsPtr(last), HeartbeatIntervalMS: everyMS}
+	heard := "; its last heartbeat " + fromNS(last.Int64).Format(time.RFC3339Nano)
+	if wire.HostState(srv, now) != wire.HostOffline {
+		return wire.CauseLeaseFenced, lease + " while the host still heartbeated" + heard + ": its renewals did not get through, and the fenced attempt writes nothing more", nil
+	}
+	return wire.CauseHostLost, lease + heard, nil
 }
 
 // ResumeAfterAbsence ends the control plane's own absence (P4, K3): when

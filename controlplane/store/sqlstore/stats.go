@@ -35,6 +35,23 @@ func (s *Store) Stats(ctx context.Context) (store.Stats, error) {
 	if err := rows.Err(); err != nil {
 		return store.Stats{}, fmt.Errorf("stats: %w", err)
 	}
+	st.JobsByCause = map[wire.Cause]int{}
+	crows, err := s.r.QueryContext(ctx, `SELECT cause, COUNT(*) FROM jobs WHERE cause <> '' GROUP BY cause`)
+	if err != nil {
+		return store.Stats{}, fmt.Errorf("stats: %w", err)
+	}
+	defer crows.Close()
+	for crows.Next() {
+		var cause string
+		var n int
+		if err := crows.Scan(&cause, &n); err != nil {
+			return store.Stats{}, fmt.Errorf("stats: %w", err)
+		}
+		st.JobsByCause[wire.Cause(cause)] = n
+	}
+	if err := crows.Err(); err != nil {
+		return store.Stats{}, fmt.Errorf("stats: %w", err)
+	}
 	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM attempts WHERE state = 'running'`).Scan(&st.LiveLeases); err != nil {
 		return store.Stats{}, fmt.Errorf("stats: %w", err)
 	}

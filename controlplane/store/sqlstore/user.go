@@ -217,10 +217,10 @@ func (s *Store) getJob(ctx context.Context, db querier, id string) (wire.Job, er
 	var notBefore int64
 	err := db.QueryRowContext(ctx, s.q(`SELECT id, conversation_id, seq, prompt, state, outcome, reason, cancel_requested,
 		attempt_count, worker_lost_count, admitted_attempt_id, created_at, ended_at, detail_reclaimed_at,
-		release_count, release_class, not_before FROM jobs WHERE id = ?`), id).Scan(
+		release_count, release_class, not_before, cause, cause_evidence FROM jobs WHERE id = ?`), id).Scan(
 		&j.ID, &j.ConversationID, &j.Seq, &j.Prompt, &j.State, &j.Outcome, &j.Reason, &cancel,
 		&j.AttemptCount, &j.WorkerLostCount, &admitted, &created, &ended, &reclaimed,
-		&j.ReleaseCount, &j.ReleaseClass, &notBefore)
+		&j.ReleaseCount, &j.ReleaseClass, &notBefore, &j.Cause, &j.CauseEvidence)
 	if errors.Is(err, sql.ErrNoRows) {
 		return j, store.ErrNotFound
 	}

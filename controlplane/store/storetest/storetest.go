@@ -101,6 +101,7 @@ var tests = []test{
 	{"Race_EventsFollowerSeesEveryEventOnce", testRaceEventsFollowerSeesEveryEventOnce},
 	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
+	{"S5_CauseStored", testS5CauseStored},
 }
 
 type test struct {
