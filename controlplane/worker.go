@@ -113,7 +113,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		}
 		slots[i].WorkerTokenHash = HashToken(tokens[i])
 	}
-	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl,
+	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl, PinnedOnly: req.PinnedOnly,
 		AttemptID: slots[0].AttemptID, WorkerTokenHash: slots[0].WorkerTokenHash, More: slots[1:]}
 	if key := req.IdempotencyKey; key != "" {
 		p.KeyHash = HashToken(key)
