@@ -233,10 +233,15 @@ func (d *Daemon) withholdFirstTurns(ctx context.Context) bool {
 	short := d.measurePressure()
 	if short != nil {
 		if st, ok := d.cfg.Backend.(sandboxStopper); ok && d.idle != nil {
+			// The claim loop's own time: each listing and stop is bounded,
+			// and tells the watchdog so (a host stopping many sandboxes
+			// is not stuck).
+			d.health.expect(loopClaim, d.cfg.ControlTimeout+healthSlack)
 			for _, c := range d.idleOldestFirst(ctx, st) {
 				if ctx.Err() != nil {
 					return true
 				}
+				d.health.expect(loopClaim, d.cfg.ControlTimeout+d.cfg.StopGrace+healthSlack)
 				d.evict(ctx, st, c, 0, evictPressure)
 				if short = d.measurePressure(); short == nil {
 					break
