@@ -196,8 +196,9 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string, minI
 }
 
 // sandboxStates is what the sweep reports of convs' sandboxes (S1):
-// stopped, or running (retained, kept), for those this daemon keeps a
-// clock of; nil when it keeps none (idle eviction and pressure off).
+// stopped, or running — not known to be stopped: retained or kept — for
+// those this daemon keeps a clock of; nil when it keeps none (idle
+// eviction and pressure off).
 func (d *Daemon) sandboxStates(convs []string) map[string]string {
 	d.mu.Lock()
 	defer d.mu.Unlock()
