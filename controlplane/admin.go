@@ -135,7 +135,7 @@ td:first-child, time { white-space: nowrap; }
 code, .mono { font-family: ui-monospace, monospace; font-size: 13px; }
 .launch-error, .stale, .lost, .unroutable { color: #a40000; font-weight: 600; }
 .quarantined { color: #8a5a00; font-weight: 600; }
-.draining, .paused { color: #8a5a00; font-weight: 600; }
+.draining, .paused, .sandbox-pressure { color: #8a5a00; font-weight: 600; }
 .offline { color: #a40000; font-weight: 600; }
 .online, .usable { color: #17632a; font-weight: 600; }
 tr.stale td { background: #fff0f0; }
@@ -215,7 +215,7 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>
-<td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; claims paused</span>{{else}}none{{end}}</td>
+<td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; claims paused</span>{{else}}none{{end}}{{with .SandboxPressure}}<br><span class="sandbox-pressure">sandbox_pressure: {{.Resource}} {{.FreeBytes}} of {{.TotalBytes}} bytes free (at least {{.MinFreeBytes}} wanted) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; first turns withheld, its conversations' turns still run</span>{{end}}</td>
 <td>{{.Version}}</td>
 <td><a href="/admin/jobs?host={{.Name}}">jobs</a></td>
 <td><form class="inline" method="post" action="/admin/servers/{{.Name}}/{{if .PausedAt}}resume{{else}}pause{{end}}">
@@ -487,7 +487,7 @@ var conversationsPage = adminPage(`{{define "title"}}Conversations{{end}}{{defin
 <td><a class="mono" href="/admin/jobs?conversation={{.ID}}">{{.ID}}</a></td>
 <td>{{.Title}}</td>
 <td class="state">{{if eq .State "lost"}}<span class="lost">Lost</span>: {{.LostReason}}{{else if eq .State "deleted"}}<span class="deleted">Deleted</span>: its owner deleted it; it takes no new messages{{else if eq .State "quarantined"}}<span class="quarantined">Quarantined</span>: the reply of <a class="mono" href="/admin/jobs/{{.InterruptedJobID}}">{{.InterruptedJobID}}</a> was interrupted; the next turn verifies the sandbox, then resumes or reports it lost{{else}}<span class="usable">Usable</span>{{end}}</td>
-<td>{{.SandboxHost}}</td>
+<td>{{.SandboxHost}}{{with .SandboxState}} <span class="sandbox-{{.}}">({{.}})</span>{{end}}</td>
 <td class="mono">{{.ContainerID}}</td>
 <td class="num">{{.NativeTurn}}</td>
 <td>{{stamp .CreatedAt}}</td>

@@ -16,7 +16,9 @@ import (
 // Each answer says whether the conversation's sandbox is recorded on the
 // asking host or another: a host removes its own copy of a sandbox
 // recorded elsewhere, since turns go only to the recorded host and the
-// record moves only with a turn that host runs.
+// record moves only with a turn that host runs. The host says too which of
+// its sandboxes are stopped or running (S1): that is what the
+// conversation's sandbox_state shows.
 func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request) {
 	const op = "conversation_states"
 	h, ok := s.host(w, r, op)
@@ -32,9 +34,17 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 		writeError(w, invalid("conversation_ids holds %d ids; at most %d per request.", len(req.ConversationIDs), wire.MaxConversationIDs))
 		return
 	}
+	asked := make(map[string]bool, len(req.ConversationIDs))
 	for _, id := range req.ConversationIDs {
 		if id == "" {
 			writeError(w, invalid("conversation_ids must not hold an empty id."))
+			return
+		}
+		asked[id] = true
+	}
+	for id, st := range req.SandboxStates {
+		if !asked[id] || (st != wire.SandboxRunning && st != wire.SandboxStopped) {
+			writeError(w, invalid("sandbox_states must name asked conversations, each %q or %q.", wire.SandboxRunning, wire.SandboxStopped))
 			return
 		}
 	}
@@ -47,6 +57,18 @@ func (s *Server) handleConversationStates(w http.ResponseWriter, r *http.Request
 	// "unknown", or their host would delete usable sandboxes.
 	states, err := s.cfg.Store.ConversationStates(r.Context(), req.ConversationIDs)
 	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
+	// What the host says of its sandboxes' states (S1) is recorded for
+	// the conversations whose sandbox is recorded on it, when it changed.
+	changed := map[string]string{}
+	for id, st := range req.SandboxStates {
+		if c, ok := states[id]; ok && c.SandboxHostID == h.ID && c.SandboxState != st {
+			changed[id] = st
+		}
+	}
+	if err := s.cfg.Store.RecordSandboxStates(r.Context(), h.ID, changed); err != nil {
 		s.fail(w, r, op, err)
 		return
 	}

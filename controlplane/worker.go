@@ -113,7 +113,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 		}
 		slots[i].WorkerTokenHash = HashToken(tokens[i])
 	}
-	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl,
+	p := store.ClaimParams{HostID: h.ID, LeaseTTL: ttl, PinnedOnly: req.PinnedOnly,
 		AttemptID: slots[0].AttemptID, WorkerTokenHash: slots[0].WorkerTokenHash, More: slots[1:]}
 	if key := req.IdempotencyKey; key != "" {
 		p.KeyHash = HashToken(key)
@@ -222,6 +222,12 @@ func validClaimKey(k string) bool {
 	return true
 }
 
+// validPressure checks a heartbeat's sandbox_pressure (S2).
+func validPressure(p wire.SandboxPressure) bool {
+	return (p.Resource == wire.PressureDisk || p.Resource == wire.PressureMemory) &&
+		p.FreeBytes >= 0 && p.TotalBytes >= 0 && p.MinFreeBytes >= 0 && !p.Since.IsZero()
+}
+
 func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 	const op = "host_heartbeat"
 	h, ok := s.host(w, r, op)
@@ -239,6 +245,9 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	case req.LaunchError != nil && (req.LaunchError.Class == "" || req.LaunchError.Consecutive < 1 || req.LaunchError.Since.IsZero()):
 		writeError(w, invalid("launch_error needs a class, a consecutive count of at least 1 and the time since when."))
+		return
+	case req.SandboxPressure != nil && !validPressure(*req.SandboxPressure):
+		writeError(w, invalid("sandbox_pressure needs resource disk or memory, byte counts that are not negative and the time since when."))
 		return
 	case req.IntervalMS < 0 || len(req.ClaimsWithheld) > 64:
 		writeError(w, invalid("interval_ms must not be negative and claims_withheld is a class of at most 64 bytes."))

@@ -70,6 +70,16 @@ const (
 	// or could not be started (class). Neither concerns a claim (R33).
 	MsgSpareDiscarded = "runnerd_spare_discarded"
 	MsgSpareFailed    = "runnerd_spare_failed"
+	// S2: host pressure. Free disk or memory fell below --min-free-disk or
+	// --min-free-memory and, with every idle sandbox it could stop
+	// stopped (sandbox_evicted with cause pressure), is still short: the
+	// daemon takes no conversation's first turn (resource, free_bytes,
+	// total_bytes, min_free_bytes), until it is not (cleared, the same
+	// fields as measured then). A free space or memory the daemon cannot
+	// measure (class, path) counts as no pressure, recorded once.
+	MsgSandboxPressure           = "runnerd_sandbox_pressure"
+	MsgSandboxPressureCleared    = "runnerd_sandbox_pressure_cleared"
+	MsgSandboxPressureUnmeasured = "runnerd_sandbox_pressure_unmeasured"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON
@@ -99,6 +109,13 @@ const (
 	KeyStage       = "stage"
 	KeyIdle        = "idle_ms"    // how long a sandbox had no turn (S1)
 	KeyStoppedFor  = "stopped_ms" // how long a sandbox was stopped before its wake (S1)
+	// S2: why a sandbox was evicted (idle, pressure) and what was short.
+	KeyCause        = "cause"
+	KeyResource     = "resource"
+	KeyFreeBytes    = "free_bytes"
+	KeyTotalBytes   = "total_bytes"
+	KeyMinFreeBytes = "min_free_bytes"
+	KeyPath         = "path"
 )
 
 // Attempt names the attempt a record is about.

@@ -43,6 +43,9 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	// batched claims refuses the field (400 unknown_field); from then on
 	// this daemon claims one turn per request.
 	batches := true
+	// pinnedRefused: the control plane refused pinned_only (400
+	// unknown_field, older than S2): under pressure nothing is claimed.
+	pinnedRefused := false
 	idle := func() bool {
 		d.health.expect(loopClaim, idleCheck+healthSlack)
 		t := time.NewTimer(idleCheck)
@@ -68,6 +71,15 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		}
 		if p := d.gate.pause(time.Now()); p > 0 {
 			if !wait(p) {
+				return
+			}
+			continue
+		}
+		// S2: short of disk or memory even with the idle sandboxes
+		// stopped, the host takes no conversation's first turn.
+		pinned := d.withholdFirstTurns(claimCtx)
+		if pinned && pinnedRefused {
+			if !idle() {
 				return
 			}
 			continue
@@ -99,6 +111,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
 			IdempotencyKey: pending.key,
 			MaxClaims:      pending.n,
+			PinnedOnly:     pinned,
 		})
 		cancelClaim()
 		first := pending.sent
@@ -134,6 +147,10 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			d.claimDone(0)
 			d.m.claimFailed(err)
 			d.refuseHost("claim", status)
+		case pinned && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
+			d.claimDone(0)
+			pinnedRefused = true
+			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimPinnedRefused, slog.String(diagnostics.KeyOp, "claim"))
 		case batches && pending.n > 1 && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
 			d.claimDone(0)
 			batches = false
@@ -240,8 +257,9 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 		Version:     d.cfg.Version,
 		IntervalMS:  d.cfg.HostHeartbeatInterval.Milliseconds(),
 
-		ClaimsWithheld: d.claimsWithheld(),
-		Labels:         d.cfg.Labels,
+		ClaimsWithheld:  d.claimsWithheld(),
+		Labels:          d.cfg.Labels,
+		SandboxPressure: d.pressure.heartbeat(),
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()

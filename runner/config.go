@@ -84,6 +84,20 @@ type Config struct {
 	// NoSpare keeps no spare turn child (spare.go): every claim starts its
 	// child then. Default false: one spare waits.
 	NoSpare bool
+	// MinFreeDisk and MinFreeMemory are the host's floors of free disk (on
+	// each of DiskPaths) and memory (MemAvailable of MemInfo): below
+	// either, the daemon stops idle sandboxes, the longest idle first,
+	// before it claims, and while still short takes no conversation's
+	// first turn (pressure.go, S2). MinFreeDisk defaults to 10 %,
+	// MinFreeMemory to off; FreeMinOff is off.
+	MinFreeDisk   FreeMin
+	MinFreeMemory FreeMin
+	// DiskPaths are the filesystems measured for MinFreeDisk: default
+	// StateDir (cmd/runnerd adds the Docker engine's root). MemInfo is the
+	// meminfo file read for MinFreeMemory: default /proc/meminfo. Tests
+	// point them at a small tmpfs and a file of their own.
+	DiskPaths []string
+	MemInfo   string
 
 	// Timings are the lease renewal timings, already checked against R12
 	// (heartbeat.ResolveTimings). Zero fields mean heartbeat's defaults.
@@ -258,6 +272,18 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.SandboxIdle == 0 {
 		c.SandboxIdle = DefaultSandboxIdle
+	}
+	if c.MinFreeDisk.zero() {
+		c.MinFreeDisk = DefaultMinFreeDisk
+	}
+	if c.MinFreeMemory.zero() {
+		c.MinFreeMemory = FreeMinOff
+	}
+	if len(c.DiskPaths) == 0 {
+		c.DiskPaths = []string{c.StateDir}
+	}
+	if c.MemInfo == "" {
+		c.MemInfo = DefaultMemInfo
 	}
 	c.LaunchBackoffMax = max(c.LaunchBackoffMax, c.LaunchBackoff)
 	c.ClaimBackoffMax = max(c.ClaimBackoffMax, c.ClaimBackoff)

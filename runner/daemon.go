@@ -43,6 +43,8 @@ type Daemon struct {
 	handedOver   atomic.Int64  // turns left running for the next start at the handover
 	kickBeat     chan struct{} // asks the host heartbeat to report now
 	spare        spareState    // the turn child started before a claim (spare.go)
+	kickSweep    chan struct{} // asks the sweep to ask (and report sandbox states) now
+	pressure     *hostPressure // S2 (pressure.go)
 
 	refused    chan struct{} // closed when the host token was first refused
 	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
@@ -86,20 +88,23 @@ func New(cfg Config) (*Daemon, error) {
 	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
 	renewHTTP.Transport = countRenewals{base: ep.Transport(renewHTTP.Transport), m: cfg.Metrics}
 	d := &Daemon{
-		cfg:              cfg,
-		log:              cfg.Logger,
-		rec:              diagnostics.NewRecorder(cfg.Logger),
-		m:                cfg.Metrics,
-		state:            st,
-		gate:             newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
-		health:           newHealth(),
-		control:          &wire.Client{BaseURL: ep.Base(), HTTP: &http.Client{Transport: cfg.Transport}},
-		renew:            &wire.Client{BaseURL: ep.Base(), HTTP: renewHTTP},
-		workerID:         fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
-		stopTurns:        make(chan struct{}),
-		endDrain:         make(chan struct{}),
-		handingOver:      make(chan struct{}),
-		kickBeat:         make(chan struct{}, 1),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		rec:         diagnostics.NewRecorder(cfg.Logger),
+		m:           cfg.Metrics,
+		state:       st,
+		gate:        newLaunchGate(cfg.LaunchFailures, cfg.LaunchBackoff, cfg.LaunchBackoffMax, cfg.Jitter),
+		health:      newHealth(),
+		control:     &wire.Client{BaseURL: ep.Base(), HTTP: &http.Client{Transport: cfg.Transport}},
+		renew:       &wire.Client{BaseURL: ep.Base(), HTTP: renewHTTP},
+		workerID:    fmt.Sprintf("%s/%d", cfg.HostName, os.Getpid()),
+		stopTurns:   make(chan struct{}),
+		endDrain:    make(chan struct{}),
+		handingOver: make(chan struct{}),
+		kickBeat:    make(chan struct{}, 1),
+		kickSweep:   make(chan struct{}, 1),
+		pressure: &hostPressure{disks: cfg.DiskPaths, meminfo: cfg.MemInfo, minDisk: cfg.MinFreeDisk, minMem: cfg.MinFreeMemory,
+			unmeasured: map[string]bool{}},
 		slotFreed:        make(chan struct{}, 1),
 		turnConvs:        map[string]int{},
 		cancelWatch:      map[string]*attempt{},
@@ -107,8 +112,8 @@ func New(cfg Config) (*Daemon, error) {
 		refused:          make(chan struct{}),
 		cluster:          loadClusterPin(cfg.StateDir),
 	}
-	if _, ok := cfg.Backend.(sandboxStopper); ok && cfg.SandboxIdle > 0 {
-		d.idle = map[string]*sandboxIdle{}
+	if _, ok := cfg.Backend.(sandboxStopper); ok && (cfg.SandboxIdle > 0 || d.pressure.on()) {
+		d.idle = map[string]*sandboxIdle{} // idle clocks: idle eviction (S1), eviction under pressure (S2)
 	}
 	if _, ok := cfg.Backend.(backendProber); !ok {
 		d.backend = backendReady // nothing to ask: the turn child's preflight decides
@@ -196,7 +201,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		defer context.AfterFunc(ctx, stopSweep)()
 		wg.Go(func() { d.sweepLoop(sweepCtx) })
 	}
-	if st, ok := d.cfg.Backend.(sandboxStopper); ok && d.idle != nil {
+	if st, ok := d.cfg.Backend.(sandboxStopper); ok && d.cfg.SandboxIdle > 0 {
 		// After the restart decisions too: every re-attached turn is held.
 		idleCtx, stopIdle := context.WithCancel(loops)
 		defer stopIdle()
@@ -310,6 +315,9 @@ func (d *Daemon) logStarted() {
 		slog.Int64("watchdog_ms", c.WatchdogInterval.Milliseconds()),
 		slog.Int64("sandbox_sweep_ms", max(c.SandboxSweep, 0).Milliseconds()),
 		slog.Int64("sandbox_idle_ms", max(c.SandboxIdle, 0).Milliseconds()),
+		slog.String("min_free_disk", c.MinFreeDisk.String()),
+		slog.String("min_free_memory", c.MinFreeMemory.String()),
+		slog.String("disk_paths", strings.Join(c.DiskPaths, ",")),
 		slog.Bool("notify", c.Notifier != nil),
 		slog.Bool("tls_ca_file", c.TLS.CAFile != ""),
 		slog.Bool("tls_client_cert", c.TLS.CertFile != ""),

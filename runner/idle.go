@@ -8,6 +8,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // sandboxStopper is what idle eviction needs of a backend: list this
@@ -76,16 +77,27 @@ func (d *Daemon) idleLoop(ctx context.Context, st sandboxStopper) {
 // idleRound lists the sandboxes, starts the clocks of the new ones, drops
 // those of the ones gone and stops those idle long enough.
 func (d *Daemon) idleRound(ctx context.Context, st sandboxStopper) {
+	for _, c := range d.noteSandboxes(ctx, st) {
+		if ctx.Err() != nil {
+			return
+		}
+		d.evict(ctx, st, c, d.cfg.SandboxIdle, evictIdle)
+	}
+}
+
+// noteSandboxes lists the sandboxes, starts the clocks of the new ones and
+// drops those of the ones gone; it returns those idle for SandboxIdle.
+func (d *Daemon) noteSandboxes(ctx context.Context, st sandboxStopper) (due []string) {
 	lctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	convs, err := st.Conversations(lctx)
 	cancel()
 	if err != nil {
-		return // the sweep records listing failures; the next round tries again
+		return nil // the sweep records listing failures; the next round tries again
 	}
 	now := time.Now()
 	listed := make(map[string]bool, len(convs))
-	var due []string
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	for _, c := range convs {
 		listed[c] = true
 		s, ok := d.idle[c]
@@ -93,7 +105,7 @@ func (d *Daemon) idleRound(ctx context.Context, st sandboxStopper) {
 		case d.turnConvs[c] > 0:
 		case !ok:
 			d.idle[c] = &sandboxIdle{phase: sandboxRetained, since: now}
-		case s.phase == sandboxRetained && now.Sub(s.since) >= d.cfg.SandboxIdle:
+		case s.phase == sandboxRetained && d.cfg.SandboxIdle > 0 && now.Sub(s.since) >= d.cfg.SandboxIdle:
 			due = append(due, c)
 		}
 	}
@@ -102,18 +114,19 @@ func (d *Daemon) idleRound(ctx context.Context, st sandboxStopper) {
 			delete(d.idle, c) // removed (the sweep, a LOST turn): nothing to evict
 		}
 	}
-	d.mu.Unlock()
-	for _, c := range due {
-		if ctx.Err() != nil {
-			return
-		}
-		d.evict(ctx, st, c)
-	}
+	return due
 }
 
+// Why a sandbox is evicted: its records' cause.
+const (
+	evictIdle     = "idle"     // --sandbox-idle without a turn (S1)
+	evictPressure = "pressure" // the host is short of disk or memory (S2)
+)
+
 // evict stops one conversation's sandbox if, asked under the backend's
-// lock, it is still idle, with one record either way.
-func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
+// lock, it is still idle — no turn held, idle at least minIdle — with one
+// record either way.
+func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string, minIdle time.Duration, cause string) {
 	var idleFor time.Duration
 	asked, committed := false, false
 	idle := func() bool {
@@ -125,7 +138,7 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 			return false
 		}
 		now := time.Now()
-		if idleFor = now.Sub(s.since); idleFor < d.cfg.SandboxIdle {
+		if idleFor = now.Sub(s.since); idleFor < minIdle {
 			return false
 		}
 		// Stopped from here on as far as a claim is concerned: its
@@ -136,10 +149,12 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout+d.cfg.StopGrace)
 	stopped, err := st.Stop(sctx, conv, idle)
 	cancel()
-	attrs := []slog.Attr{slog.String(keyConversation, conv), slog.String(keyBackend, d.cfg.Backend.Name())}
+	attrs := []slog.Attr{slog.String(keyConversation, conv), slog.String(keyBackend, d.cfg.Backend.Name()),
+		slog.String(diagnostics.KeyCause, cause)}
 	switch {
 	case stopped:
 		d.m.SandboxEvictions.WithLabelValues("evicted").Inc()
+		d.kickSweepNow() // the control plane learns of the stop (sandbox_state)
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, diagnostics.MsgSandboxEvicted,
 			append(attrs, slog.Int64(diagnostics.KeyIdle, idleFor.Milliseconds()))...)
 		return
@@ -178,6 +193,30 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string) {
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, diagnostics.MsgSandboxEvictFailed,
 			append(attrs, slog.String(diagnostics.KeyClass, class))...)
 	}
+}
+
+// sandboxStates is what the sweep reports of convs' sandboxes (S1):
+// stopped, or running — not known to be stopped: retained or kept — for
+// those this daemon keeps a clock of; nil when it keeps none (idle
+// eviction and pressure off).
+func (d *Daemon) sandboxStates(convs []string) map[string]string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.idle == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, c := range convs {
+		s, ok := d.idle[c]
+		switch {
+		case !ok || d.turnConvs[c] > 0:
+		case s.phase == sandboxStopped:
+			out[c] = wire.SandboxStopped
+		default:
+			out[c] = wire.SandboxRunning
+		}
+	}
+	return out
 }
 
 // wakeNotedLocked is called by holdConversation under d.mu: the conversation's

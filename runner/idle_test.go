@@ -186,7 +186,7 @@ func TestS1ClaimDuringEvictionWakesTheSandbox(t *testing.T) {
 	d.mu.Lock()
 	d.turnConvs[conv]++ // held already, the clock left as it was
 	d.mu.Unlock()
-	d.evict(context.Background(), b, conv)
+	d.evict(context.Background(), b, conv, d.cfg.SandboxIdle, evictIdle)
 	if !alive(now.PID) {
 		t.Fatalf("a held conversation's supervisor (pid %d) was stopped", now.PID)
 	}

@@ -60,6 +60,7 @@ const (
 	MsgReattachPending      = "runnerd_reattach_pending"       // a surviving turn child may be running but could not be re-attached (pid, alive, class, try, pause_ms): kept, renewed and tried again
 	MsgControlPlaneSwitched = "runnerd_control_plane_switched" // --control-plane lists several: calls moved from one address to another (a failure, or the preferred one answers again)
 	MsgClaimBatchRefused    = "runnerd_claim_batch_refused"    // the control plane predates batched claims (400 unknown_field on max_claims): one turn per claim from now on
+	MsgClaimPinnedRefused   = "runnerd_claim_pinned_refused"   // the control plane predates pinned_only (400 unknown_field): under host pressure (S2) nothing is claimed
 )
 
 // Field keys of the daemon's records (diagnostics' keys where they exist).

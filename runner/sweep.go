@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"time"
@@ -46,9 +47,23 @@ func (d *Daemon) sweepLoop(ctx context.Context) {
 	s := sweeper{d: d, lister: lister}
 	for {
 		s.round(ctx)
-		if !sleep(ctx.Done(), jitter(d.cfg.SandboxSweep, d.cfg.Jitter)) {
+		t := time.NewTimer(jitter(d.cfg.SandboxSweep, d.cfg.Jitter))
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return
+		case <-d.kickSweep: // an eviction: say so now (sandbox_state)
+		case <-t.C:
 		}
+		t.Stop()
+	}
+}
+
+// kickSweepNow asks the sweep to run a round now.
+func (d *Daemon) kickSweepNow() {
+	select {
+	case d.kickSweep <- struct{}{}:
+	default:
 	}
 }
 
@@ -61,6 +76,9 @@ type sweeper struct {
 	failing     bool
 	listFailing bool
 	unsupported bool
+	// statesRefused: the control plane refused sandbox_states (400
+	// unknown_field, older than the field); the sweep asks without them.
+	statesRefused bool
 }
 
 // round is one sweep: list, leave out the conversations with a turn on
@@ -93,7 +111,11 @@ func (s *sweeper) round(ctx context.Context) {
 	for len(ask) > 0 && ctx.Err() == nil {
 		batch := ask[:min(len(ask), wire.MaxConversationIDs)]
 		ask = ask[len(batch):]
-		resp, ok := s.ask(ctx, batch)
+		req := wire.ConversationStatesRequest{ConversationIDs: batch}
+		if !s.statesRefused {
+			req.SandboxStates = d.sandboxStates(batch) // S1: the control plane shows a stopped sandbox
+		}
+		resp, ok := s.ask(ctx, req)
 		if !ok || !d.trustCluster(resp.ClusterID) {
 			return
 		}
@@ -149,13 +171,20 @@ func sweepReason(st wire.ConversationState, turnHere bool) string {
 }
 
 // ask asks the control plane about one batch; false ends the round.
-func (s *sweeper) ask(ctx context.Context, ids []string) (wire.ConversationStatesResponse, bool) {
+func (s *sweeper) ask(ctx context.Context, req wire.ConversationStatesRequest) (wire.ConversationStatesResponse, bool) {
 	d := s.d
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
-	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, wire.ConversationStatesRequest{ConversationIDs: ids})
+	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, req)
 	cancel()
 	status := diagnostics.Status(err)
+	var se *wire.StatusError
 	switch {
+	case err != nil && len(req.SandboxStates) > 0 && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
+		// A control plane older than sandbox_states: ask without them
+		// from now on (it shows no stopped sandbox).
+		s.statesRefused = true
+		req.SandboxStates = nil
+		return s.ask(ctx, req)
 	case err == nil:
 		if s.failing || s.unsupported {
 			s.failing, s.unsupported = false, false

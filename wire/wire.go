@@ -204,6 +204,11 @@ type Conversation struct {
 	// whose attempt last recorded ContainerID. Only that host is given the
 	// conversation's turns; empty means any host.
 	SandboxHost string `json:"sandbox_host,omitempty"`
+	// SandboxState is the state of that sandbox as its host last reported
+	// it (S1): SandboxRunning, or SandboxStopped after an idle or pressure
+	// eviction (its next message starts it again); "" while none is
+	// recorded.
+	SandboxState string `json:"sandbox_state,omitempty"`
 	// Requires are the labels a host must have to take its turns: the
 	// request's, with sandbox=<Sandbox> when it named one.
 	Requires         Labels `json:"requires,omitempty"`
@@ -378,6 +383,9 @@ type Server struct {
 	ClaimsWithheld string `json:"claims_withheld,omitempty"`
 	// Labels are the host's routing labels, as its last heartbeat said.
 	Labels Labels `json:"labels,omitempty"`
+	// SandboxPressure is, while the host withholds first turns under
+	// pressure (S2), what is short; nil otherwise.
+	SandboxPressure *SandboxPressure `json:"sandbox_pressure,omitempty"`
 }
 
 // Host states. A host is offline once OfflineAfterIntervals of its
@@ -446,6 +454,12 @@ type ClaimRequest struct {
 	// A control plane older than batches refuses the field with 400
 	// unknown_field.
 	MaxClaims int `json:"max_claims,omitempty"`
+	// PinnedOnly asks only for turns of conversations whose sandbox is
+	// recorded on this host — no conversation's first turn — while the
+	// host is under pressure (S2, HostHeartbeat.SandboxPressure). A
+	// control plane older than the field refuses it with 400
+	// unknown_field.
+	PinnedOnly bool `json:"pinned_only,omitempty"`
 }
 
 // MaxClaimsPerRequest bounds ClaimRequest.MaxClaims.
@@ -544,7 +558,27 @@ type HostHeartbeat struct {
 	// Labels are the host's routing labels, its automatic ones (sandbox,
 	// os, arch) included; each heartbeat replaces the last one's.
 	Labels Labels `json:"labels,omitempty"`
+	// SandboxPressure is set while the host is short of disk or memory
+	// and, having stopped every idle sandbox it could, still is: it takes
+	// no conversation's first turn (ClaimRequest.PinnedOnly), while the
+	// turns of conversations already here still run (S2).
+	SandboxPressure *SandboxPressure `json:"sandbox_pressure,omitempty"`
 }
+
+// SandboxPressure is what a host under pressure is short of (S2).
+type SandboxPressure struct {
+	Resource     string    `json:"resource"` // PressureDisk or PressureMemory
+	FreeBytes    int64     `json:"free_bytes"`
+	TotalBytes   int64     `json:"total_bytes"`
+	MinFreeBytes int64     `json:"min_free_bytes"` // the host's --min-free-disk or --min-free-memory, in bytes
+	Since        time.Time `json:"since"`
+}
+
+// SandboxPressure.Resource values.
+const (
+	PressureDisk   = "disk"
+	PressureMemory = "memory"
+)
 
 // HostHeartbeatResponse answers a host heartbeat.
 type HostHeartbeatResponse struct {
@@ -566,7 +600,19 @@ const ConversationUnknown = "unknown"
 // may still run a turn.
 type ConversationStatesRequest struct {
 	ConversationIDs []string `json:"conversation_ids"` // at most MaxConversationIDs
+	// SandboxStates reports, for asked conversations whose sandbox state
+	// the host knows, SandboxRunning or SandboxStopped (S1); the control
+	// plane records it for those whose sandbox is recorded on this host
+	// (Conversation.SandboxState). Absent ids are not known. A control
+	// plane older than the field refuses it with 400 unknown_field.
+	SandboxStates map[string]string `json:"sandbox_states,omitempty"`
 }
+
+// Sandbox states (Conversation.SandboxState, ConversationStatesRequest).
+const (
+	SandboxRunning = "running"
+	SandboxStopped = "stopped"
+)
 
 // ConversationState is one conversation's state as the host sees it.
 type ConversationState struct {

@@ -112,6 +112,9 @@ func printHosts(w io.Writer, servers []wire.Server, now time.Time) {
 		if s.ClaimsWithheld != "" {
 			notes = append(notes, "claims withheld: "+s.ClaimsWithheld)
 		}
+		if p := s.SandboxPressure; p != nil {
+			notes = append(notes, fmt.Sprintf("sandbox pressure: %s %d of %d bytes free, first turns withheld", p.Resource, p.FreeBytes, p.TotalBytes))
+		}
 		if s.LaunchError != nil {
 			notes = append(notes, fmt.Sprintf("launch error %s ×%d", s.LaunchError.Class, s.LaunchError.Consecutive))
 		}

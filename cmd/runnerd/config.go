@@ -61,6 +61,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		receiptTimeout, receiptRetry   time.Duration
 		launchBackoff, launchBackoffMx time.Duration
 		sandboxSweep, sandboxIdle      time.Duration
+		minFreeDisk, minFreeMemory     string
 	)
 	fs.StringVar(&c.ControlPlaneURL, "control-plane", "http://127.0.0.1:8080", "control plane base URL (https:// for TLS; http:// to another host is warned about at start), or several replicas' comma-separated, the preferred first: calls move to the next on a transport failure or a 5xx and come back when the preferred one answers")
 	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
@@ -92,6 +93,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
 	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
 	fs.DurationVar(&sandboxIdle, "sandbox-idle", runner.DefaultSandboxIdle, "stop (not delete) a conversation's sandbox after this long without a turn; the next message starts it again (0: never)")
+	fs.StringVar(&minFreeDisk, "min-free-disk", runner.DefaultMinFreeDisk.String(), "below this free disk (N% of the filesystem, or bytes: 20GiB) on the state directory's or Docker's filesystem, stop idle sandboxes and then withhold new conversations' first turns (S2); 0: off")
+	fs.StringVar(&minFreeMemory, "min-free-memory", "0", "below this free memory (MemAvailable; N% or bytes: 2GiB), stop idle sandboxes and then withhold new conversations' first turns (S2); 0: off")
 	fs.DurationVar(&c.ControlTimeout, "control-timeout", runner.DefaultControlTimeout, "timeout of other control requests (R6)")
 	fs.DurationVar(&receiptTimeout, "receipt-timeout", settlement.DefaultTryTimeout, "timeout of each receipt or report try (R24)")
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
@@ -225,6 +228,12 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	c.SandboxIdle = sandboxIdle
 	if sandboxIdle == 0 {
 		c.SandboxIdle = -1 // runner.Config: zero is the default, negative is never
+	}
+	if c.MinFreeDisk, err = runner.ParseFreeMin(minFreeDisk); err != nil {
+		return o, fmt.Errorf("--min-free-disk %w", err)
+	}
+	if c.MinFreeMemory, err = runner.ParseFreeMin(minFreeMemory); err != nil {
+		return o, fmt.Errorf("--min-free-memory %w", err)
 	}
 	c.Receipts.TryTimeout, c.Receipts.Wait = receiptTimeout, receiptRetry
 	c.Reports.TryTimeout, c.Reports.Wait = receiptTimeout, receiptRetry

@@ -40,6 +40,7 @@ import (
 	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/docker"
 )
 
 // version is set at build time (-X main.version=…).
@@ -141,6 +142,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 1
 	}
+	cfg.DiskPaths = diskPaths(cfg, log)
 
 	// systemd: NOTIFY_SOCKET set means Type=notify; WATCHDOG_USEC sets the pace.
 	if getenv("NOTIFY_SOCKET") != "" {
@@ -300,6 +302,30 @@ func backend(cfg runner.Config) (sandbox.Backend, error) {
 		return nil, fmt.Errorf("%s sandbox backend: %w", cfg.Sandbox, err)
 	}
 	return b, nil
+}
+
+// diskPaths are the filesystems --min-free-disk watches (S2): the state
+// directory's and, for the docker backend, the engine's root, where
+// containers' writable layers and volumes live. An engine that does not
+// answer now leaves its root out, with a record.
+func diskPaths(cfg runner.Config, log *slog.Logger) []string {
+	paths := []string{cfg.StateDir}
+	if cfg.Sandbox != sandbox.BackendDocker {
+		return paths
+	}
+	engine, err := docker.EngineFromEnv()
+	if err == nil {
+		defer engine.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		info, ierr := engine.Info(ctx)
+		if err = ierr; err == nil && info.DockerRootDir != "" {
+			return append(paths, info.DockerRootDir)
+		}
+	}
+	log.Warn(diagnostics.MsgSandboxPressureUnmeasured, slog.String(diagnostics.KeyPath, "docker_root"),
+		slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
+	return paths
 }
 
 // sdNotifier is sd_notify through go-systemd; it reads NOTIFY_SOCKET itself.

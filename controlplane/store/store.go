@@ -75,6 +75,7 @@ type ConversationState struct {
 	State         string
 	SandboxHostID string
 	SandboxHost   string // the host's name
+	SandboxState  string // wire.SandboxRunning, wire.SandboxStopped, or "" (none recorded)
 }
 
 // Stats is what the control plane's /metrics shows of the store.
@@ -131,6 +132,9 @@ type ClaimParams struct {
 	// attempt, worker token and lease. With a KeyHash the same key again
 	// gets the whole batch back, as it gets one attempt back.
 	More []ClaimSlot
+	// PinnedOnly takes only turns pinned to this host's sandboxes: no
+	// conversation's first turn (S2, a host under pressure).
+	PinnedOnly bool
 }
 
 // ClaimSlot is a further turn of a batched claim: the new attempt's id
@@ -260,6 +264,10 @@ type Store interface {
 	// with the host their sandbox is recorded on, in one query; an id the
 	// store does not hold has no entry.
 	ConversationStates(ctx context.Context, ids []string) (map[string]ConversationState, error)
+	// RecordSandboxStates records the sandbox states (wire.SandboxRunning,
+	// wire.SandboxStopped) a host reported for conversations whose sandbox
+	// is recorded on it; the others' are left as they are (S1).
+	RecordSandboxStates(ctx context.Context, hostID string, states map[string]string) error
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
 	// EnqueueTurn appends a turn; ErrConversationLost for a LOST
 	// conversation (R32), ErrConversationDeleted for a deleted one (S3).

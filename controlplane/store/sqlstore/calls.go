@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -110,6 +111,36 @@ func (s *Store) renewRefused(ctx context.Context, w store.Worker, ref wire.Attem
 	return s.renewTx(ctx, ref, ttl, now)
 }
 
+// RecordSandboxStates records what the host said of its sandboxes'
+// states (S1): each conversation's, only while its sandbox is recorded on
+// that host (a record that moved is the new host's to report).
+func (s *Store) RecordSandboxStates(ctx context.Context, hostID string, states map[string]string) error {
+	if len(states) == 0 {
+		return nil
+	}
+	ids := make([]string, 0, len(states))
+	for id, st := range states {
+		if st != wire.SandboxRunning && st != wire.SandboxStopped {
+			return fmt.Errorf("record sandbox states: %w: state %q", store.ErrInvalid, st)
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids) // one lock order for concurrent writers
+	err := s.write(ctx, func(tx txn) error {
+		for _, id := range ids {
+			if _, err := s.exec(ctx, tx, `UPDATE conversations SET sandbox_state = ? WHERE id = ? AND sandbox_host_id = ?`,
+				states[id], id, hostID); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record sandbox states: %w", err)
+	}
+	return nil
+}
+
 // ConversationStates reads many conversations' states in one query: on
 // PostgreSQL the ids as one array parameter, on SQLite as one JSON array.
 func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[string]store.ConversationState, error) {
@@ -117,7 +148,7 @@ func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[strin
 	if len(ids) == 0 {
 		return out, nil
 	}
-	const cols = `SELECT c.id, c.state, COALESCE(c.sandbox_host_id, ''), COALESCE(h.name, '')` + conversationFrom
+	const cols = `SELECT c.id, c.state, COALESCE(c.sandbox_host_id, ''), COALESCE(h.name, ''), c.sandbox_state` + conversationFrom
 	q, arg := cols+` WHERE c.id = ANY($1)`, any(ids)
 	if s.d == sqlite {
 		b, err := json.Marshal(ids)
@@ -134,7 +165,7 @@ func (s *Store) ConversationStates(ctx context.Context, ids []string) (map[strin
 	for rows.Next() {
 		var id string
 		var c store.ConversationState
-		if err := rows.Scan(&id, &c.State, &c.SandboxHostID, &c.SandboxHost); err != nil {
+		if err := rows.Scan(&id, &c.State, &c.SandboxHostID, &c.SandboxHost, &c.SandboxState); err != nil {
 			return nil, fmt.Errorf("conversation states: %w", err)
 		}
 		out[id] = c

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,7 +36,7 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 			h.ID = id
 			_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
 				last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
-				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '' WHERE id = ?`,
+				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '', sandbox_pressure = '' WHERE id = ?`,
 				hex.EncodeToString(tokenHash), id)
 			if err != nil {
 				return err
@@ -80,11 +81,20 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 	if hb.LaunchError != nil {
 		class, consecutive, since = hb.LaunchError.Class, int64(hb.LaunchError.Consecutive), ns(hb.LaunchError.Since)
 	}
+	var pressure string
+	if hb.SandboxPressure != nil {
+		b, err := json.Marshal(hb.SandboxPressure)
+		if err != nil {
+			return fmt.Errorf("record heartbeat: %w", err)
+		}
+		pressure = string(b)
+	}
 	return s.write(ctx, func(tx txn) error {
 		n, err := s.exec(ctx, tx, `UPDATE hosts SET last_heartbeat = ?, capacity = ?, draining = ?,
 			launch_error_class = ?, launch_error_consecutive = ?, launch_error_since = ?, version = ?,
-			heartbeat_interval_ms = ?, claims_withheld = ? WHERE id = ? AND removed_at IS NULL`,
-			ns(now), hb.Capacity, b2i(hb.Draining), class, consecutive, since, hb.Version, max(hb.IntervalMS, 0), hb.ClaimsWithheld, hostID)
+			heartbeat_interval_ms = ?, claims_withheld = ?, sandbox_pressure = ? WHERE id = ? AND removed_at IS NULL`,
+			ns(now), hb.Capacity, b2i(hb.Draining), class, consecutive, since, hb.Version, max(hb.IntervalMS, 0), hb.ClaimsWithheld,
+			pressure, hostID)
 		if err != nil {
 			return fmt.Errorf("record heartbeat: %w", err)
 		}
@@ -101,7 +111,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
 		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
-		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels
+		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure
 		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
@@ -112,14 +122,20 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		var sv wire.Server
 		var last, paused sql.NullInt64
 		var draining, consecutive, since, running int64
-		var class, labels string
+		var class, labels, pressure string
 		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
-			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels); err != nil {
+			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
 		var err error
 		if sv.Labels, err = wire.ParseLabels(labels); err != nil {
 			return nil, fmt.Errorf("list servers: labels of %s: %w", sv.Name, err)
+		}
+		if pressure != "" {
+			sv.SandboxPressure = new(wire.SandboxPressure)
+			if err := json.Unmarshal([]byte(pressure), sv.SandboxPressure); err != nil {
+				return nil, fmt.Errorf("list servers: sandbox pressure of %s: %w", sv.Name, err)
+			}
 		}
 		sv.LastHeartbeat = nsPtr(last)
 		sv.PausedAt = nsPtr(paused)

@@ -63,8 +63,8 @@ func TestQueryPlansUseIndexes(t *testing.T) {
 				args        []any
 				allow       []string // problems this plan may have, said why below
 			}{
-				{"claim", s.claimStatement(), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_x", "host_bench", ns(t0), ns(t0), "host_bench"}, nil},
-				{"claim by a labelled host", s.claimStatement(), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_y", "host_gpu", ns(t0), ns(t0), "host_gpu"}, nil},
+				{"claim", s.claimStatement(false), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_x", "host_bench", ns(t0), ns(t0), "host_bench"}, nil},
+				{"claim by a labelled host", s.claimStatement(false), []string{"jobs_claim_host", "jobs_claim_any"}, []any{"att_y", "host_gpu", ns(t0), ns(t0), "host_gpu"}, nil},
 				// PostgreSQL's claim of up to 8 turns in one statement: the same
 				// walks, each at most 8 rows of its range. It sorts what the
 				// walks found (at most 8 rows each, one walk per route met) and

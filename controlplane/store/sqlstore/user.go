@@ -41,7 +41,7 @@ const (
 // conversationCols reads a conversation with the name of its sandbox's
 // host (FROM conversationFrom).
 const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
-	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id, c.agent_protocol, c.permission_policy`
+	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id, c.agent_protocol, c.permission_policy, c.sandbox_state`
 
 const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
@@ -50,7 +50,7 @@ func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, er
 	var cmd, requires string
 	var created int64
 	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
-		&created, &c.SandboxHost, &requires, &c.InterruptedJobID, &c.AgentProtocol, &c.PermissionPolicy); err != nil {
+		&created, &c.SandboxHost, &requires, &c.InterruptedJobID, &c.AgentProtocol, &c.PermissionPolicy, &c.SandboxState); err != nil {
 		return c, err
 	}
 	if requires != "" {

@@ -150,7 +150,11 @@ func slotKey(key any, i int) any {
 // claimOne takes one turn for slot inside a claim's transaction.
 func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot store.ClaimSlot, ttl time.Duration, key any) (wire.Claim, bool, error) {
 	c := wire.Claim{AttemptID: slot.AttemptID, LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds()}
-	err := tx.QueryRowContext(ctx, s.q(s.claimStatement()), c.AttemptID, p.HostID, ns(p.Now), ns(p.Now), p.HostID).Scan(
+	qa := []any{c.AttemptID, p.HostID, ns(p.Now), ns(p.Now), p.HostID}
+	if p.PinnedOnly {
+		qa = qa[:3] // the host's own range only (S2)
+	}
+	err := tx.QueryRowContext(ctx, s.q(s.claimStatement(p.PinnedOnly)), qa...).Scan(
 		&c.JobID, &c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt, &c.LeaseGeneration)
 	if errors.Is(err, sql.ErrNoRows) {
 		return c, false, nil
@@ -206,8 +210,12 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 		ids[i], hashes[i] = sl.AttemptID, hex.EncodeToString(sl.WorkerTokenHash)
 	}
 	qargs := []any{p.HostID, ns(p.Now), len(slots), ids, hashes, int64(ttl), ns(exp), key, int64(p.Held), prefix}
+	stmt := claimPGStatement
+	if p.PinnedOnly {
+		stmt = claimPGPinnedStatement
+	}
 	if key == nil {
-		rows, err := s.w.QueryContext(ctx, claimPGStatement, qargs...)
+		rows, err := s.w.QueryContext(ctx, stmt, qargs...)
 		if err != nil {
 			return nil, false, err
 		}
@@ -223,7 +231,7 @@ func (s *Store) claimPG(ctx context.Context, p store.ClaimParams, slots []store.
 	// took, or none.
 	err = s.pipeline(ctx, func(b *pgx.Batch) {
 		b.Queue(`SELECT pg_advisory_xact_lock($1)`, int64(binary.BigEndian.Uint64(p.KeyHash[:8])))
-		b.Queue(claimPGStatement, qargs...).Query(func(rows pgx.Rows) (err error) {
+		b.Queue(stmt, qargs...).Query(func(rows pgx.Rows) (err error) {
 			cs, done, err = claimedRows(rows, p, ttl, exp)
 			return err
 		})
@@ -281,7 +289,23 @@ func claimedRows(rows interface {
 // statement ends); the oldest $3 of them are taken, numbered in queue
 // order to pair with the slots. One row per turn taken, or one row of
 // NULLs when none is: no row means the host is paused or unknown.
-const claimPGStatement = `WITH h AS (
+const claimPGStatement = claimPGHead + claimPGAny + claimPGTail
+
+// claimPGPinnedStatement is claimPGStatement for a host under pressure
+// (store.ClaimParams.PinnedOnly): the walk of the host's own range only,
+// no conversation's first turn (S2). The same arguments.
+const claimPGPinnedStatement = claimPGHead + claimPGTail
+
+// claimPGAny is claimPGStatement's walk of the turns any host may take.
+const claimPGAny = `
+		UNION ALL
+		SELECT w.pos FROM routes r CROSS JOIN LATERAL (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1
+			AND sandbox_host_id IS NULL AND route >= r.labels AND route <= r.labels AND not_before <= $2
+			ORDER BY route, pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS w
+		WHERE NOT EXISTS (SELECT 1 FROM route_labels rl WHERE rl.route = r.labels AND NOT EXISTS (
+			SELECT 1 FROM host_labels hl WHERE hl.host_id = $1 AND hl.key = rl.key AND hl.value = rl.value))`
+
+const claimPGHead = `WITH h AS (
 	SELECT id, name FROM hosts WHERE id = $1 AND paused_at IS NULL AND removed_at IS NULL FOR SHARE
 ), keyed AS (
 	SELECT 1 FROM attempts WHERE host_id = $1 AND claim_key >= CAST($8 AS TEXT) AND claim_key < CAST($8 AS TEXT) || '/'
@@ -289,13 +313,9 @@ const claimPGStatement = `WITH h AS (
 ), pick AS (
 	SELECT pos, row_number() OVER (ORDER BY pos) AS k FROM (
 		SELECT pos FROM (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND sandbox_host_id = $1
-			AND not_before <= $2 ORDER BY pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS pinned
-		UNION ALL
-		SELECT w.pos FROM routes r CROSS JOIN LATERAL (SELECT pos FROM jobs WHERE state = 'queued' AND head = 1
-			AND sandbox_host_id IS NULL AND route >= r.labels AND route <= r.labels AND not_before <= $2
-			ORDER BY route, pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS w
-		WHERE NOT EXISTS (SELECT 1 FROM route_labels rl WHERE rl.route = r.labels AND NOT EXISTS (
-			SELECT 1 FROM host_labels hl WHERE hl.host_id = $1 AND hl.key = rl.key AND hl.value = rl.value))
+			AND not_before <= $2 ORDER BY pos LIMIT $3 FOR UPDATE SKIP LOCKED) AS pinned`
+
+const claimPGTail = `
 	) AS c ORDER BY pos LIMIT $3
 ), j AS (
 	UPDATE jobs SET state = 'running', generation = jobs.generation + 1,
@@ -413,8 +433,10 @@ func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
 // its row with SKIP LOCKED; those not taken stay locked until commit, so a
 // concurrent claimer passes them for a moment. The query-plan test
 // explains this very text. Arguments: the new attempt id, the host id,
-// now, now, the host id.
-func (s *Store) claimStatement() string {
+// now, now, the host id. pinnedOnly (a host under pressure, S2) leaves the
+// walk of the turns any host may take out — no conversation's first turn —
+// and with it the last two arguments.
+func (s *Store) claimStatement(pinnedOnly bool) string {
 	walk := func(cond, order string) string {
 		return `SELECT pos FROM jobs WHERE state = 'queued' AND head = 1 AND ` + cond +
 			` AND not_before <= ? ORDER BY ` + order + ` LIMIT 1` + s.lockSkip()
@@ -426,14 +448,18 @@ func (s *Store) claimStatement() string {
 	// route holds most of the queue; it chose the primary key, which reads
 	// every queued turn of other routes ahead of this one's. A range is no
 	// constant, so only jobs_claim_any gives the order without a sort.
-	return `UPDATE jobs SET state = 'running', generation = generation + 1,
-		attempt_count = attempt_count + 1, live_attempt_id = ?
-		WHERE pos = (SELECT MIN(pos) FROM (
-			SELECT pos FROM (` + walk(`sandbox_host_id = ?`, `pos`) + `) AS pinned
+	anyHost := `
 			UNION ALL
 			SELECT (` + walk(`sandbox_host_id IS NULL AND route >= r.labels AND route <= r.labels`, `route, pos`) + `) FROM routes r
 			WHERE NOT EXISTS (SELECT 1 FROM route_labels rl WHERE rl.route = r.labels AND NOT EXISTS (
-				SELECT 1 FROM host_labels hl WHERE hl.host_id = ? AND hl.key = rl.key AND hl.value = rl.value))
+				SELECT 1 FROM host_labels hl WHERE hl.host_id = ? AND hl.key = rl.key AND hl.value = rl.value))`
+	if pinnedOnly {
+		anyHost = ""
+	}
+	return `UPDATE jobs SET state = 'running', generation = generation + 1,
+		attempt_count = attempt_count + 1, live_attempt_id = ?
+		WHERE pos = (SELECT MIN(pos) FROM (
+			SELECT pos FROM (` + walk(`sandbox_host_id = ?`, `pos`) + `) AS pinned` + anyHost + `
 		) AS c)
 		AND state = 'queued'
 		RETURNING id, conversation_id, seq, prompt, generation`
@@ -670,7 +696,7 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 		var conv string
 		err = sql.ErrNoRows
 		if req.Resumed == nil {
-			err = tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
+			err = tx.QueryRowContext(ctx, s.q(`UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, sandbox_state = 'running', updated_at = ?
 				WHERE id = (SELECT conversation_id FROM jobs WHERE id = ?) AND state <> 'quarantined' RETURNING id`),
 				req.Backend, req.ContainerID, hostID, ns(now), jobID).Scan(&conv)
 		}
@@ -678,7 +704,7 @@ func (s *Store) RecordContainer(ctx context.Context, ref wire.AttemptRef, req wi
 			if conv, err = s.resume(ctx, tx, jobID, ref.AttemptID, req, now); err != nil {
 				return err
 			}
-			_, err = s.exec(ctx, tx, `UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, updated_at = ?
+			_, err = s.exec(ctx, tx, `UPDATE conversations SET container_backend = ?, container_id = ?, sandbox_host_id = ?, sandbox_state = 'running', updated_at = ?
 				WHERE id = ?`, req.Backend, req.ContainerID, hostID, ns(now), conv)
 		}
 		if err != nil {

@@ -45,6 +45,8 @@ var tests = []test{
 	{"WorkerCallsAs_Refusals", testWorkerCallsAsRefused},
 	{"Race_FinishAsVsEnqueue", testRaceFinishAsVsEnqueue},
 	{"ConversationStates_OneRead", testConversationStates},
+	{"S1_SandboxState", testS1SandboxState},
+	{"S2_PinnedOnlyClaim", testS2PinnedOnlyClaim},
 	{"ListJobs", testListJobs},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},

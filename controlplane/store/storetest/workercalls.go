@@ -102,7 +102,7 @@ func testConversationStates(t *testing.T, st store.Store) {
 	cb := f.claimOn(b, later, j.ID)
 	f.recordContainer(cb, "ctr-b", later)
 	got, err = st.ConversationStates(f.ctx, []string{conv.ID})
-	if w := (store.ConversationState{State: wire.ConversationUsable, SandboxHostID: b.ID, SandboxHost: b.Name}); err != nil || got[conv.ID] != w {
+	if w := (store.ConversationState{State: wire.ConversationUsable, SandboxHostID: b.ID, SandboxHost: b.Name, SandboxState: wire.SandboxRunning}); err != nil || got[conv.ID] != w {
 		t.Fatalf("recorded on host-b: %v, %v; want %+v", got, err, w)
 	}
 	f.enqueue(conv.ID, "two")
