@@ -152,7 +152,7 @@ func sweepReason(st wire.ConversationState, turnHere bool) string {
 func (s *sweeper) ask(ctx context.Context, ids []string) (wire.ConversationStatesResponse, bool) {
 	d := s.d
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
-	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, wire.ConversationStatesRequest{ConversationIDs: ids})
+	resp, err := d.control.ConversationStates(rctx, d.hostToken(), wire.ConversationStatesRequest{ConversationIDs: ids})
 	cancel()
 	status := diagnostics.Status(err)
 	switch {
