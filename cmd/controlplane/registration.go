@@ -43,7 +43,7 @@ func (l labelList) Set(v string) error {
 	if !ok {
 		return fmt.Errorf("want name=value, not %q", v)
 	}
-	if _, dup := l[k]; dup {
+	if had, dup := l[k]; dup && had != val {
 		return fmt.Errorf("label %q given twice", k)
 	}
 	l[k] = val
