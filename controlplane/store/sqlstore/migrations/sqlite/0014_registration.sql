@@ -33,3 +33,6 @@ ALTER TABLE hosts ADD COLUMN previous_token_hash TEXT;
 ALTER TABLE hosts ADD COLUMN previous_token_until INTEGER;
 ALTER TABLE hosts ADD COLUMN rotation_nonce TEXT NOT NULL DEFAULT '';
 ALTER TABLE hosts ADD COLUMN registered_by TEXT NOT NULL DEFAULT '';
+
+-- A host token is looked up by either hash.
+CREATE INDEX hosts_previous_token_hash ON hosts (previous_token_hash);
