@@ -264,7 +264,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	}
 	if errors.Is(err, runner.ErrHostTokenRefused) {
 		// runnerd_host_token_refused was written when it happened.
-		fmt.Fprintf(stderr, "runnerd: the control plane refused the host token in %s; register the host again (controlplane host add or host rotate-token) and put the new token there\n", o.tokenFile)
+		fmt.Fprintf(stderr, "runnerd: the control plane refused the host token in %s; register the host again (controlplane host add or host rotate-token --grace 0) and put the new token there\n", o.tokenFile)
 		return exitHostTokenRefused
 	}
 	if err != nil {
