@@ -18,7 +18,19 @@ const (
 	HostTokenPrefix   = "rdh_"
 	WorkerTokenPrefix = "rdw_"
 	UserTokenPrefix   = "rdu_"
+	// RegistrationTokenPrefix: a token daemons register themselves with.
+	RegistrationTokenPrefix = "rdr_"
 )
+
+// RotatedToken is the host token a rotation with a grace gives the holder
+// of previous: HMAC-SHA256 of the rotation's nonce keyed by previous. The
+// store keeps the nonce and previous's hash, so only the host (and the
+// control plane while the host presents previous) can derive it.
+func RotatedToken(previous, nonce string) string {
+	m := hmac.New(sha256.New, []byte(previous))
+	m.Write([]byte("runnerd host token rotation\x00" + nonce))
+	return HostTokenPrefix + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
 
 // NewToken returns prefix followed by 256 random bits, base64url.
 func NewToken(prefix string) string {
@@ -127,7 +139,9 @@ func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // host authenticates a host token, from the replica's cache when the
-// store accepted it within HostTokenCache.
+// store accepted it within HostTokenCache. A previous token (a rotation's
+// grace) is never cached: it is refused from the grace's end on, judged
+// on the store's clock.
 func (s *Server) host(w http.ResponseWriter, r *http.Request, op string) (store.Host, bool) {
 	tok := bearer(r)
 	if tok == "" {
@@ -142,6 +156,17 @@ func (s *Server) host(w http.ResponseWriter, r *http.Request, op string) (store.
 	if err != nil {
 		s.fail(w, r, op, err)
 		return store.Host{}, false
+	}
+	if h.Previous != nil {
+		at, ok := s.now(w, r, op)
+		if !ok {
+			return store.Host{}, false
+		}
+		if !at.Before(h.Previous.Until) {
+			writeError(w, errBadToken)
+			return store.Host{}, false
+		}
+		return h, true
 	}
 	s.hosts.put(hash, h, now)
 	return h, true

@@ -19,6 +19,7 @@ const (
 	MsgConversationDeleted = "controlplane_conversation_deleted"          // its owner deleted a conversation (S3): conversation_id
 	MsgStopping            = "controlplane_stopping"                      // shutdown began
 	MsgHostChanged         = "controlplane_host_changed"                  // an operator paused, resumed, removed a host or rotated its token
+	MsgHostRegistered      = "controlplane_host_registered"               // a daemon registered itself with a registration token: host, version (never a token)
 	MsgTLSReloaded         = "controlplane_tls_reloaded"                  // SIGHUP: the TLS pair was read again; new connections get it (subject, not_after)
 	MsgTLSReloadFailed     = "controlplane_tls_reload_failed"             // SIGHUP: the new TLS pair could not be used (reason names the file and why); the old one stays
 	MsgWorkListen          = "controlplane_work_listen"                   // PostgreSQL: the store began listening for new work (listening) or its connection failed (class); claims then wake by the re-check

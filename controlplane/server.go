@@ -134,6 +134,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", s.handleHealthz)
 	mux.HandleFunc("GET /readyz", s.handleReadyz)
 
+	// Registration: a registration token buys a host its own token.
+	mux.HandleFunc("POST "+wire.PathRegister, s.handleRegister)
+
 	// Worker API, host scope.
 	mux.HandleFunc("POST "+wire.PathClaim, s.handleClaim)
 	mux.HandleFunc("POST "+wire.PathHostHeartbeat, s.handleHostHeartbeat)

@@ -266,7 +266,20 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, op, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, wire.HostHeartbeatResponse{ServerTime: now, ClusterID: cluster})
+	resp := wire.HostHeartbeatResponse{ServerTime: now, ClusterID: cluster}
+	if h.Previous != nil {
+		// A rotation's grace: the host still holds its previous token.
+		// Its new one derives from it; adopted again on every such
+		// heartbeat, so an answer the host never got is given again.
+		prev := bearer(r)
+		next := RotatedToken(prev, h.Previous.Nonce)
+		if err := s.cfg.Store.AdoptRotatedToken(r.Context(), h.ID, HashToken(prev), HashToken(next)); err != nil {
+			s.fail(w, r, op, err)
+			return
+		}
+		resp.HostToken = next
+	}
+	writeJSON(w, http.StatusOK, resp)
 }
 
 // handleCancels is the host's long poll for the user's cancels of its

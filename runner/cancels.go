@@ -82,7 +82,7 @@ func (d *Daemon) cancelLoop(ctx context.Context) {
 		}
 		got := make(chan answer, 1)
 		go func() {
-			ids, err := d.control.Cancels(pollCtx, d.cfg.HostToken, wire.CancelsRequest{AttemptIDs: ids, WaitMS: d.cfg.ClaimWait.Milliseconds()})
+			ids, err := d.control.Cancels(pollCtx, d.hostToken(), wire.CancelsRequest{AttemptIDs: ids, WaitMS: d.cfg.ClaimWait.Milliseconds()})
 			got <- answer{ids, err}
 		}()
 		var ans answer

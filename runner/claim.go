@@ -106,7 +106,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			pending.key, pending.sent, pending.n = rand.Text(), sent, n
 		}
 		ctx, cancelClaim := context.WithTimeout(claimCtx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
-		got, err := d.control.Claims(ctx, d.cfg.HostToken, wire.ClaimRequest{
+		got, err := d.control.Claims(ctx, d.hostToken(), wire.ClaimRequest{
 			WaitMS:         d.cfg.ClaimWait.Milliseconds(),
 			LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
 			IdempotencyKey: pending.key,
@@ -263,11 +263,12 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()
-	resp, err := d.control.HostHeartbeat(ctx, d.cfg.HostToken, hb)
+	resp, err := d.control.HostHeartbeat(ctx, d.hostToken(), hb)
 	if err == nil {
 		// The first contact pins the cluster; a changed one is said at once,
 		// not only when the sweep next asks (K8).
 		d.trustCluster(resp.ClusterID)
+		d.adoptHostToken(resp.HostToken)
 	}
 	return err
 }

@@ -51,7 +51,16 @@ type Config struct {
 	// child gets the list.
 	ControlPlaneURL string
 	// HostToken authenticates claims and host heartbeats. Never logged.
+	// Empty with a RegistrationToken: Run registers the host first.
 	HostToken string
+	// HostTokenFile is where the host token is kept: a registration
+	// writes it there, and so does a rotation a heartbeat answer carries
+	// (atomically, 0600). Empty: a rotated token is held in memory only.
+	HostTokenFile string
+	// RegistrationToken, used only while HostToken is empty, registers the
+	// host under HostName with its operator Labels (POST /v1/agent/register)
+	// before anything else. Never logged.
+	RegistrationToken string
 	// HostName names this host in records and in the turn payload.
 	HostName string
 	// StateDir holds the persisted attempts (attempts/*.json, 0600) and is
@@ -219,8 +228,8 @@ func (c Config) withDefaults() (Config, error) {
 	} else {
 		c.endpoints = ep
 	}
-	if c.HostToken == "" {
-		errs = append(errs, errors.New("host token is required"))
+	if c.HostToken == "" && (c.RegistrationToken == "" || c.HostTokenFile == "") {
+		errs = append(errs, errors.New("host token is required (or a registration token and a host token file to store the token it buys)"))
 	}
 	if c.HostName == "" {
 		errs = append(errs, errors.New("host name is required"))

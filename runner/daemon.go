@@ -46,8 +46,11 @@ type Daemon struct {
 	kickSweep    chan struct{} // asks the sweep to ask (and report sandbox states) now
 	pressure     *hostPressure // S2 (pressure.go)
 
-	refused    chan struct{} // closed when the host token was first refused
-	lastStatus string        // the last STATUS= sent; only the host heartbeat loop touches it
+	refused chan struct{} // closed when the host token was first refused
+	// hostTok is the host token now: Config.HostToken, the one a
+	// registration bought, or a rotated one a heartbeat answer carried.
+	hostTok    atomic.Pointer[string]
+	lastStatus string // the last STATUS= sent; only the host heartbeat loop touches it
 
 	// mu guards the fields from here to cancelWatchMoved, and idle.
 	mu          sync.Mutex
@@ -124,6 +127,7 @@ func New(cfg Config) (*Daemon, error) {
 				slog.String("from", redactURL(from)), slog.String("to", redactURL(to)))
 		})
 	}
+	d.hostTok.Store(&cfg.HostToken)
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
 	cfg.Metrics.daemon.CompareAndSwap(nil, d) // the first daemon of these metrics shows its state
 	return d, nil
@@ -173,6 +177,11 @@ func (d *Daemon) draining() bool { return d.drainCtx.Err() != nil }
 func (d *Daemon) Run(ctx context.Context) error {
 	d.logStarted()
 	d.logScopes()
+	if d.hostToken() == "" {
+		if err := d.register(ctx); err != nil {
+			return err
+		}
+	}
 	loops, stopLoops := context.WithCancel(context.Background())
 	defer stopLoops()
 	var wg sync.WaitGroup

@@ -174,7 +174,7 @@ func sweepReason(st wire.ConversationState, turnHere bool) string {
 func (s *sweeper) ask(ctx context.Context, req wire.ConversationStatesRequest) (wire.ConversationStatesResponse, bool) {
 	d := s.d
 	rctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
-	resp, err := d.control.ConversationStates(rctx, d.cfg.HostToken, req)
+	resp, err := d.control.ConversationStates(rctx, d.hostToken(), req)
 	cancel()
 	status := diagnostics.Status(err)
 	var se *wire.StatusError

@@ -168,6 +168,13 @@ func (c *Client) HostHeartbeat(ctx context.Context, hostToken string, req HostHe
 	return out, err
 }
 
+// Register registers the host with a registration token (RegisterRequest).
+func (c *Client) Register(ctx context.Context, registrationToken string, req RegisterRequest) (RegisterResponse, error) {
+	var out RegisterResponse
+	_, err := c.do(ctx, "register", PathRegister, registrationToken, req, &out)
+	return out, err
+}
+
 // ConversationStates asks, with the host token, whether the conversations
 // are usable, lost or unknown to the control plane.
 func (c *Client) ConversationStates(ctx context.Context, hostToken string, req ConversationStatesRequest) (ConversationStatesResponse, error) {

@@ -15,6 +15,7 @@ import (
 const (
 	PathClaim         = "/v1/agent/worker/claim"
 	PathHostHeartbeat = "/v1/agent/worker/heartbeat"
+	PathRegister      = "/v1/agent/register"
 	PathConversations = "/v1/agent/worker/conversations"
 	PathCancels       = "/v1/agent/worker/cancels"
 	pathJobPrefix     = "/v1/agent/worker/jobs/"
@@ -63,6 +64,12 @@ const (
 	CodeConversationBusy = "conversation_busy"  // 409: a turn of the conversation runs or waits; cancel it first
 	CodeGone             = "gone"               // 410: the job or conversation has ended for good
 	CodeInternal         = "internal"           // 500
+	// Registration (POST /v1/agent/register) refusals besides
+	// unauthorized (an unknown or revoked registration token), forbidden
+	// (a label the token does not grant) and host_exists.
+	CodeRegistrationExpired = "registration_expired" // 401: the registration token is past its expiry
+	CodeRegistrationUsedUp  = "registration_used_up" // 401: the registration token registered its max uses
+	CodeHostExists          = "host_exists"          // 409: a live host has that name
 )
 
 // ErrorBody is the body of every non-2xx answer. Message is plain language
@@ -421,11 +428,42 @@ func HostState(s Server, now time.Time) string {
 	return HostOnline
 }
 
-// HostTokenResponse answers POST /v1/admin/hosts/{name}/rotate-token: the
-// host's new token, shown once. The old one is refused from then on.
+// RotateTokenRequest is POST /v1/admin/hosts/{name}/rotate-token. GraceMS
+// is how long the host's current token stays valid (default
+// DefaultRotateGrace); within it the host picks its new token up from a
+// heartbeat answer. 0: the new token replaces the old at once and is
+// shown once, for a host whose token is lost or leaked.
+type RotateTokenRequest struct {
+	GraceMS *int64 `json:"grace_ms,omitempty"`
+}
+
+// DefaultRotateGrace is a rotation's grace when the request names none.
+const DefaultRotateGrace = 10 * time.Minute
+
+// HostTokenResponse answers POST /v1/admin/hosts/{name}/rotate-token.
+// Without a grace Token is the host's new token, shown once, and the old
+// one is refused from then on; with a grace Token is empty (nobody but the
+// host ever sees its new token) and the old one is refused from GraceUntil.
 type HostTokenResponse struct {
-	Name  string `json:"name"`
-	Token string `json:"token"`
+	Name       string     `json:"name"`
+	Token      string     `json:"token,omitempty"`
+	GraceUntil *time.Time `json:"grace_until,omitempty"`
+}
+
+// RegisterRequest is POST /v1/agent/register, with a registration token:
+// a daemon registers itself under Name with the operator labels it will
+// carry (each granted by the token) and gets its own host token.
+type RegisterRequest struct {
+	Name    string `json:"name"`
+	Labels  Labels `json:"labels,omitempty"`
+	Version string `json:"version,omitempty"`
+}
+
+// RegisterResponse answers a registration: the host's own token, shown
+// this once. The registration token plays no further part.
+type RegisterResponse struct {
+	Name      string `json:"name"`
+	HostToken string `json:"host_token"`
 }
 
 // ServerList is GET /v1/admin/servers.
@@ -586,6 +624,10 @@ type HostHeartbeatResponse struct {
 	// ClusterID is the control plane's cluster identity, created with its
 	// database (K8). The host pins the first it sees.
 	ClusterID string `json:"cluster_id"`
+	// HostToken is the host's new token, set only in the answer to a
+	// heartbeat sent with its previous token during a rotation's grace:
+	// the host stores it and uses only it from then on. Never logged.
+	HostToken string `json:"host_token,omitempty"`
 }
 
 // MaxConversationIDs bounds the ids of one ConversationStatesRequest.

@@ -20,7 +20,7 @@ var hostCommands = map[string]string{
 	"list":         "list the hosts with their state",
 	"pause":        "stop giving a host new turns; its running turns go on",
 	"resume":       "give a paused host turns again",
-	"rotate-token": "give a host a new token, shown once; the old one is refused from then on",
+	"rotate-token": "give a host a new token: it picks it up from its next heartbeat answer, the old one is refused at the end of --grace (0: now, the new token shown once)",
 	"remove":       "remove a host: its token is refused from then on",
 }
 
@@ -33,6 +33,10 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	f := newFlags(usage, stderr)
 	api := addAPIFlags(f)
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
+	var grace *time.Duration
+	if sub == "rotate-token" {
+		grace = f.fs.Duration("grace", wire.DefaultRotateGrace, "how long the old token stays valid; the host picks the new one up from its next heartbeat answer meanwhile (0: the new token replaces it now and is shown once)")
+	}
 	var name string
 	if sub == "list" {
 		if err := f.parse(args); err != nil {
@@ -67,9 +71,18 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 		printHosts(stdout, list.Servers, time.Now())
 		return nil
 	case "rotate-token":
+		if *grace < 0 {
+			return usagef("--grace must not be negative")
+		}
+		ms := grace.Milliseconds()
 		var tr wire.HostTokenResponse
-		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, &tr); err != nil {
+		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, wire.RotateTokenRequest{GraceMS: &ms}, &tr); err != nil {
 			return fmt.Errorf("rotate the token of host %s: %w", name, err)
+		}
+		if tr.GraceUntil != nil {
+			fmt.Fprintf(stderr, "host %s gets a new token from its next heartbeat answer (nobody else sees it); its current token is refused from %s\n",
+				name, tr.GraceUntil.UTC().Format(time.RFC3339))
+			return nil
 		}
 		fmt.Fprintln(stdout, tr.Token)
 		fmt.Fprintf(stderr, "host %s has a new token, shown above once; its old token is refused from now on\n", name)

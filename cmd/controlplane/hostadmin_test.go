@@ -102,7 +102,7 @@ func TestHostLifecycleCommands(t *testing.T) {
 		t.Fatalf("a resumed host's claim: %v", err)
 	}
 
-	code, stdout, stderr = host("rotate-token", "host-1")
+	code, stdout, stderr = host("rotate-token", "host-1", "--grace", "0")
 	newToken := strings.TrimSpace(stdout)
 	if code != exitOK || !strings.HasPrefix(newToken, "rdh_") || newToken == token {
 		t.Fatalf("rotate-token: %d %q %s", code, stdout, stderr)

@@ -4,6 +4,7 @@
 //	controlplane host add   register a sandbox host and print its token once
 //	controlplane token …    create, list or revoke user tokens (any replica accepts them)
 //	controlplane host list|pause|resume|rotate-token|remove
+//	controlplane registration-token create|list|revoke
 //	                        the hosts' lifecycle, through the admin API
 //	controlplane submit     send a message to a conversation and follow the turn
 //	controlplane conversation delete ID
@@ -87,6 +88,8 @@ commands:
   serve      run the control plane (HTTP API, admin page, reaper)
   host add   register a sandbox host; prints its token once (database access)
   host list|pause|resume|rotate-token|remove
+  registration-token create|list|revoke
+            tokens daemons register themselves with (database access)
              the hosts' lifecycle through the admin API (user token)
   token      create, list or revoke user tokens (kept hashed in the database)
   jobs list|show|cancel|events
@@ -128,6 +131,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			name = "token " + args[1]
 		}
 		err = token(ctx, args[1:], getenv, stdout, stderr)
+	case "registration-token":
+		if len(args) > 1 {
+			name = "registration-token " + args[1]
+		}
+		err = registrationToken(ctx, args[1:], getenv, stdout, stderr)
 	case "jobs":
 		if len(args) < 2 || jobCommands[args[1]] == "" {
 			err = usagef(`"jobs" takes a subcommand: list, show, cancel or events`)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -30,8 +31,12 @@ const envPrefix = "RUNNERD"
 // main builds (logger, notifier, backend, metrics, executable), and what
 // only main uses.
 type options struct {
-	cfg           runner.Config
-	tokenFile     string
+	cfg       runner.Config
+	tokenFile string
+	// regFile is --registration-token-file: with it the host token lives
+	// in tokenFile, STATE_DIR/host-token unless --host-token-file is
+	// given, bought by a registration on the first start.
+	regFile       string
 	metricsListen string
 	logFormat     string
 	logLevel      string
@@ -67,7 +72,8 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&c.TLS.CAFile, "ca-file", "", "PEM CA trusted beside the system's for an https:// control plane, by the daemon and every turn child")
 	fs.StringVar(&c.TLS.CertFile, "tls-client-cert", "", "PEM client certificate shown to the control plane (its --client-ca: mTLS), beside --tls-client-key")
 	fs.StringVar(&c.TLS.KeyFile, "tls-client-key", "", "PEM private key of --tls-client-cert (0600)")
-	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600)")
+	fs.StringVar(&o.tokenFile, "host-token-file", "/etc/runnerd/host-token", "file holding this host's token (0600); a rotated token is written here; with --registration-token-file default STATE_DIR/host-token")
+	fs.StringVar(&o.regFile, "registration-token-file", "", "file holding a registration token (0600): on a first start with no host token file the daemon registers itself under --host-name with its --label set, stores its own host token (0600) and uses only that from then on")
 	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
 	fs.IntVar(&c.Capacity, "capacity", runner.DefaultCapacity, "turns run at once")
@@ -159,6 +165,9 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	// R12 and the renewal timings: heartbeat checks them together and its
 	// errors name these flags.
+	if o.regFile != "" && !given["host-token-file"] {
+		o.tokenFile = filepath.Join(c.StateDir, "host-token")
+	}
 	leaseSet := given["lease-ttl"]
 	t, warns, err := heartbeat.ResolveTimings(heartbeat.TimingInputs{
 		LeaseTTLFlag:    leaseTTL,

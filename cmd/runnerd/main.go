@@ -41,6 +41,7 @@ import (
 	"github.com/runnerd/runnerd/runner/turn"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // version is set at build time (-X main.version=…).
@@ -84,7 +85,7 @@ func answer(arg string, stdout, stderr io.Writer) int {
 }
 
 // exitHostTokenRefused is `runnerd run`'s status when the control plane
-// refused the host token: a unit can keep systemd from restarting it in a
+// refused the host token or its registration: a unit can keep systemd from restarting it in a
 // loop with RestartPreventExitStatus=3.
 const exitHostTokenRefused = 3
 
@@ -120,7 +121,13 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	cfg.Version = version
 	cfg.ChildStderr = stderr
 	cfg.RenewHTTP.Proxy = http.ProxyFromEnvironment // as for every other control request
-	cfg.HostToken, err = readToken(o.tokenFile, getenv("CREDENTIALS_DIRECTORY"), log)
+	cfg.HostTokenFile = o.tokenFile
+	if _, statErr := os.Stat(o.tokenFile); o.regFile != "" && errors.Is(statErr, os.ErrNotExist) {
+		// A first start: Run registers the host and keeps its token there.
+		cfg.RegistrationToken, err = readSecretFile(o.regFile, "--registration-token-file", getenv("CREDENTIALS_DIRECTORY"), log)
+	} else {
+		cfg.HostToken, err = readToken(o.tokenFile, getenv("CREDENTIALS_DIRECTORY"), log)
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "runnerd: "+err.Error())
 		return 2
@@ -251,9 +258,15 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 		cancel()
 	}
 	<-metricsDone
+	if se := (*wire.StatusError)(nil); errors.Is(err, runner.ErrRegistrationRefused) && errors.As(err, &se) {
+		// The server's sentence says why (it holds no token); a restart
+		// would be refused the same way.
+		fmt.Fprintf(stderr, "runnerd: the control plane refused to register host %s (%d %s): %s\n", cfg.HostName, se.Status, se.Code, se.Message)
+		return exitHostTokenRefused
+	}
 	if errors.Is(err, runner.ErrHostTokenRefused) {
 		// runnerd_host_token_refused was written when it happened.
-		fmt.Fprintf(stderr, "runnerd: the control plane refused the host token in %s; register the host again (controlplane host add or host rotate-token) and put the new token there\n", o.tokenFile)
+		fmt.Fprintf(stderr, "runnerd: the control plane refused the host token in %s; register the host again (controlplane host add or host rotate-token --grace 0) and put the new token there\n", o.tokenFile)
 		return exitHostTokenRefused
 	}
 	if err != nil {
@@ -269,9 +282,14 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 // $CREDENTIALS_DIRECTORY, which systemd keeps 0440 on a mount only this
 // service can reach.
 func readToken(path, credDir string, log *slog.Logger) (string, error) {
+	return readSecretFile(path, "--host-token-file", credDir, log)
+}
+
+// readSecretFile is readToken of the file of flag.
+func readSecretFile(path, flag, credDir string, log *slog.Logger) (string, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return "", fmt.Errorf("--host-token-file %s: %w", path, errors.Unwrap(err))
+		return "", fmt.Errorf("%s %s: %w", flag, path, errors.Unwrap(err))
 	}
 	credential := credDir != "" && filepath.Dir(filepath.Clean(path)) == filepath.Clean(credDir)
 	if fi.Mode().Perm()&0o077 != 0 && !credential {
@@ -279,11 +297,11 @@ func readToken(path, credDir string, log *slog.Logger) (string, error) {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return "", fmt.Errorf("--host-token-file %s: %w", path, errors.Unwrap(err))
+		return "", fmt.Errorf("%s %s: %w", flag, path, errors.Unwrap(err))
 	}
 	tok := strings.TrimSpace(string(b))
 	if tok == "" || strings.ContainsAny(tok, " \t\r\n") {
-		return "", errors.New("--host-token-file: the file must hold one token on one line")
+		return "", errors.New(flag + ": the file must hold one token on one line")
 	}
 	return tok, nil
 }

@@ -33,6 +33,12 @@ var (
 	ErrExists              = errors.New("already exists")                           // 409 (host names)
 	ErrNotPending          = errors.New("permission request is not pending")        // 409 not_pending
 	ErrSchemaBehind        = errors.New("schema behind")                            // Ready: a migration of this build is not applied
+	// A registration token past its expiry, or one that registered its
+	// max_uses hosts already; ErrLabelNotGranted (wrapped, naming the
+	// label): a registration asking for a label its token does not grant.
+	ErrRegistrationExpired = errors.New("registration token expired")                  // 401 registration_expired
+	ErrRegistrationUsedUp  = errors.New("registration token used up")                  // 401 registration_used_up
+	ErrLabelNotGranted     = errors.New("label not granted by the registration token") // 403 forbidden
 	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
 	// leases over but not yet superseded by the reaper. Nothing is
 	// claimed; the host's next claim, with a new key, is an ordinary one.
@@ -66,6 +72,41 @@ type Host struct {
 	Name string
 	// Paused: an operator paused the host; it is given no new claim.
 	Paused bool
+	// Previous is set when the token presented is the host's previous one,
+	// kept through a rotation's grace: the caller refuses it from Until
+	// on (judged on the store's clock) and, before, derives the new token
+	// from it and Nonce (controlplane.RotatedToken).
+	Previous *PreviousToken
+}
+
+// PreviousToken is the grace of a rotated host token.
+type PreviousToken struct {
+	Until time.Time
+	Nonce string
+}
+
+// HostRotation is how RotateHostToken replaces a host's token: with a
+// GraceUntil (not zero), the current token stays valid until then and the
+// new one derives from it and Nonce; without, TokenHash replaces it at once.
+type HostRotation struct {
+	TokenHash  []byte
+	Nonce      string
+	GraceUntil time.Time
+}
+
+// RegistrationToken is a token a daemon registers itself with, as the
+// store knows it (never the token, only its hash is kept).
+type RegistrationToken struct {
+	ID     string
+	Name   string
+	Labels wire.Labels // the operator labels a host registering with it may carry
+	// MaxUses is how many hosts it may register, 0 without a limit; Uses
+	// how many it has.
+	MaxUses   int
+	Uses      int
+	ExpiresAt *time.Time // nil: never
+	CreatedAt time.Time
+	RevokedAt *time.Time
 }
 
 // ConversationState is a conversation's state and the host its retained
@@ -238,7 +279,22 @@ type Store interface {
 	// on. Each returns ErrNotFound for a name no live host has.
 	PauseHost(ctx context.Context, name string, paused bool, now time.Time) error
 	RemoveHost(ctx context.Context, name string, now time.Time) error
-	RotateHostToken(ctx context.Context, name string, tokenHash []byte, now time.Time) error
+	// With a grace the current token stays valid until its end (Host.Previous).
+	RotateHostToken(ctx context.Context, name string, r HostRotation, now time.Time) error
+	// AdoptRotatedToken makes newHash the token of the host whose previous
+	// token is previousHash (the host derived its new token); again with
+	// the same hashes is a no-op. ErrNotFound if no live host matches.
+	AdoptRotatedToken(ctx context.Context, hostID string, previousHash, newHash []byte) error
+
+	// Registration tokens. RegisterHost registers the host name with its
+	// own token in one transaction, counting a use of the registration
+	// token: ErrUnauthorized for an unknown or revoked one,
+	// ErrRegistrationExpired, ErrRegistrationUsedUp, ErrLabelNotGranted,
+	// ErrExists for a name a live host has; nothing is written on an error.
+	CreateRegistrationToken(ctx context.Context, t RegistrationToken, tokenHash []byte, now time.Time) (RegistrationToken, error)
+	ListRegistrationTokens(ctx context.Context) ([]RegistrationToken, error)
+	RevokeRegistrationToken(ctx context.Context, id string, now time.Time) (RegistrationToken, error)
+	RegisterHost(ctx context.Context, registrationHash []byte, name string, labels wire.Labels, hostTokenHash []byte, now time.Time) (Host, error)
 
 	// Stats counts jobs by state and live leases. Ready returns nil when
 	// the database answers and every migration this build knows is applied.

@@ -21,31 +21,10 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 	if strings.TrimSpace(name) == "" || len(tokenHash) == 0 {
 		return store.Host{}, fmt.Errorf("create host: %w: name and token hash are required", store.ErrInvalid)
 	}
-	h := store.Host{ID: newID("host"), Name: name}
+	var h store.Host
 	err := s.write(ctx, func(tx txn) error {
-		var id string
-		var removed sql.NullInt64
-		err := tx.QueryRowContext(ctx, s.q(`SELECT id, removed_at FROM hosts WHERE name = ?`), name).Scan(&id, &removed)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-		case err != nil:
-			return err
-		case !removed.Valid:
-			return store.ErrExists
-		default:
-			h.ID = id
-			_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
-				last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
-				launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '', sandbox_pressure = '' WHERE id = ?`,
-				hex.EncodeToString(tokenHash), id)
-			if err != nil {
-				return err
-			}
-			_, err = s.exec(ctx, tx, `DELETE FROM host_labels WHERE host_id = ?`, id)
-			return err
-		}
-		_, err = s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)`,
-			h.ID, name, hex.EncodeToString(tokenHash), ns(now))
+		var err error
+		h, err = s.createHost(ctx, tx, name, tokenHash, "", now)
 		return err
 	})
 	if err != nil && isUniqueViolation(err) {
@@ -57,16 +36,60 @@ func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, n
 	return h, nil
 }
 
-// HostByTokenHash finds the host holding a token; ErrUnauthorized if none.
+// createHost is CreateHost inside tx; registeredBy is the registration
+// token's id, "" for a host added by hand.
+func (s *Store) createHost(ctx context.Context, tx txn, name string, tokenHash []byte, registeredBy string, now time.Time) (store.Host, error) {
+	h := store.Host{ID: newID("host"), Name: name}
+	var id string
+	var removed sql.NullInt64
+	err := tx.QueryRowContext(ctx, s.q(`SELECT id, removed_at FROM hosts WHERE name = ?`), name).Scan(&id, &removed)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return h, err
+	case !removed.Valid:
+		return h, store.ErrExists
+	default:
+		h.ID = id
+		_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
+			last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
+			launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '', sandbox_pressure = '',
+			previous_token_hash = NULL, previous_token_until = NULL, rotation_nonce = '', registered_by = ? WHERE id = ?`,
+			hex.EncodeToString(tokenHash), registeredBy, id)
+		if err != nil {
+			return h, err
+		}
+		_, err = s.exec(ctx, tx, `DELETE FROM host_labels WHERE host_id = ?`, id)
+		return h, err
+	}
+	_, err = s.exec(ctx, tx, `INSERT INTO hosts (id, name, token_hash, created_at, registered_by) VALUES (?, ?, ?, ?, ?)`,
+		h.ID, name, hex.EncodeToString(tokenHash), ns(now), registeredBy)
+	return h, err
+}
+
+// HostByTokenHash finds the host holding a token, or whose previous token
+// it is (Host.Previous, whether or not its grace is over: the caller
+// judges); ErrUnauthorized if none.
 func (s *Store) HostByTokenHash(ctx context.Context, tokenHash []byte) (store.Host, error) {
 	var h store.Host
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT id, name, paused_at IS NOT NULL FROM hosts WHERE token_hash = ? AND removed_at IS NULL`),
-		hex.EncodeToString(tokenHash)).Scan(&h.ID, &h.Name, &h.Paused)
+	var current bool
+	var until sql.NullInt64
+	var nonce string
+	hash := hex.EncodeToString(tokenHash)
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT id, name, paused_at IS NOT NULL, token_hash = ?, previous_token_until, rotation_nonce
+		FROM hosts WHERE (token_hash = ? OR previous_token_hash = ?) AND removed_at IS NULL`),
+		hash, hash, hash).Scan(&h.ID, &h.Name, &h.Paused, &current, &until, &nonce)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Host{}, store.ErrUnauthorized
 	}
 	if err != nil {
 		return store.Host{}, fmt.Errorf("host by token: %w", err)
+	}
+	if !current {
+		if !until.Valid || nonce == "" {
+			return store.Host{}, store.ErrUnauthorized
+		}
+		h.Previous = &store.PreviousToken{Until: fromNS(until.Int64), Nonce: nonce}
 	}
 	return h, nil
 }
@@ -164,17 +187,42 @@ func (s *Store) PauseHost(ctx context.Context, name string, paused bool, now tim
 // RemoveHost marks the named host removed and replaces its token hash by
 // a tombstone no hash can equal, in one statement.
 func (s *Store) RemoveHost(ctx context.Context, name string, now time.Time) error {
-	return s.hostWrite(ctx, "remove host", `UPDATE hosts SET removed_at = ?, paused_at = NULL, token_hash = 'removed:' || id
+	return s.hostWrite(ctx, "remove host", `UPDATE hosts SET removed_at = ?, paused_at = NULL, token_hash = 'removed:' || id, previous_token_hash = NULL, rotation_nonce = ''
 		WHERE name = ? AND removed_at IS NULL`, ns(now), name)
 }
 
-// RotateHostToken replaces the named live host's token hash.
-func (s *Store) RotateHostToken(ctx context.Context, name string, tokenHash []byte, now time.Time) error {
-	if len(tokenHash) == 0 {
-		return fmt.Errorf("rotate host token: %w: the token hash is required", store.ErrInvalid)
+// RotateHostToken replaces the named live host's token: at once, or
+// through a grace in which the current token stays valid and the new one
+// is the host's to derive and adopt (AdoptRotatedToken). A rotation inside
+// another's grace that the host has not adopted yet keeps the token the
+// host holds as the previous one.
+func (s *Store) RotateHostToken(ctx context.Context, name string, r store.HostRotation, now time.Time) error {
+	if r.GraceUntil.IsZero() {
+		if len(r.TokenHash) == 0 {
+			return fmt.Errorf("rotate host token: %w: the token hash is required", store.ErrInvalid)
+		}
+		return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET token_hash = ?, previous_token_hash = NULL,
+			previous_token_until = NULL, rotation_nonce = '' WHERE name = ? AND removed_at IS NULL`,
+			hex.EncodeToString(r.TokenHash), name)
 	}
-	return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET token_hash = ? WHERE name = ? AND removed_at IS NULL`,
-		hex.EncodeToString(tokenHash), name)
+	if r.Nonce == "" || !r.GraceUntil.After(now) {
+		return fmt.Errorf("rotate host token: %w: a grace needs a nonce and an end after now", store.ErrInvalid)
+	}
+	return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET
+		previous_token_hash = CASE WHEN token_hash = 'rotating:' || id THEN previous_token_hash ELSE token_hash END,
+		token_hash = 'rotating:' || id, previous_token_until = ?, rotation_nonce = ?
+		WHERE name = ? AND removed_at IS NULL`, ns(r.GraceUntil), r.Nonce, name)
+}
+
+// AdoptRotatedToken makes newHash the token of the host whose previous
+// token is previousHash.
+func (s *Store) AdoptRotatedToken(ctx context.Context, hostID string, previousHash, newHash []byte) error {
+	if len(newHash) == 0 {
+		return fmt.Errorf("adopt rotated token: %w: the token hash is required", store.ErrInvalid)
+	}
+	return s.hostWrite(ctx, "adopt rotated token", `UPDATE hosts SET token_hash = ?
+		WHERE id = ? AND previous_token_hash = ? AND removed_at IS NULL`,
+		hex.EncodeToString(newHash), hostID, hex.EncodeToString(previousHash))
 }
 
 // hostWrite runs one UPDATE of a host row; no row is ErrNotFound.

@@ -52,7 +52,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 		t.Fatalf("server after resume and heartbeat = %+v", s)
 	}
 
-	if err := st.RotateHostToken(f.ctx, "host-a", Hash("rotated"), at(9*time.Second)); err != nil {
+	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("rotated")}, at(9*time.Second)); err != nil {
 		t.Fatalf("RotateHostToken: %v", err)
 	}
 	_, err = st.HostByTokenHash(f.ctx, Hash("host-token-host-a"))
@@ -81,7 +81,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 		err  error
 	}{
 		{"PauseHost", st.PauseHost(f.ctx, "host-a", true, at(12*time.Second))},
-		{"RotateHostToken", st.RotateHostToken(f.ctx, "host-a", Hash("x"), at(12*time.Second))},
+		{"RotateHostToken", st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("x")}, at(12*time.Second))},
 		{"RemoveHost", st.RemoveHost(f.ctx, "host-a", at(12*time.Second))},
 		{"PauseHost(unknown)", st.PauseHost(f.ctx, "nobody", false, at(12*time.Second))},
 	} {
