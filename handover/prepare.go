@@ -80,6 +80,22 @@ func (c *Prepared) Close() {
 	}
 }
 
+// Discard ends a prepared child that will get no payload at once: its
+// descriptor closes and it is sent SIGKILL, since a child that was handed
+// nothing has accepted nothing (R33) and needs no grace. A spare is
+// discarded so: nothing of a daemon's stop or of a claim waits for it. It
+// returns once the child is reaped and its re-attach socket removed.
+func (c *Prepared) Discard() {
+	t := c.t
+	t.conn.Close()
+	t.signal(unix.SIGKILL)
+	_ = awaitExited(t.pidfd)
+	t.reap()
+	if t.cfg.Reattach != "" {
+		_ = os.Remove(t.cfg.Reattach)
+	}
+}
+
 // PID is the prepared child's process id.
 func (c *Prepared) PID() int { return c.t.pid }
 

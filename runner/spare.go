@@ -172,8 +172,9 @@ func (d *Daemon) takeChild(a *attempt) (*handover.Prepared, error) {
 	return handover.Prepare(cfg)
 }
 
-// goDiscardSpare closes an unused spare on a goroutine of its own: Close
-// waits for the child's exit, which the claim that found it need not.
+// goDiscardSpare discards an unused spare on a goroutine of its own:
+// Discard waits for the child's reaping, which the claim that found it need
+// not.
 func (d *Daemon) goDiscardSpare(p *handover.Prepared, why string) {
 	d.spare.work.Add(1)
 	go func() {
@@ -182,10 +183,10 @@ func (d *Daemon) goDiscardSpare(p *handover.Prepared, why string) {
 	}()
 }
 
-// discardSpare closes a spare that got no payload and records why.
+// discardSpare kills a spare that got no payload (Discard) and records why.
 func (d *Daemon) discardSpare(p *handover.Prepared, why string) {
 	pid := p.PID()
-	p.Close()
+	p.Discard()
 	d.m.SpareChildren.WithLabelValues(why).Inc()
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, diagnostics.MsgSpareDiscarded,
 		slog.String(diagnostics.KeyReason, why), slog.Int("pid", pid))
