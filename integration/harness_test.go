@@ -359,8 +359,9 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 	// of their turns (turnChildren, the scopes), and a spare is a turn
 	// child of none. The spare is proved in runner's own tests (its
 	// TestSpare*) with real children, and B4 runs it through the real
-	// binaries.
-	args := []string{"--spare-child=false"}
+	// binaries. As a variable, not a flag: a previous release's runnerd
+	// (the upgrade tests) has no --spare-child and ignores the variable.
+	var args []string
 	if e.tls != nil {
 		args = append(args, "--ca-file", e.tls.ca.File, "--tls-client-cert", e.tls.client.CertFile, "--tls-client-key", e.tls.client.KeyFile)
 	}
@@ -388,6 +389,7 @@ func (e *env) daemonConfig() fleet.DaemonConfig {
 		ControlTimeout:  time.Second,
 		HostHeartbeat:   200 * time.Millisecond,
 		Log:             e.log.prefixed("runnerd"),
+		Env:             []string{"RUNNERD_SPARE_CHILD=false"},
 	}
 }
 

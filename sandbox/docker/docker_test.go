@@ -21,6 +21,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/client"
 
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/wire"
@@ -737,6 +738,11 @@ func TestDockerUnresponsiveSupervisorIsRestarted(t *testing.T) {
 	}
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Skipf("cannot stop the supervisor from the test (engine on another host?): %v", err)
+	}
+	// The signal is delivered to each thread in its time: a thread not yet
+	// stopped could still answer the probe below.
+	if err := fleet.FreezeProcess(pid, 30*time.Second); err != nil {
+		t.Fatal(err)
 	}
 	sb2, err := b.Ensure(ctx, spec)
 	if err != nil {
