@@ -392,7 +392,13 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	defer endPrompt()
 	sink.write(sandbox.Response{Started: &sandbox.Started{PID: ag.pid}})
 	ag.setSink(sink)
+	recordACPPromptSent(s.log, s.instance, a.gen, ag.pid)
 	resp, perr := ag.conn.Prompt(pctx, acp.PromptRequest{SessionId: ag.session, Prompt: []acp.ContentBlock{acp.TextBlock(req.Prompt)}})
+	if perr == nil {
+		recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, string(resp.StopReason), false)
+	} else {
+		recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, "", true)
+	}
 	ag.setSink(nil)
 	sink.cancel() // a permission request still waiting is answered cancelled
 	why := t.end()
