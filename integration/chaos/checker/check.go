@@ -104,7 +104,7 @@ type Totals struct {
 	// overlap check judged (a start tied to an attempt). A gap is the
 	// Unjudged finding.
 	AgentsRan, AgentsJudged int
-	Faults             map[string]int // injected faults by kind
+	Faults                  map[string]int // injected faults by kind
 }
 
 // Report is what Check found: the totals and every finding.
@@ -175,7 +175,7 @@ type attemptInfo struct {
 	job        string
 	generation int64
 	host       string
-	activation string // the supervisor's activation id recorded at admission
+	activation string  // the supervisor's activation id recorded at admission
 	claim      *Record // the 2xx claim that granted it, when recorded
 }
 

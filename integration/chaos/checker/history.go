@@ -183,10 +183,10 @@ const (
 	// keeps across turns: its start is the session/prompt sent, its exit
 	// the answer (or failure) received.
 	RoleAgentTurn = "agent_turn"
-	RoleSandbox    = "sandbox"    // a retained sandbox (a Docker container)
-	RoleHost       = "host"       // a whole host (its container or namespace)
-	RoleReplica    = "replica"    // a control-plane replica
-	RolePostgres   = "postgres"
+	RoleSandbox   = "sandbox" // a retained sandbox (a Docker container)
+	RoleHost      = "host"    // a whole host (its container or namespace)
+	RoleReplica   = "replica" // a control-plane replica
+	RolePostgres  = "postgres"
 )
 
 // Process events.
