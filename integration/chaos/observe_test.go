@@ -144,9 +144,20 @@ func (o *observer) scanProcs() {
 			continue
 		}
 		if ob, ok := o.live[pid]; ok {
-			if procAlive(pid) {
-				now[pid] = ob
+			if !procAlive(pid) {
+				continue
 			}
+			// A turn child forks the process backend's supervisor: seen
+			// between the fork and the exec, the supervisor was taken for
+			// a child (and left at the end as a leaked one). Look again.
+			if ob.role == checker.RoleChild {
+				if again, ok := o.classify(pid); ok && again.role != ob.role {
+					o.record(pid, ob, checker.ProcessExit)
+					o.record(pid, again, checker.ProcessStart)
+					ob = again
+				}
+			}
+			now[pid] = ob
 			continue
 		}
 		if ob, ok := o.classify(pid); ok {
