@@ -394,17 +394,14 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	ag.setSink(sink)
 	recordACPPromptSent(s.log, s.instance, a.gen, ag.pid)
 	resp, perr := ag.conn.Prompt(pctx, acp.PromptRequest{SessionId: ag.session, Prompt: []acp.ContentBlock{acp.TextBlock(req.Prompt)}})
-	if perr == nil {
-		recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, string(resp.StopReason), false)
-	} else {
-		recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, "", true)
-	}
 	ag.setSink(nil)
 	sink.cancel() // a permission request still waiting is answered cancelled
 	why := t.end()
 	if why != stopNone && why != stopInterrupt {
 		ag.kill() // t.stop killed it; nothing of the turn runs once it is reaped
 	}
+	// The turn is over at the agent: answered, failed, or the agent reaped.
+	recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, string(resp.StopReason), perr != nil)
 	var res sandbox.Result
 	if perr != nil && (why == stopNone || why == stopInterrupt) {
 		// A JSON-RPC error leaves the connection up; an exit, or a
