@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -19,8 +20,9 @@ import (
 	"github.com/docker/docker/client"
 
 	"github.com/runnerd/runnerd/integration/chaos/checker"
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox/docker"
-	"github.com/runnerd/runnerd/wire"
+	"github.com/runnerd/runnerd/sandbox/supervisor"
 )
 
 // The docker backend's paths inside a container.
@@ -38,20 +40,19 @@ type observer struct {
 	w   *world
 	eng *client.Client // nil without a docker host
 
-	mu    sync.Mutex // guards the maps and the agents below: the loop and the final pass
+	mu    sync.Mutex // guards the maps below: the loop and the final pass
 	live  map[int]observed
 	lines map[string]int       // transcript file → complete lines recorded
-	boxes map[string]dockerBox // container id → its conversation and init pid
-	// agents are held until the end, when the job events (turn.started
-	// carries the agent's pid) say which attempt each one ran.
-	agents []*agentRun
-}
-
-// agentRun is one agent process seen.
-type agentRun struct {
-	host, conv, container string
-	pid, nspid            int // nspid: the pid inside its container, the one the agent reports
-	start, exit           time.Time
+	boxes map[string]dockerBox // container id → its conversation, init pid and log file
+	// logs: supervisor log file (by inode, so a rotated file is read to
+	// its end) → bytes read. The supervisors' records of their agents'
+	// starts and exits, read as they are written, are what the checker
+	// judges overlap on: a /proc scan misses short agents.
+	logs map[uint64]int64
+	// boot0 and wall0: CLOCK_BOOTTIME and the wall clock read together,
+	// to place the records' boottime_ns on the history's clock.
+	boot0 boottime.Instant
+	wall0 time.Time
 }
 
 type observed struct {
@@ -60,12 +61,14 @@ type observed struct {
 }
 
 type dockerBox struct {
-	conv string
-	pid  int // the container's init: our supervisor
+	conv    string
+	pid     int    // the container's init: our supervisor
+	logPath string // the json-file log: the supervisor's stderr
 }
 
 func newObserver(w *world, eng *client.Client) *observer {
-	return &observer{w: w, eng: eng, live: map[int]observed{}, lines: map[string]int{}, boxes: map[string]dockerBox{}}
+	return &observer{w: w, eng: eng, live: map[int]observed{}, lines: map[string]int{}, boxes: map[string]dockerBox{},
+		logs: map[uint64]int64{}, boot0: boottime.Now(), wall0: time.Now()}
 }
 
 // run scans every period until ctx ends.
@@ -90,6 +93,7 @@ func (o *observer) pass(ctx context.Context, withDocker bool) {
 		o.listBoxes(ctx)
 	}
 	o.scanProcs()
+	o.readSupervisorLogs()
 	o.readTranscripts(ctx, withDocker)
 }
 
@@ -114,11 +118,12 @@ func (o *observer) listBoxes(ctx context.Context) {
 	for _, c := range cs {
 		box := o.boxes[c.ID]
 		box.conv = c.Labels[docker.LabelConversation]
-		if c.State == "running" {
+		if c.State == "running" || box.logPath == "" {
 			if info, err := o.eng.ContainerInspect(ctx, c.ID); err == nil && info.State != nil {
-				box.pid = info.State.Pid
+				box.pid, box.logPath = info.State.Pid, info.LogPath
 			}
-		} else {
+		}
+		if c.State != "running" {
 			box.pid = 0
 		}
 		o.boxes[c.ID] = box
@@ -139,9 +144,20 @@ func (o *observer) scanProcs() {
 			continue
 		}
 		if ob, ok := o.live[pid]; ok {
-			if procAlive(pid) {
-				now[pid] = ob
+			if !procAlive(pid) {
+				continue
 			}
+			// A turn child forks the process backend's supervisor: seen
+			// between the fork and the exec, the supervisor was taken for
+			// a child (and left at the end as a leaked one). Look again.
+			if ob.role == checker.RoleChild {
+				if again, ok := o.classify(pid); ok && again.role != ob.role {
+					o.record(pid, ob, checker.ProcessExit)
+					o.record(pid, again, checker.ProcessStart)
+					ob = again
+				}
+			}
+			now[pid] = ob
 			continue
 		}
 		if ob, ok := o.classify(pid); ok {
@@ -159,77 +175,118 @@ func (o *observer) scanProcs() {
 
 func (o *observer) record(pid int, ob observed, event string) {
 	if ob.role == checker.RoleAgent {
-		switch event {
-		case checker.ProcessStart:
-			o.agents = append(o.agents, &agentRun{host: ob.host, conv: ob.conv, container: ob.container, pid: pid, nspid: nspidOf(pid), start: time.Now()})
-		case checker.ProcessExit:
-			for _, a := range o.agents {
-				if a.pid == pid && a.exit.IsZero() {
-					a.exit = time.Now()
-				}
-			}
-		}
-		return
+		return // the supervisors' own records say when agents start and exit (readSupervisorLogs)
 	}
 	_ = o.w.hist.Write(checker.Record{Host: ob.host, ConversationID: ob.conv,
 		Process: &checker.Process{Role: ob.role, Event: event, PID: pid, ContainerID: ob.container}})
 }
 
-// nspidOf is pid's number in its innermost pid namespace (NSpid's last).
-func nspidOf(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return pid
+// readSupervisorLogs records every supervisor record of an agent's start
+// or exit (an ACP agent's turn: its prompt sent, its answer) written since
+// the last pass: the process backend's STATE/sandboxes/CONV/supervisor.log
+// and the Docker backend's container logs (json-file), each with the one
+// rotated file before it. A log removed with its sandbox before a pass
+// read it loses its tail; the checker's count of agents ran against
+// judged shows that.
+func (o *observer) readSupervisorLogs() {
+	for _, h := range o.w.hosts {
+		if h.sandbox != "process" {
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(h.stateDir, "sandboxes", "*", "supervisor.log"))
+		for _, f := range files {
+			conv := filepath.Base(filepath.Dir(f))
+			o.readLog(h.name, conv, f+".1", false)
+			o.readLog(h.name, conv, f, false)
+		}
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			f := strings.Fields(rest)
-			if n, err := strconv.Atoi(f[len(f)-1]); err == nil && len(f) > 0 {
-				return n
+	if h := o.dockerHost(); h != nil {
+		for _, box := range o.boxes {
+			if box.logPath != "" {
+				o.readLog(h.name, box.conv, box.logPath+".1", true)
+				o.readLog(h.name, box.conv, box.logPath, true)
 			}
 		}
 	}
-	return pid
 }
 
-// writeAgents records every agent's start and exit, with the attempt
-// whose turn.started event reported its pid in its conversation.
-func (o *observer) writeAgents(jobs []wire.Job) {
-	type key struct {
-		conv string
-		pid  int
+// readLog reads file's complete lines from where the last read ended;
+// dockerJSON: each line is the json-file driver's {"log": line}.
+func (o *observer) readLog(host, conv, file string, dockerJSON bool) {
+	f, err := os.Open(file)
+	if err != nil {
+		return
 	}
-	ran := map[key][2]string{}
-	for _, j := range jobs {
-		for _, ev := range j.Events {
-			if ev.Source != "runner" || ev.Type != "turn.started" {
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || fi.Size() <= o.logs[st.Ino] {
+		return
+	}
+	b := make([]byte, fi.Size()-o.logs[st.Ino])
+	n, _ := f.ReadAt(b, o.logs[st.Ino])
+	b = b[:n]
+	end := bytes.LastIndexByte(b, '\n')
+	if end < 0 {
+		return
+	}
+	o.logs[st.Ino] += int64(end + 1)
+	for _, line := range bytes.Split(b[:end], []byte("\n")) {
+		if dockerJSON {
+			var d struct {
+				Log string `json:"log"`
+			}
+			if json.Unmarshal(line, &d) != nil {
 				continue
 			}
-			var d struct {
-				PID int `json:"pid"`
-			}
-			if json.Unmarshal(ev.Data, &d) == nil && d.PID != 0 {
-				ran[key{j.ConversationID, d.PID}] = [2]string{j.ID, ev.AttemptID}
-			}
+			line = []byte(d.Log)
 		}
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, a := range o.agents {
-		pid := a.pid
-		if a.container != "" {
-			pid = a.nspid
-		}
-		ja := ran[key{a.conv, pid}]
-		rec := checker.Record{Time: a.start, Host: a.host, ConversationID: a.conv, JobID: ja[0], AttemptID: ja[1],
-			Process: &checker.Process{Role: checker.RoleAgent, Event: checker.ProcessStart, PID: a.pid, ContainerID: a.container}}
-		_ = o.w.hist.Write(rec)
-		if !a.exit.IsZero() {
-			rec.Time, rec.Process = a.exit, &checker.Process{Role: checker.RoleAgent, Event: checker.ProcessExit, PID: a.pid, ContainerID: a.container}
-			_ = o.w.hist.Write(rec)
-		}
+		o.supervisorRecord(host, conv, line)
 	}
 }
+
+// supervisorRecord writes the history's record of one supervisor record,
+// if it is of an agent's start or exit.
+func (o *observer) supervisorRecord(host, conv string, line []byte) {
+	var r struct {
+		Msg        string `json:"msg"`
+		Instance   string `json:"instance"`
+		Generation uint64 `json:"generation"`
+		PID        int    `json:"pid"`
+		BootNS     int64  `json:"boottime_ns"`
+		StartTicks int64  `json:"pid_start_ticks"`
+	}
+	if !bytes.Contains(line, []byte(`"boottime_ns"`)) || json.Unmarshal(line, &r) != nil || r.BootNS == 0 {
+		return
+	}
+	var role, event string
+	switch r.Msg {
+	case supervisor.RecordAgentStarted:
+		role, event = checker.RoleAgent, checker.ProcessStart
+		// The pid's start time (USER_HZ ticks since boot, floored) is no
+		// later than the process's start; the record may be later.
+		if t := r.StartTicks * int64(time.Second/userHZ); r.StartTicks > 0 && t < r.BootNS {
+			r.BootNS = t
+		}
+	case supervisor.RecordAgentExited:
+		role, event = checker.RoleAgent, checker.ProcessExit
+	case supervisor.RecordACPPromptSent:
+		role, event = checker.RoleAgentTurn, checker.ProcessStart
+	case supervisor.RecordACPPromptEnded:
+		role, event = checker.RoleAgentTurn, checker.ProcessExit
+	default:
+		return
+	}
+	at := o.wall0.Add(boottime.Instant(r.BootNS).Sub(o.boot0))
+	_ = o.w.hist.Write(checker.Record{Time: at, Host: host, ConversationID: conv,
+		Process: &checker.Process{Role: role, Event: event, PID: r.PID, Activation: fmt.Sprintf("%s.%d", r.Instance, r.Generation)}})
+}
+
+// userHZ is the unit of /proc/PID/stat's start time on Linux.
+const userHZ = 100
 
 // procAlive: the pid runs and is not a zombie.
 func procAlive(pid int) bool {

@@ -392,6 +392,7 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	defer endPrompt()
 	sink.write(sandbox.Response{Started: &sandbox.Started{PID: ag.pid}})
 	ag.setSink(sink)
+	recordACPPromptSent(s.log, s.instance, a.gen, ag.pid)
 	resp, perr := ag.conn.Prompt(pctx, acp.PromptRequest{SessionId: ag.session, Prompt: []acp.ContentBlock{acp.TextBlock(req.Prompt)}})
 	ag.setSink(nil)
 	sink.cancel() // a permission request still waiting is answered cancelled
@@ -399,6 +400,8 @@ func (s *server) runACP(conn net.Conn, req sandbox.Request) {
 	if why != stopNone && why != stopInterrupt {
 		ag.kill() // t.stop killed it; nothing of the turn runs once it is reaped
 	}
+	// The turn is over at the agent: answered, failed, or the agent reaped.
+	recordACPPromptEnded(s.log, s.instance, a.gen, ag.pid, string(resp.StopReason), perr != nil)
 	var res sandbox.Result
 	if perr != nil && (why == stopNone || why == stopInterrupt) {
 		// A JSON-RPC error leaves the connection up; an exit, or a

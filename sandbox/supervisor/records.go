@@ -1,9 +1,15 @@
 package supervisor
 
 import (
+	"bytes"
+	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
 )
 
@@ -34,7 +40,62 @@ const (
 	// RecordACPNotLoadable: the conversation's ACP session cannot be
 	// resumed in a new agent process; reason says why.
 	RecordACPNotLoadable = "supervisor_acp_session_not_loadable"
+	// The timeline of what runs, written as it happens so that a checker
+	// outside can judge overlap on every agent (issue 24 §7): a lines
+	// agent's start and exit, and an ACP agent's turn (its session/prompt
+	// sent, its answer or failure received; the agent itself is kept).
+	// Each carries the supervisor's instance and the activation's
+	// generation (the non-secret part of the activation id the control
+	// plane records: instance.generation.secret), the agent's pid (in
+	// the sandbox's pid namespace), boottime_ns (CLOCK_BOOTTIME when it
+	// was seen) and, at a start, pid_start_ticks (the pid's start time in
+	// /proc/PID/stat, clock ticks since boot: pid and start name one
+	// process, and the start is no later than the kernel's).
+	RecordAgentStarted   = "supervisor_agent_started"
+	RecordAgentExited    = "supervisor_agent_exited"
+	RecordACPPromptSent  = "supervisor_acp_prompt_sent"
+	RecordACPPromptEnded = "supervisor_acp_prompt_ended"
 )
+
+func recordAgentStarted(l *slog.Logger, instance string, gen uint64, pid int) {
+	l.Info(RecordAgentStarted, slog.String("instance", instance), slog.Uint64("generation", gen), slog.Int("pid", pid),
+		slog.Int64("boottime_ns", int64(boottime.Now())), slog.Int64("pid_start_ticks", pidStartTicks(pid)))
+}
+
+func recordAgentExited(l *slog.Logger, instance string, gen uint64, pid int) {
+	l.Info(RecordAgentExited, slog.String("instance", instance), slog.Uint64("generation", gen), slog.Int("pid", pid),
+		slog.Int64("boottime_ns", int64(boottime.Now())))
+}
+
+func recordACPPromptSent(l *slog.Logger, instance string, gen uint64, pid int) {
+	l.Info(RecordACPPromptSent, slog.String("instance", instance), slog.Uint64("generation", gen), slog.Int("pid", pid),
+		slog.Int64("boottime_ns", int64(boottime.Now())), slog.Int64("pid_start_ticks", pidStartTicks(pid)))
+}
+
+// recordACPPromptEnded: stop_reason is the agent's answer, empty when the
+// prompt failed (failed says so).
+func recordACPPromptEnded(l *slog.Logger, instance string, gen uint64, pid int, stopReason string, failed bool) {
+	l.Info(RecordACPPromptEnded, slog.String("instance", instance), slog.Uint64("generation", gen), slog.Int("pid", pid),
+		slog.Int64("boottime_ns", int64(boottime.Now())), slog.String("stop_reason", stopReason), slog.Bool("failed", failed))
+}
+
+// pidStartTicks is field 22 of /proc/PID/stat, 0 if it cannot be read.
+func pidStartTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:])) // from field 3 (state)
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseInt(f[19], 10, 64)
+	return n
+}
 
 var discardLogger = slog.New(slog.DiscardHandler)
 

@@ -201,6 +201,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		_ = writeMsg(conn, errReply(err))
 		return
 	}
+	recordAgentStarted(s.log, s.instance, a.gen, cmd.Process.Pid)
 	recordTurnStarted(s.log, a.gen, cmd.Process.Pid)
 
 	var wg sync.WaitGroup
@@ -239,6 +240,7 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 				break
 			}
 		}
+		recordAgentExited(s.log, s.instance, a.gen, cmd.Process.Pid) // exited, not yet reaped: the pid is still its
 		t.mu.Lock()
 		t.reaped = true
 		t.mu.Unlock()

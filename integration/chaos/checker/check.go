@@ -34,6 +34,11 @@ const (
 	StaleWrite Property = "stale_write_accepted"
 	// Overlap: agents of two attempts of one job ran at the same time (P3).
 	Overlap Property = "overlapping_executions"
+	// Unjudged: an agent (an ACP agent's turn) ran and the overlap check
+	// could not judge it: no start of it was recorded (its attempt's
+	// turn.started event or its prompt in a transcript shows it ran), or
+	// its start names no attempt. Every agent must be judged.
+	Unjudged Property = "agents_not_judged"
 	// Leak: a process or sandbox left at the end that nothing retains.
 	Leak Property = "leaked"
 	// Unexplained: a job in a terminal state with no record of what ended
@@ -60,6 +65,7 @@ var properties = []struct {
 	{PromptUnadmitted, "prompts delivered without an admission"},
 	{StaleWrite, "stale writes accepted"},
 	{Overlap, "overlapping executions of one job"},
+	{Unjudged, "agents that ran, not judged for overlap"},
 	{Leak, "processes or sandboxes leaked"},
 	{Unexplained, "turns ended without a positive record"},
 	{LostAvoidable, "conversations LOST, avoidable"},
@@ -92,7 +98,13 @@ type Totals struct {
 	// so the report shows how many there were.
 	UnmatchedPrompts   int
 	UnattributedAgents int
-	Faults             map[string]int // injected faults by kind
+	// AgentsRan counts the agents (lines) and agent turns (ACP) that ran:
+	// every recorded start, and every attempt or job that shows an agent
+	// ran for it with no start recorded. AgentsJudged counts those the
+	// overlap check judged (a start tied to an attempt). A gap is the
+	// Unjudged finding.
+	AgentsRan, AgentsJudged int
+	Faults                  map[string]int // injected faults by kind
 }
 
 // Report is what Check found: the totals and every finding.
@@ -143,6 +155,10 @@ type history struct {
 	lose     map[string][]*Record // conversation → 2xx lose_conversation requests
 	// unmatched counts the prompts received that matched no job (prompted).
 	unmatched int
+	// reached: the prompts received of each job (prompted).
+	reached map[string][]*Record
+	// agentsRan and agentsJudged are counted by unjudged.
+	agentsRan, agentsJudged int
 }
 
 type jobInfo struct {
@@ -159,13 +175,14 @@ type attemptInfo struct {
 	job        string
 	generation int64
 	host       string
+	activation string  // the supervisor's activation id recorded at admission
 	claim      *Record // the 2xx claim that granted it, when recorded
 }
 
 func index(recs []Record) *history {
 	h := &history{
 		recs: recs, jobs: map[string]*jobInfo{}, convs: map[string]*Record{},
-		attempts: map[string]attemptInfo{}, lose: map[string][]*Record{},
+		attempts: map[string]attemptInfo{}, lose: map[string][]*Record{}, reached: map[string][]*Record{},
 	}
 	job := func(id string) *jobInfo {
 		j := h.jobs[id]
@@ -216,6 +233,7 @@ func index(recs []Record) *history {
 			for _, at := range r.Job.Attempts {
 				a := h.attempts[at.ID]
 				a.job, a.generation, a.host = r.Job.ID, first(a.generation, at.Generation), first(a.host, at.LeaseOwner)
+				a.activation = first(a.activation, at.ActivationID)
 				h.attempts[at.ID] = a
 			}
 			for k := range r.Job.Events {
@@ -277,6 +295,7 @@ func Check(recs []Record) Report {
 	out = append(out, h.prompted()...)
 	out = append(out, h.staleWrites()...)
 	out = append(out, h.overlaps()...)
+	out = append(out, h.unjudged()...)
 	out = append(out, h.leaks()...)
 	out = append(out, h.unexplained()...)
 	out = append(out, h.lost()...)
@@ -311,6 +330,7 @@ func (h *history) totals() Totals {
 			t.UnattributedAgents++
 		}
 	}
+	t.AgentsRan, t.AgentsJudged = h.agentsRan, h.agentsJudged
 	for _, f := range h.faults {
 		t.Faults[f.Fault.Kind]++
 	}
@@ -411,6 +431,9 @@ func (h *history) prompted() []Finding {
 		ps, jobs := got[k], sentBy[k]
 		if len(jobs) == 0 {
 			h.unmatched += len(ps)
+		}
+		for _, j := range jobs {
+			h.reached[j.id] = append(h.reached[j.id], ps...)
 		}
 		if len(ps) > max(1, len(jobs)) {
 			subject := k.conv
@@ -530,41 +553,65 @@ func (h *history) repeatedReport(j *jobInfo, w, c *Record) bool {
 // ---- overlapping executions ----
 
 type execution struct {
-	attempt, job, host string
-	start, end         time.Time
-	open               bool // no exit recorded: running to the end
-	lines              []int
+	attempt, job, host, conv string
+	start, end               time.Time
+	open                     bool // no exit recorded: running to the end
+	lines                    []int
 }
 
-// executions pairs each agent's start with its exit (same host and pid),
-// or with a kill of its whole host; an agent with neither runs to the end.
+// byActivation maps a supervisor's "instance.generation" to the attempt
+// admitted under that activation (its id is instance.generation.secret).
+func (h *history) byActivation() map[string]string {
+	out := map[string]string{}
+	for id, a := range h.attempts {
+		if i := strings.LastIndexByte(a.activation, '.'); i > 0 {
+			out[a.activation[:i]] = id
+		}
+	}
+	return out
+}
+
+// executions pairs each agent's (or ACP agent turn's) start with its exit
+// (same host, conversation, pid and activation), or with a kill of its
+// whole host or of its supervisor (the agent dies with it: Pdeathsig);
+// one with none of these runs to the end. A start the supervisor
+// recorded names its attempt by its activation.
 func (h *history) executions() []*execution {
 	type key struct {
-		host string
-		pid  int
-		att  string
+		host, conv, role string
+		pid              int
+		act, att         string
 	}
 	running := map[key]*execution{}
 	var all []*execution
-	hostKills := map[string][]*Record{}
+	kills := map[[2]string][]*Record{} // host, conversation ("" for the whole host)
 	for _, f := range h.faults {
-		if f.Fault.Role == RoleHost && (f.Fault.Kind == FaultKill || f.Fault.Kind == FaultRestart) {
-			hostKills[f.Host] = append(hostKills[f.Host], f)
+		switch {
+		case f.Fault.Role == RoleHost && (f.Fault.Kind == FaultKill || f.Fault.Kind == FaultRestart):
+			kills[[2]string{f.Host, ""}] = append(kills[[2]string{f.Host, ""}], f)
+		case f.Fault.Role == RoleSupervisor && f.Fault.Kind == FaultKill && f.ConversationID != "":
+			k := [2]string{f.Host, f.ConversationID}
+			kills[k] = append(kills[k], f)
 		}
 	}
+	acts := h.byActivation()
 	for _, p := range h.procs {
-		if p.Process.Role != RoleAgent {
+		if p.Process.Role != RoleAgent && p.Process.Role != RoleAgentTurn {
 			continue
 		}
-		k := key{p.Host, p.Process.PID, p.AttemptID}
+		k := key{p.Host, p.ConversationID, p.Process.Role, p.Process.PID, p.Process.Activation, p.AttemptID}
 		if p.Process.PID != 0 {
 			k.att = "" // the pid names it; the exit may not know its attempt
 		}
 		switch p.Process.Event {
 		case ProcessStart:
-			e := &execution{attempt: p.AttemptID, job: p.JobID, host: p.Host, start: p.Time, open: true, lines: []int{p.Line}}
+			att := first(p.AttemptID, acts[p.Process.Activation])
+			if p.Process.Activation == "" {
+				att = p.AttemptID
+			}
+			e := &execution{attempt: att, job: p.JobID, host: p.Host, conv: p.ConversationID, start: p.Time, open: true, lines: []int{p.Line}}
 			if e.job == "" {
-				e.job = h.attempts[p.AttemptID].job
+				e.job = h.attempts[att].job
 			}
 			running[k] = e
 			all = append(all, e)
@@ -580,7 +627,7 @@ func (h *history) executions() []*execution {
 		if !e.open {
 			continue
 		}
-		for _, f := range hostKills[e.host] {
+		for _, f := range append(slices.Clone(kills[[2]string{e.host, ""}]), kills[[2]string{e.host, e.conv}]...) {
 			if f.Fault.Start.After(e.start) && (e.open || f.Fault.Start.Before(e.end)) {
 				e.end, e.open = f.Fault.Start, false
 				e.lines = append(e.lines, f.Line)
@@ -591,6 +638,42 @@ func (h *history) executions() []*execution {
 		}
 	}
 	return all
+}
+
+// unjudged counts the agents that ran and those the overlap check judged,
+// and finds every one it could not judge: a start that names no attempt,
+// an attempt whose turn.started event shows its agent ran with no start
+// recorded, a job whose prompt reached an agent with no start recorded
+// for any of its attempts.
+func (h *history) unjudged() []Finding {
+	var out []Finding
+	judgedAtt, judgedJob := map[string]bool{}, map[string]bool{}
+	h.agentsRan, h.agentsJudged = 0, 0
+	for _, e := range h.executions() {
+		h.agentsRan++
+		if e.attempt == "" || e.job == "" {
+			out = append(out, Finding{Unjudged, first(e.conv, e.host), "an agent's start names no attempt of a known job", e.lines[:1]})
+			continue
+		}
+		h.agentsJudged++
+		judgedAtt[e.attempt], judgedJob[e.job] = true, true
+	}
+	for _, j := range sortedJobs(h) {
+		for _, ev := range j.events {
+			att := ev.Event.AttemptID
+			if ev.Event.Source != "runner" || ev.Event.Type != "turn.started" || att == "" || judgedAtt[att] {
+				continue
+			}
+			judgedAtt[att], judgedJob[j.id] = true, true // counted once
+			h.agentsRan++
+			out = append(out, Finding{Unjudged, att, "its agent ran (turn.started) and no start of it was recorded", lines(ev)})
+		}
+		if ps := h.reached[j.id]; len(ps) > 0 && !judgedJob[j.id] {
+			h.agentsRan++
+			out = append(out, Finding{Unjudged, j.id, "its prompt reached an agent and no start of an agent of it was recorded", lines(ps...)})
+		}
+	}
+	return out
 }
 
 func (h *history) overlaps() []Finding {
@@ -968,6 +1051,7 @@ func (r Report) Summary() string {
 		fmt.Fprintf(&b, "%s: %d\n", p.title, r.Count(p.p))
 	}
 	fmt.Fprintf(&b, "not checked: %d prompts matching no job, %d agents with no attempt\n", r.Totals.UnmatchedPrompts, r.Totals.UnattributedAgents)
+	fmt.Fprintf(&b, "agents: %d ran, %d judged for overlap\n", r.Totals.AgentsRan, r.Totals.AgentsJudged)
 	for _, f := range r.Violations() {
 		fmt.Fprintf(&b, "  %v\n", f)
 	}

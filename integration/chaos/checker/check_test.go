@@ -81,6 +81,13 @@ func (h *hist) agent(s float64, host, job, att string, pid int, event string) *h
 	return h.add(Record{Time: h.at(s), Host: host, JobID: job, AttemptID: att, Process: &Process{Role: RoleAgent, Event: event, PID: pid}})
 }
 
+// sv records an agent's (or an ACP agent turn's) start or exit as its
+// supervisor records it: by conversation, pid and activation
+// (instance.generation), with no attempt.
+func (h *hist) sv(s float64, host, conv, role, act string, pid int, event string) *hist {
+	return h.add(Record{Time: h.at(s), Host: host, ConversationID: conv, Process: &Process{Role: role, Event: event, PID: pid, Activation: act}})
+}
+
 func (h *hist) leftover(host, conv, role string, pid int) *hist {
 	return h.add(Record{Time: h.at(1001), Host: host, ConversationID: conv, Leftover: &Leftover{What: LeftoverProcess, Role: role, PID: pid}})
 }
@@ -126,11 +133,13 @@ func clean(t *testing.T) *hist {
 	h.call(25, "h1", wire.OpRelease, "j3", "a3", 1, 204)  // the repeat after a lost answer (P2)
 	h.call(25.5, "h1", wire.OpRenew, "j3", "a3", 1, 409)  // refused: no violation
 	h.call(26, "h2", wire.OpAdmission, "j3", "a4", 2, 200).event("j3", "a4", "admitted", nil)
-	h.agent(26.5, "h2", "j3", "a4", 103, ProcessStart).prompt(26.6, "h2", "c1", "j3")
-	h.agent(27, "h2", "j3", "a4", 103, ProcessExit)
+	// a4's agent as its supervisor records it: its activation names the attempt.
+	h.sv(26.5, "h2", "c1", RoleAgent, "i2.1", 103, ProcessStart).prompt(26.6, "h2", "c1", "j3")
+	h.sv(27, "h2", "c1", RoleAgent, "i2.1", 103, ProcessExit)
 	h.call(28, "h2", wire.OpSettlement, "j3", "a4", 2, 200).event("j3", "a4", "settled", nil)
 	h.call(29, "h2", wire.OpFinish, "j3", "a4", 2, 200).event("j3", "a4", "finished", wire.FinishRequest{Outcome: wire.OutcomeSucceeded})
-	h.job("c1", "j3", wire.JobSucceeded, wire.Attempt{ID: "a3", Generation: 1, LeaseOwner: "h1"}, wire.Attempt{ID: "a4", Generation: 2, LeaseOwner: "h2"})
+	h.job("c1", "j3", wire.JobSucceeded, wire.Attempt{ID: "a3", Generation: 1, LeaseOwner: "h1", ActivationID: "i1.4.secret3"},
+		wire.Attempt{ID: "a4", Generation: 2, LeaseOwner: "h2", ActivationID: "i2.1.secret4"})
 	h.fault(30, 31, "h1", "", FaultLatency, "")
 	h.conv("c1", wire.ConversationUsable).conv("c2", wire.ConversationQuarantined)
 	h.leftover("h1", "c1", RoleSupervisor, 201).leftover("h2", "c2", RoleSupervisor, 202)
@@ -323,6 +332,101 @@ func TestOverlappingExecutions(t *testing.T) {
 	})
 }
 
+// TestOverlapOfSupervisorRecords: the agents' starts and exits as their
+// supervisors record them (issue 24 §7) are tied to attempts by their
+// activation, and two executions of one turn that overlap are found — a
+// lines agent each, or an ACP agent's turn (its prompt sent to its answer)
+// against a lines agent — and none is found where they do not.
+func TestOverlapOfSupervisorRecords(t *testing.T) {
+	for _, role := range []string{RoleAgent, RoleAgentTurn} {
+		t.Run(role+": two executions of one turn overlap", func(t *testing.T) {
+			h := clean(t)
+			h.sv(24.5, "h1", "c1", role, "i1.4", 301, ProcessStart).sv(26.8, "h1", "c1", role, "i1.4", 301, ProcessExit)
+			rep, recs := h.check()
+			f := only(t, rep, recs, Overlap, 1)[0]
+			if f.Subject != "j3" || !strings.Contains(f.Detail, "a3") || !strings.Contains(f.Detail, "a4") {
+				t.Fatalf("finding %v", f)
+			}
+			cites(t, f, recs, func(r Record) bool { return r.Process != nil && r.Process.Activation == "i1.4" })
+			if rep.Totals.AgentsRan != 4 || rep.Totals.AgentsJudged != 4 {
+				t.Fatalf("totals %+v", rep.Totals)
+			}
+		})
+		t.Run(role+": none overlaps", func(t *testing.T) {
+			h := clean(t)
+			h.sv(24.5, "h1", "c1", role, "i1.4", 301, ProcessStart).sv(26.4, "h1", "c1", role, "i1.4", 301, ProcessExit)
+			rep, _ := h.check()
+			if !rep.Clean() || rep.Totals.AgentsRan != 4 || rep.Totals.AgentsJudged != 4 {
+				t.Fatalf("totals %+v, violations:\n%s", rep.Totals, rep.Summary())
+			}
+		})
+	}
+	t.Run("the agent died with its killed supervisor", func(t *testing.T) {
+		h := clean(t)
+		h.sv(24.5, "h1", "c1", RoleAgent, "i1.4", 301, ProcessStart).fault(25, 25.1, "h1", "c1", FaultKill, RoleSupervisor)
+		if rep, _ := h.check(); !rep.Clean() {
+			t.Fatalf("violations:\n%s", rep.Summary())
+		}
+	})
+	t.Run("another conversation's supervisor was killed", func(t *testing.T) {
+		h := clean(t)
+		h.sv(24.5, "h1", "c1", RoleAgent, "i1.4", 301, ProcessStart).fault(25, 25.1, "h1", "c2", FaultKill, RoleSupervisor)
+		rep, recs := h.check()
+		if f := only(t, rep, recs, Overlap, 1)[0]; !strings.Contains(f.Detail, "never recorded") {
+			t.Fatalf("finding %v", f)
+		}
+	})
+}
+
+// TestEveryAgentIsJudged: the checker counts the agents that ran against
+// those it judged for overlap, and a gap is a violation: an attempt whose
+// agent reported turn.started, or a job whose prompt reached an agent,
+// with no start recorded; a start that names no attempt.
+func TestEveryAgentIsJudged(t *testing.T) {
+	rep, _ := clean(t).check()
+	if rep.Totals.AgentsRan != 3 || rep.Totals.AgentsJudged != 3 || rep.Count(Unjudged) != 0 {
+		t.Fatalf("a clean history: totals %+v", rep.Totals)
+	}
+	if md := rep.Markdown(Run{}); !strings.Contains(md, "| agents that ran (lines: processes; ACP: turns) | 3 |") ||
+		!strings.Contains(md, "| of them judged for overlap | 3 |") {
+		t.Fatalf("the table lacks the agents' counts:\n%s", md)
+	}
+	t.Run("an agent's turn.started with no start recorded", func(t *testing.T) {
+		h := clean(t)
+		h.events["j3"]++
+		h.add(Record{JobID: "j3", Time: h.at(24.6), Event: &wire.JobEvent{ID: h.events["j3"], JobID: "j3", AttemptID: "a3", Source: "runner", Type: "turn.started"}})
+		rep, recs := h.check()
+		if f := only(t, rep, recs, Unjudged, 1)[0]; f.Subject != "a3" {
+			t.Fatalf("finding %v", f)
+		}
+		if rep.Totals.AgentsRan != 4 || rep.Totals.AgentsJudged != 3 {
+			t.Fatalf("totals %+v", rep.Totals)
+		}
+	})
+	t.Run("a prompt received with no agent start recorded", func(t *testing.T) {
+		h := clean(t)
+		h.recs = slices.DeleteFunc(h.recs, func(r Record) bool { return r.Process != nil && r.Process.Activation == "i2.1" })
+		rep, recs := h.check()
+		f := only(t, rep, recs, Unjudged, 1)[0]
+		if f.Subject != "j3" {
+			t.Fatalf("finding %v", f)
+		}
+		cites(t, f, recs, func(r Record) bool { return r.Prompt != nil })
+		if rep.Totals.AgentsRan != 3 || rep.Totals.AgentsJudged != 2 {
+			t.Fatalf("totals %+v", rep.Totals)
+		}
+	})
+	t.Run("a start whose activation names no attempt", func(t *testing.T) {
+		h := clean(t)
+		h.sv(40, "h1", "c1", RoleAgent, "i9.9", 309, ProcessStart).sv(41, "h1", "c1", RoleAgent, "i9.9", 309, ProcessExit)
+		rep, recs := h.check()
+		only(t, rep, recs, Unjudged, 1)
+		if rep.Totals.AgentsRan != 4 || rep.Totals.AgentsJudged != 3 {
+			t.Fatalf("totals %+v", rep.Totals)
+		}
+	})
+}
+
 func TestLeaks(t *testing.T) {
 	h := clean(t)
 	h.leftover("h1", "", RoleChild, 401)            // a turn child after every turn ended
@@ -408,7 +512,8 @@ func TestLostConversations(t *testing.T) {
 			lostTurn(h, []int{0, 200}, ambiguous).call(86, "h3", wire.OpSettlement, "j40", "a40", 1, 409)
 		}, LostAvoidable},
 		{"ambiguous, but the job's prompt reached the agent", func(h *hist) {
-			lostTurn(h, []int{0, 200}, ambiguous).prompt(85, "h3", "c4", "j40")
+			lostTurn(h, []int{0, 200}, ambiguous).agent(84.9, "h3", "j40", "a40", 140, ProcessStart).
+				prompt(85, "h3", "c4", "j40").agent(85.5, "h3", "j40", "a40", 140, ProcessExit)
 		}, LostAvoidable},
 		{"ambiguous, with no record of a lost answer", func(h *hist) { lostTurn(h, nil, ambiguous) }, LostAvoidable},
 		{"ambiguous, and the partition was on another host", func(h *hist) {
@@ -506,8 +611,10 @@ func TestUncheckableRecordsAreCounted(t *testing.T) {
 	h.add(Record{Time: h.at(60), Host: "h1", ConversationID: "c1", Prompt: &Prompt{Text: "nobody sent this"}})
 	h.add(Record{Time: h.at(61), Host: "h1", Process: &Process{Role: RoleAgent, Event: ProcessStart, PID: 77}})
 	h.add(Record{Time: h.at(60), Host: "h1", ConversationID: "c1", Prompt: &Prompt{Text: "prompt of j1\n"}}) // j1's, again
-	rep, recs := h.check()
-	only(t, rep, recs, PromptTwice, 1)
+	rep, _ := h.check()
+	if rep.Count(PromptTwice) != 1 || rep.Count(Unjudged) != 1 || len(rep.Findings) != 2 {
+		t.Fatalf("findings:\n%s", rep.Summary())
+	}
 	if rep.Totals.UnmatchedPrompts != 1 || rep.Totals.UnattributedAgents != 1 {
 		t.Fatalf("totals %+v", rep.Totals)
 	}

@@ -179,10 +179,14 @@ const (
 	RoleChild      = "child"      // runnerd turn: one attempt's child
 	RoleSupervisor = "supervisor" // runnerd supervise: one conversation's sandbox manager
 	RoleAgent      = "agent"      // the agent of one attempt, in its sandbox
-	RoleSandbox    = "sandbox"    // a retained sandbox (a Docker container)
-	RoleHost       = "host"       // a whole host (its container or namespace)
-	RoleReplica    = "replica"    // a control-plane replica
-	RolePostgres   = "postgres"
+	// RoleAgentTurn is one turn of an ACP agent, which its supervisor
+	// keeps across turns: its start is the session/prompt sent, its exit
+	// the answer (or failure) received.
+	RoleAgentTurn = "agent_turn"
+	RoleSandbox   = "sandbox" // a retained sandbox (a Docker container)
+	RoleHost      = "host"    // a whole host (its container or namespace)
+	RoleReplica   = "replica" // a control-plane replica
+	RolePostgres  = "postgres"
 )
 
 // Process events.
@@ -198,6 +202,12 @@ type Process struct {
 	Role  string `json:"role"`
 	Event string `json:"event"` // ProcessStart | ProcessExit
 	PID   int    `json:"pid,omitempty"`
+	// Activation is, for an agent or an agent's turn the supervisor
+	// recorded, its instance and the activation's generation
+	// ("instance.generation"): the prefix of the activation id the
+	// control plane records with the attempt's admission, which names
+	// the attempt the agent ran for.
+	Activation string `json:"activation,omitempty"`
 	// ContainerID names a sandbox container (RoleSandbox).
 	ContainerID string `json:"container_id,omitempty"`
 	// ExitCode is the exit status of a process that exited on its own.

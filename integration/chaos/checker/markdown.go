@@ -63,6 +63,8 @@ func (r Report) Markdown(run Run) string {
 	}
 
 	b.WriteString("| Count | Value |\n| --- | --- |\n")
+	fmt.Fprintf(&b, "| agents that ran (lines: processes; ACP: turns) | %d |\n", t.AgentsRan)
+	fmt.Fprintf(&b, "| of them judged for overlap | %d |\n", t.AgentsJudged)
 	for _, p := range properties {
 		fmt.Fprintf(&b, "| %s | %d |\n", p.title, r.Count(p.p))
 	}
