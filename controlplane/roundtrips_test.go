@@ -159,7 +159,11 @@ func TestConversationStatesIsOneQuery(t *testing.T) {
 	}
 	one, all := ask(ids[:1]), ask(ids)
 	t.Logf("round trips: 1 id %d, %d ids %d", one, len(ids), all)
-	if all != one || all > 3 {
-		t.Fatalf("%d ids took %d round trips and 1 id %d; want the same, at most 3 (host token, cluster identity, states)", len(ids), all, one)
+	// At most 3 either way: the host token (cached for a couple of
+	// seconds, so looked up again or not depending on the machine's
+	// speed), the cluster identity, and the states in one query whatever
+	// their number.
+	if all > 3 || one > 3 {
+		t.Fatalf("%d ids took %d round trips and 1 id %d; want at most 3 each (host token, cluster identity, states)", len(ids), all, one)
 	}
 }
