@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/sandbox"
 )
 
@@ -99,6 +100,13 @@ func recordBoundaryCompleted(l *slog.Logger, from, to int64) {
 
 func recordOrphanReaped(l *slog.Logger, pid int) {
 	l.Info(RecordOrphanReaped, slog.Int("pid", pid))
+}
+
+// recordTeardownIncomplete: processes of a stopped turn's agent tree
+// (held from its stop) still ran budget after it (S6).
+func recordTeardownIncomplete(l *slog.Logger, gen uint64, why string, agent int, pids []int, budget time.Duration) {
+	l.Error(diagnostics.MsgSandboxTeardownIncomplete, slog.Uint64("generation", gen), slog.String(diagnostics.KeyTeardown, why),
+		slog.Int("agent_pid", agent), slog.Any(diagnostics.KeyPIDs, pids), slog.Int64(diagnostics.KeyBudget, budget.Milliseconds()))
 }
 
 func recordFailed(l *slog.Logger, class string) {
