@@ -367,7 +367,13 @@ func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() b
 	secs := int(b.cfg.StopTimeout.Seconds())
 	bctx, cancel := context.WithTimeout(ctx, b.cfg.TeardownBudget)
 	stopErr := b.cfg.Engine.ContainerStop(bctx, info.ID, container.StopOptions{Timeout: &secs})
+	over := bctx.Err() != nil
 	cancel()
+	if stopErr != nil && !over && !cerrdefs.IsNotFound(stopErr) {
+		// The engine refused or failed the stop within the budget: nothing
+		// was stopped, the sandbox stays idle and is tried again.
+		return false, fmt.Errorf("stop docker sandbox: stop container: %w", stopErr)
+	}
 	if torn := b.proveTornDown(ctx, info.ID, false, stopErr); torn != nil {
 		return true, fmt.Errorf("stop docker sandbox: %w", torn)
 	}
@@ -433,6 +439,9 @@ func (b *Backend) remove(ctx context.Context, conv string) error {
 			continue
 		}
 		err := b.removeContainer(bctx, c.ID)
+		if err != nil && bctx.Err() == nil {
+			return err // the engine failed the removal within the budget: kept, swept again
+		}
 		if torn := b.proveTornDown(ctx, c.ID, true, err); torn != nil {
 			return torn
 		}

@@ -4,7 +4,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/sandbox"
 )
 
@@ -35,6 +34,11 @@ const (
 	// RecordACPNotLoadable: the conversation's ACP session cannot be
 	// resumed in a new agent process; reason says why.
 	RecordACPNotLoadable = "supervisor_acp_session_not_loadable"
+	// RecordTeardownIncomplete: processes of a stopped turn's agent tree
+	// still ran TeardownBudget after the stop (S6). The daemon's record
+	// of the same kind (diagnostics.MsgSandboxTeardownIncomplete) has the
+	// same name, so one search finds both.
+	RecordTeardownIncomplete = "sandbox_teardown_incomplete"
 )
 
 var discardLogger = slog.New(slog.DiscardHandler)
@@ -105,8 +109,8 @@ func recordOrphanReaped(l *slog.Logger, pid int) {
 // recordTeardownIncomplete: processes of a stopped turn's agent tree
 // (held from its stop) still ran budget after it (S6).
 func recordTeardownIncomplete(l *slog.Logger, gen uint64, why string, agent int, pids []int, budget time.Duration) {
-	l.Error(diagnostics.MsgSandboxTeardownIncomplete, slog.Uint64("generation", gen), slog.String(diagnostics.KeyTeardown, why),
-		slog.Int("agent_pid", agent), slog.Any(diagnostics.KeyPIDs, pids), slog.Int64(diagnostics.KeyBudget, budget.Milliseconds()))
+	l.Error(RecordTeardownIncomplete, slog.Uint64("generation", gen), slog.String("teardown", why),
+		slog.Int("agent_pid", agent), slog.Any("pids", pids), slog.Int64("budget_ms", budget.Milliseconds()))
 }
 
 func recordFailed(l *slog.Logger, class string) {

@@ -9,7 +9,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/internal/testbin"
 )
@@ -42,8 +41,8 @@ func TestS6FencedAgentIgnoringSIGTERMProvenGone(t *testing.T) {
 	}
 	s.rec.waitFor(t, RecordTurnStopped, 1)
 	runTurn(t, s.c, "after the fence")
-	if got := s.rec.attrs(diagnostics.MsgSandboxTeardownIncomplete); len(got) != 0 {
-		t.Fatalf("%s after a fence whose agent is gone: %v", diagnostics.MsgSandboxTeardownIncomplete, got)
+	if got := s.rec.attrs(RecordTeardownIncomplete); len(got) != 0 {
+		t.Fatalf("%s after a fence whose agent is gone: %v", RecordTeardownIncomplete, got)
 	}
 }
 
@@ -73,11 +72,11 @@ func TestS6CancelNamesEscapedProcess(t *testing.T) {
 	if _, err := s.c.Interrupt(ctx, act.ID, 5*time.Second); err != nil {
 		t.Fatalf("interrupt: %v", err)
 	}
-	s.rec.waitFor(t, diagnostics.MsgSandboxTeardownIncomplete, 1)
-	got := s.rec.attrs(diagnostics.MsgSandboxTeardownIncomplete)[0]
-	pids, _ := got[diagnostics.KeyPIDs].Any().([]int)
-	if got[diagnostics.KeyTeardown].String() != "cancel" || !slices.Equal(pids, []int{escaped}) ||
-		got["agent_pid"].Int64() != int64(agent) || got[diagnostics.KeyBudget].Int64() != budget.Milliseconds() {
+	s.rec.waitFor(t, RecordTeardownIncomplete, 1)
+	got := s.rec.attrs(RecordTeardownIncomplete)[0]
+	pids, _ := got["pids"].Any().([]int)
+	if got["teardown"].String() != "cancel" || !slices.Equal(pids, []int{escaped}) ||
+		got["agent_pid"].Int64() != int64(agent) || got["budget_ms"].Int64() != budget.Milliseconds() {
 		t.Fatalf("record %v, want teardown cancel naming pid %d alone (agent %d)", got, escaped, agent)
 	}
 	if testbin.Alive(agent) || !testbin.Alive(escaped) {
