@@ -63,6 +63,12 @@ const (
 	MsgSandboxEvicted     = "sandbox_evicted"
 	MsgSandboxWoken       = "sandbox_woken"
 	MsgSandboxEvictFailed = "sandbox_evict_failed"
+	// S6: a teardown (teardown: idle, pressure, delete) did not prove the
+	// sandbox's processes gone within --teardown-budget (budget_ms): pids
+	// names the process backend's survivors, container_id the docker
+	// backend's container the engine still reports running or present.
+	// The stop or removal went ahead; what is named outlived it.
+	MsgSandboxTeardownIncomplete = "sandbox_teardown_incomplete"
 	// Issue 24 §4: the daemon's spare turn child, started before any
 	// claim and waiting on its descriptor with nothing handed to it. It
 	// was discarded without a payload (reason: exited, outdated — the
@@ -116,6 +122,11 @@ const (
 	KeyTotalBytes   = "total_bytes"
 	KeyMinFreeBytes = "min_free_bytes"
 	KeyPath         = "path"
+	// S6: which teardown, and what outlived it.
+	KeyTeardown  = "teardown"
+	KeyPIDs      = "pids"
+	KeyContainer = "container_id"
+	KeyBudget    = "budget_ms"
 )
 
 // Attempt names the attempt a record is about.

@@ -90,6 +90,12 @@ type Config struct {
 	// S1). Default 30 min; negative: never. It needs a Backend that can
 	// list and stop its sandboxes (sandbox.Stopper).
 	SandboxIdle time.Duration
+	// TeardownBudget is how long an idle or pressure eviction's stop, or a
+	// deletion's removal, has to prove the sandbox's processes gone (S6);
+	// past it a sandbox_teardown_incomplete record names what survived.
+	// The daemon's backend is built with it. Default
+	// sandbox.DefaultTeardownBudget (15 s).
+	TeardownBudget time.Duration
 	// NoSpare keeps no spare turn child (spare.go): every claim starts its
 	// child then. Default false: one spare waits.
 	NoSpare bool
@@ -276,6 +282,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDur(&c.ClaimBackoffMax, DefaultClaimBackoffMax)
 	setDur(&c.HostHeartbeatInterval, DefaultHostHeartbeatInterval)
 	setDur(&c.ControlTimeout, DefaultControlTimeout)
+	setDur(&c.TeardownBudget, sandbox.DefaultTeardownBudget)
 	if c.SandboxSweep == 0 {
 		c.SandboxSweep = DefaultSandboxSweep
 	}

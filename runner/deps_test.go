@@ -35,7 +35,7 @@ var moduleImports = map[string][]string{
 	"sandbox":                  {"internal/atomicfile", "internal/boottime", "wire"},
 	"sandbox/docker":           {"sandbox"},
 	"sandbox/process":          {"internal/atomicfile", "sandbox", "sandbox/internal/pidfd"},
-	"sandbox/supervisor":       {"internal/atomicfile", "internal/boottime", "sandbox", "wire"},
+	"sandbox/supervisor":       {"internal/atomicfile", "internal/boottime", "sandbox", "sandbox/internal/pidfd", "wire"},
 	"sandbox/internal/pidfd":   {},
 	"sandbox/internal/testbin": {"sandbox/internal/pidfd"},
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
@@ -110,9 +111,14 @@ func (d *Daemon) removeSandbox(conversationID string) {
 			slog.String(keyConversation, conversationID), slog.String(keyDecision, "no_backend"))
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ControlTimeout+d.cfg.StopGrace)
+	ctx, cancel := context.WithTimeout(context.Background(), d.teardownBound())
 	defer cancel()
-	if err := d.cfg.Backend.Remove(ctx, conversationID); err != nil {
+	began := time.Now()
+	err := d.cfg.Backend.Remove(ctx, conversationID)
+	if d.teardownEnded(teardownDelete, conversationID, began, err) {
+		return // removed, but not proven: the record names what survived
+	}
+	if err != nil {
 		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgSandboxKept,
 			slog.String(keyConversation, conversationID), slog.String(diagnostics.KeyClass, diagnostics.Class(err)))
 		return

@@ -146,13 +146,17 @@ func (d *Daemon) evict(ctx context.Context, st sandboxStopper, conv string, minI
 		s.phase, s.since, committed = sandboxStopped, now, true
 		return true
 	}
-	sctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout+d.cfg.StopGrace)
+	sctx, cancel := context.WithTimeout(ctx, d.teardownBound())
+	began := time.Now()
 	stopped, err := st.Stop(sctx, conv, idle)
 	cancel()
 	attrs := []slog.Attr{slog.String(keyConversation, conv), slog.String(keyBackend, d.cfg.Backend.Name()),
 		slog.String(diagnostics.KeyCause, cause)}
 	switch {
 	case stopped:
+		// Stopped; a survivor of the stop is named (S6), and the
+		// sandbox counts as stopped all the same: its supervisor is.
+		d.teardownEnded(cause, conv, began, err)
 		d.m.SandboxEvictions.WithLabelValues("evicted").Inc()
 		d.kickSweepNow() // the control plane learns of the stop (sandbox_state)
 		d.log.LogAttrs(context.Background(), slog.LevelInfo, diagnostics.MsgSandboxEvicted,

@@ -32,6 +32,12 @@ type Metrics struct {
 	// SandboxEvictions counts idle evictions (S1) by result: evicted, or
 	// the class of the one that did not happen.
 	SandboxEvictions *prometheus.CounterVec
+	// SandboxTeardown times each teardown (S6: idle, pressure, delete)
+	// from its request to its proof or its budget's end;
+	// SandboxTeardownIncomplete counts those not proven, by reason (the
+	// teardown).
+	SandboxTeardown           *prometheus.HistogramVec
+	SandboxTeardownIncomplete *prometheus.CounterVec
 	// SpareChildren counts spare turn children by how each ended its wait:
 	// handed (a claim's payload), or discarded unused (exited, outdated,
 	// assign_failed, stopped). runnerd_spare_ready is the gauge.
@@ -114,6 +120,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SandboxEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_sandbox_evictions_total", Help: "Idle sandboxes stopped and kept (result evicted), or left running (result: why).",
 		}, []string{"result"}),
+		SandboxTeardown: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "runnerd_sandbox_teardown_seconds",
+			Help:    "Time a sandbox teardown (idle or pressure eviction, deletion) took from its request to the proof that its processes are gone, or to its budget's end, by teardown.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+		}, []string{"teardown"}),
+		SandboxTeardownIncomplete: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "runnerd_sandbox_teardown_incomplete_total", Help: "Sandbox teardowns that did not prove the sandbox's processes gone within --teardown-budget (sandbox_teardown_incomplete), by reason: the teardown (idle, pressure, delete).",
+		}, []string{"reason"}),
 		SpareChildren: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_spare_children_total", Help: "Spare turn children (started before a claim, no slot of --capacity), by how their wait ended: handed a claim's payload, or discarded unused (exited, outdated, assign_failed, stopped).",
 		}, []string{"end"}),
@@ -129,7 +143,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SpareChildren,
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SandboxTeardown, m.SandboxTeardownIncomplete, m.SpareChildren,
 			m.ImagePulls, m.ImagePullDuration, stateCollector{m})
 	}
 	return m

@@ -22,6 +22,11 @@
 //	!hog          allocate and touch memory until the OOM killer ends it
 //	!forkbomb     start idle copies of itself until a start fails (the
 //	              pids limit), then exit 1, leaving them running
+//	!ignoreterm   ignore SIGTERM from here on (the turn goes on)
+//	!escape       start an idle copy of itself in a session of its own,
+//	              out of its process group, report its pid (a "status"
+//	              event with "pid"), and go on: a process a group kill
+//	              does not reach
 //	!fill PATH    write PATH (absolute, or relative to the workspace)
 //	              until a write fails (the filesystem is full), then exit 1
 //
@@ -39,6 +44,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -162,6 +168,16 @@ func run(stdin io.Reader, stdout io.Writer, dir string) ending {
 			n, err := forkbomb()
 			a.emit(map[string]any{"type": "status", "text": fmt.Sprintf("started %d copies; then: %v", n, err)})
 			return ending{code: 1}
+		case "ignoreterm":
+			signal.Ignore(syscall.SIGTERM)
+			a.emit(map[string]any{"type": "status", "text": "ignoring SIGTERM"})
+		case "escape":
+			pid, err := escape()
+			if err != nil {
+				a.emit(map[string]any{"type": "status", "text": "escape failed: " + err.Error()})
+				return ending{code: 1}
+			}
+			a.emit(map[string]any{"type": "status", "text": "escaped", "pid": pid})
 		case "fill":
 			path := arg
 			if !filepath.IsAbs(path) {
@@ -214,6 +230,25 @@ func forkbomb() (int, error) {
 		}
 		_ = p.Release()
 	}
+}
+
+// escape starts an idle copy of this executable in a new session and
+// leaves it running.
+func escape() (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	p, err := os.StartProcess(exe, []string{exe, "--idle"}, &os.ProcAttr{
+		Files: []*os.File{nil, nil, nil},
+		Sys:   &syscall.SysProcAttr{Setsid: true},
+	})
+	if err != nil {
+		return 0, err
+	}
+	pid := p.Pid
+	_ = p.Release()
+	return pid, nil
 }
 
 // fill writes path until a write fails, and returns how much it wrote.

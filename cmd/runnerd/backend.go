@@ -22,18 +22,19 @@ func openBackend(s turn.Sandbox, log *slog.Logger) (sandbox.Backend, error) {
 			return nil, fmt.Errorf("docker backend: %w", err)
 		}
 		return docker.New(docker.Config{
-			Engine:      engine,
-			Host:        s.HostName,
-			StateDir:    s.StateDir,
-			RunnerdPath: s.Runnerd,
-			Pull:        s.Docker.Pull,
-			Network:     s.Docker.Network,
-			PidsLimit:   s.Docker.PidsLimit,
-			MemoryBytes: s.Docker.MemoryBytes,
-			NanoCPUs:    s.Docker.NanoCPUs,
-			LogMaxBytes: s.Docker.LogMaxBytes,
-			LogMaxFiles: s.Docker.LogMaxFiles,
-			Logger:      log,
+			Engine:         engine,
+			Host:           s.HostName,
+			StateDir:       s.StateDir,
+			RunnerdPath:    s.Runnerd,
+			Pull:           s.Docker.Pull,
+			Network:        s.Docker.Network,
+			PidsLimit:      s.Docker.PidsLimit,
+			MemoryBytes:    s.Docker.MemoryBytes,
+			NanoCPUs:       s.Docker.NanoCPUs,
+			LogMaxBytes:    s.Docker.LogMaxBytes,
+			LogMaxFiles:    s.Docker.LogMaxFiles,
+			TeardownBudget: s.TeardownBudget,
+			Logger:         log,
 		})
 	default:
 		return nil, fmt.Errorf("unknown sandbox backend %q (want process or docker)", s.Backend)

@@ -97,6 +97,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&c.ClaimBackoff, "claim-backoff", runner.DefaultClaimBackoff, "first wait after a failed claim")
 	fs.DurationVar(&c.ClaimBackoffMax, "claim-backoff-max", runner.DefaultClaimBackoffMax, "longest wait after failed claims")
 	fs.DurationVar(&c.HostHeartbeatInterval, "host-heartbeat-interval", runner.DefaultHostHeartbeatInterval, "host heartbeat period")
+	fs.DurationVar(&c.TeardownBudget, "teardown-budget", sandbox.DefaultTeardownBudget, "how long an eviction's stop or a deletion's removal has to prove the sandbox's processes gone, else a sandbox_teardown_incomplete record names what survived (S6)")
 	fs.DurationVar(&sandboxSweep, "sandbox-sweep", runner.DefaultSandboxSweep, "period of the sweep that removes LOST and deleted conversations' sandboxes (0: off)")
 	fs.DurationVar(&sandboxIdle, "sandbox-idle", runner.DefaultSandboxIdle, "stop (not delete) a conversation's sandbox after this long without a turn; the next message starts it again (0: never)")
 	fs.StringVar(&minFreeDisk, "min-free-disk", runner.DefaultMinFreeDisk.String(), "below this free disk (N% of the filesystem, or bytes: 20GiB) on the state directory's or Docker's filesystem, stop idle sandboxes and then withhold new conversations' first turns (S2); 0: off")
@@ -157,7 +158,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 		{"launch-backoff-max", launchBackoffMx}, {"claim-wait", c.ClaimWait}, {"claim-backoff", c.ClaimBackoff},
 		{"claim-backoff-max", c.ClaimBackoffMax}, {"host-heartbeat-interval", c.HostHeartbeatInterval},
 		{"control-timeout", c.ControlTimeout}, {"receipt-timeout", receiptTimeout}, {"receipt-retry", receiptRetry},
-		{"watchdog-interval", o.watchdog}, {"permission-timeout", c.PermissionTimeout},
+		{"watchdog-interval", o.watchdog}, {"permission-timeout", c.PermissionTimeout}, {"teardown-budget", c.TeardownBudget},
 	} {
 		if d.v <= 0 {
 			return o, fmt.Errorf("--%s %v: must be positive", d.name, d.v)

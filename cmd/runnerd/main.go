@@ -315,6 +315,9 @@ func backend(cfg runner.Config) (sandbox.Backend, error) {
 		HostName: cfg.HostName,
 		Runnerd:  cfg.Executable,
 		Docker:   cfg.Docker,
+		// Only the daemon stops and removes sandboxes: the turn
+		// children's payload leaves it out.
+		TeardownBudget: cfg.TeardownBudget,
 	}, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("%s sandbox backend: %w", cfg.Sandbox, err)

@@ -22,5 +22,6 @@ func OpenProcess(s Sandbox, log *slog.Logger) (sandbox.Backend, error) {
 	if s.Backend != sandbox.BackendProcess && s.Backend != "" {
 		return nil, fmt.Errorf("sandbox backend %q is not in this executable (the process backend's child runs process turns only)", s.Backend)
 	}
-	return process.New(process.Config{StateDir: s.StateDir, Command: []string{s.Runnerd, "supervise"}, Logger: log})
+	return process.New(process.Config{StateDir: s.StateDir, Command: []string{s.Runnerd, "supervise"},
+		TeardownBudget: s.TeardownBudget, Logger: log})
 }

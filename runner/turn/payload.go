@@ -46,6 +46,10 @@ type Sandbox struct {
 	// starts `runnerd supervise` from it, the docker backend bind-mounts it.
 	Runnerd string        `json:"runnerd"`
 	Docker  DockerOptions `json:"docker,omitempty"`
+	// TeardownBudget is the backend's proof budget for Stop and Remove
+	// (S6, runnerd run --teardown-budget); zero: the default. Only the
+	// daemon's own backend stops and removes, so it is not sent.
+	TeardownBudget time.Duration `json:"-"`
 }
 
 // DockerOptions are the docker backend's safe defaults, each a daemon flag.

@@ -328,7 +328,10 @@ func (b *Backend) Alive(ctx context.Context, sb sandbox.Sandbox) error {
 // directory stay, and the next Ensure starts the same container again
 // (sandbox.Stopper). idle is asked under the conversation's lock, after
 // the container was found running; a supervisor that reports a turn
-// running is left alone (sandbox.ErrBusy).
+// running is left alone (sandbox.ErrBusy). The stop is proven by the
+// engine's inspect (State.Running false) within TeardownBudget of its
+// request; otherwise Stop returns true and a *sandbox.TeardownIncomplete
+// naming the container (S6).
 func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() bool) (bool, error) {
 	if conversationID == "" {
 		return false, errors.New("stop docker sandbox: empty conversation id")
@@ -362,16 +365,51 @@ func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() b
 		return false, fmt.Errorf("stop docker sandbox: its agent's session lives only in the running agent: %w", sandbox.ErrSessionNotLoadable)
 	}
 	secs := int(b.cfg.StopTimeout.Seconds())
-	if err := b.cfg.Engine.ContainerStop(ctx, info.ID, container.StopOptions{Timeout: &secs}); err != nil {
-		return false, fmt.Errorf("stop docker sandbox: stop container: %w", err)
+	bctx, cancel := context.WithTimeout(ctx, b.cfg.TeardownBudget)
+	stopErr := b.cfg.Engine.ContainerStop(bctx, info.ID, container.StopOptions{Timeout: &secs})
+	over := bctx.Err() != nil
+	cancel()
+	if stopErr != nil && !over && !cerrdefs.IsNotFound(stopErr) {
+		// The engine refused or failed the stop within the budget: nothing
+		// was stopped, the sandbox stays idle and is tried again.
+		return false, fmt.Errorf("stop docker sandbox: stop container: %w", stopErr)
+	}
+	if torn := b.proveTornDown(ctx, info.ID, false, stopErr); torn != nil {
+		return true, fmt.Errorf("stop docker sandbox: %w", torn)
 	}
 	recordContainer(b.cfg.Logger, RecordContainerStopped, conversationID, info.ID)
 	return true, nil
 }
 
+// proveTornDown asks the engine, with a probe of its own (the budget's
+// context may be over), whether container id is stopped (removed false)
+// or gone (removed true), and returns what names it if not. cause is the
+// stop's or removal's failure, if it failed.
+func (b *Backend) proveTornDown(ctx context.Context, id string, removed bool, cause error) *sandbox.TeardownIncomplete {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.ProbeTimeout)
+	defer cancel()
+	info, err := b.cfg.Engine.ContainerInspect(pctx, id)
+	switch {
+	case cerrdefs.IsNotFound(err):
+		return nil
+	case err == nil && !removed && info.State != nil && !info.State.Running:
+		return nil
+	case cause == nil && err != nil:
+		cause = fmt.Errorf("inspect container: %w", err)
+	case cause == nil && removed:
+		cause = errors.New("the engine still lists it")
+	case cause == nil:
+		cause = errors.New("the engine reports it running")
+	}
+	return &sandbox.TeardownIncomplete{Container: id, Budget: b.cfg.TeardownBudget, Err: cause}
+}
+
 // Remove stops and removes the conversation's container and its workspace
 // volume, and deletes its host directory. Only this host's objects are
-// touched; what is not there is not an error.
+// touched; what is not there is not an error. A container the engine still
+// lists TeardownBudget after its stop was asked is a
+// *sandbox.TeardownIncomplete naming it (S6); its volume and directory are
+// then kept for the next sweep.
 func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 	if conversationID == "" {
 		return errors.New("remove docker sandbox: empty conversation id")
@@ -392,12 +430,20 @@ func (b *Backend) remove(ctx context.Context, conv string) error {
 	if err != nil {
 		return fmt.Errorf("list containers: %w", err)
 	}
+	// Each removal is proven by the engine answering that the container
+	// is not found, within TeardownBudget of the first stop's request (S6).
+	bctx, cancel := context.WithTimeout(ctx, b.cfg.TeardownBudget)
+	defer cancel()
 	for _, c := range list {
 		if !b.ours(c.Labels) || c.Labels[LabelConversation] != conv {
 			continue
 		}
-		if err := b.removeContainer(ctx, c.ID); err != nil {
-			return err
+		err := b.removeContainer(bctx, c.ID)
+		if err != nil && bctx.Err() == nil {
+			return err // the engine failed the removal within the budget: kept, swept again
+		}
+		if torn := b.proveTornDown(ctx, c.ID, true, err); torn != nil {
+			return torn
 		}
 	}
 	for {

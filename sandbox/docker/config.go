@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/docker/docker/client"
+
+	"github.com/runnerd/runnerd/sandbox"
 )
 
 // Defaults of Config's zero fields.
@@ -129,6 +131,11 @@ type Config struct {
 	// StopTimeout is the grace between SIGTERM and SIGKILL when the backend
 	// stops a container it removes (default 10 s).
 	StopTimeout time.Duration
+	// TeardownBudget is how long Stop and Remove have, from the stop's
+	// request, for the engine to report the container stopped (Stop) or
+	// gone (Remove) (S6); past it they return a *sandbox.TeardownIncomplete
+	// naming the container. Default sandbox.DefaultTeardownBudget.
+	TeardownBudget time.Duration
 
 	// Logger receives the backend's records (default: discarded).
 	Logger *slog.Logger
@@ -195,6 +202,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.StopTimeout == 0 {
 		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.TeardownBudget <= 0 {
+		c.TeardownBudget = sandbox.DefaultTeardownBudget
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

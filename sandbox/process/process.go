@@ -77,6 +77,11 @@ type Config struct {
 	// StopTimeout bounds waiting for a supervisor to exit after SIGTERM in
 	// Remove before it is killed. Default 5 s.
 	StopTimeout time.Duration
+	// TeardownBudget is how long Stop and Remove have, from their kill,
+	// to prove the supervisor and every process that descended from it
+	// then gone (S6); what is still running after it is named in a
+	// *sandbox.TeardownIncomplete. Default sandbox.DefaultTeardownBudget.
+	TeardownBudget time.Duration
 	// ProbeTimeout bounds the status probe of an existing supervisor; one
 	// that does not answer in time is taken for hung and replaced (its
 	// receipts are lost, R28). Default 5 s.
@@ -115,6 +120,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.ProbeTimeout <= 0 {
 		cfg.ProbeTimeout = 5 * time.Second
+	}
+	if cfg.TeardownBudget <= 0 {
+		cfg.TeardownBudget = sandbox.DefaultTeardownBudget
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -302,7 +310,10 @@ func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 }
 
 // Remove stops the conversation's supervisor (SIGTERM, which stops its
-// agent; SIGKILL after StopTimeout) and deletes its directory.
+// agent; SIGKILL after StopTimeout) and deletes its directory. A process of
+// the sandbox still running TeardownBudget after the kill began makes it
+// return a *sandbox.TeardownIncomplete naming it, the directory deleted
+// all the same (S6).
 func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 	if err := checkConversation(conversationID); err != nil {
 		return fmt.Errorf("remove process sandbox: %w", err)
@@ -316,11 +327,14 @@ func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 		return fmt.Errorf("remove process sandbox: %w", err)
 	}
 	defer unlock()
-	b.stopRecorded(dir, b.SocketPath(conversationID), b.cfg.StopTimeout)
+	torn := b.stopRecorded(dir, b.SocketPath(conversationID), b.cfg.StopTimeout)
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove process sandbox: %w", err)
 	}
 	recordRemoved(b.log)
+	if torn != nil {
+		return fmt.Errorf("remove process sandbox: %w", torn)
+	}
 	return ctx.Err()
 }
 
@@ -331,6 +345,10 @@ func (b *Backend) Remove(ctx context.Context, conversationID string) error {
 // supervisor over them (sandbox.Stopper). idle is asked under the
 // conversation's lock, after the supervisor was found running; a
 // supervisor that reports a turn running is left alone (sandbox.ErrBusy).
+// A process of the sandbox still running TeardownBudget after the kill
+// began — the supervisor, or one that descended from it then and escaped
+// its kill — makes it return true and a *sandbox.TeardownIncomplete
+// naming it (S6).
 func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() bool) (bool, error) {
 	if err := checkConversation(conversationID); err != nil {
 		return false, fmt.Errorf("stop process sandbox: %w", err)
@@ -370,8 +388,11 @@ func (b *Backend) Stop(ctx context.Context, conversationID string, idle func() b
 	}
 	// A supervisor that does not answer is hung, and Ensure would replace
 	// it anyway: it is stopped the same way.
-	b.kill(pid, b.cfg.StopTimeout)
+	torn := b.teardown(pid, b.cfg.StopTimeout)
 	recordStopped(b.log, pid)
+	if torn != nil {
+		return true, fmt.Errorf("stop process sandbox: %w", torn)
+	}
 	return true, ctx.Err()
 }
 
@@ -412,8 +433,12 @@ func (b *Backend) start(ctx context.Context, conv, id string) error {
 	}
 	defer readyR.Close()
 
+	// --subreaper: whatever an agent leaves behind, however it detached
+	// (setsid, a double fork), is reparented to the supervisor, not to
+	// init, so it stays in the tree a teardown holds and proves gone (S6).
 	args := append(append([]string(nil), b.cfg.Command[1:]...),
-		"--socket", b.SocketPath(conv), "--workspace", b.Workspace(conv), "--state", b.StateDir(conv), "--id", id, "--ready-fd", "3")
+		"--socket", b.SocketPath(conv), "--workspace", b.Workspace(conv), "--state", b.StateDir(conv), "--id", id, "--ready-fd", "3",
+		"--subreaper")
 	cmd := exec.Command(b.cfg.Command[0], args...)
 	cmd.Dir = dir
 	cmd.Env = b.cfg.Env
@@ -456,18 +481,43 @@ func (b *Backend) start(ctx context.Context, conv, id string) error {
 
 // stopRecorded stops the supervisor the pid file names, if that process
 // is still a supervisor of this socket: SIGTERM and up to grace for it to
-// exit, then SIGKILL.
-func (b *Backend) stopRecorded(dir, socket string, grace time.Duration) {
+// exit, then SIGKILL; see teardown.
+func (b *Backend) stopRecorded(dir, socket string, grace time.Duration) *sandbox.TeardownIncomplete {
 	raw, err := os.ReadFile(filepath.Join(dir, "supervisor.pid"))
 	if err != nil {
-		return
+		return nil
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 	if err != nil || pid <= 0 || !servesSocket(pid, socket) {
 		b.reap(pid)
-		return
+		return nil
+	}
+	return b.teardown(pid, grace)
+}
+
+// teardown kills supervisor pid (kill) and proves it gone with every
+// process that descended from it when the teardown began — its agents and
+// theirs, in whatever process group or session — each held by a pidfd
+// from before the kill, so no pid reused since is taken for a survivor
+// (S6). The supervisor's exit kills its agents' process groups (and
+// Pdeathsig theirs leaders); a process that left them (setsid, setpgid)
+// is not killed by it, and is named if it still runs TeardownBudget after
+// the kill began. Without a cgroup, a process that double-forked out of
+// the tree before the teardown is outside this proof.
+func (b *Backend) teardown(pid int, grace time.Duration) *sandbox.TeardownIncomplete {
+	begin := time.Now()
+	held, err := pidfd.HoldTree(pid)
+	if err != nil {
+		// /proc unreadable or out of descriptors: the supervisor alone,
+		// which kill waits for.
+		b.log.Warn(RecordTeardownUnheld, slog.String("backend", sandbox.BackendProcess), slog.Int("pid", pid), slog.String("error", err.Error()))
+		held = &pidfd.Held{}
 	}
 	b.kill(pid, grace)
+	if left := held.Wait(begin.Add(b.cfg.TeardownBudget)); len(left) > 0 {
+		return &sandbox.TeardownIncomplete{PIDs: left, Budget: b.cfg.TeardownBudget}
+	}
+	return nil
 }
 
 // kill ends pid (SIGTERM first when grace > 0) and waits until it is gone.
@@ -615,6 +665,9 @@ const (
 	RecordSupervisorReplaced    = "sandbox_supervisor_replaced" // a running supervisor was stopped for a new one, and why
 	RecordStateAdopted          = "sandbox_state_adopted"       // the previous release's state moved out of the workspace
 	RecordSupervisorOutdated    = "sandbox_supervisor_outdated" // an older supervisor kept for a turn: its features only
+	// RecordTeardownUnheld: the processes descending from a supervisor
+	// could not be held before its kill; only the supervisor's exit is proven.
+	RecordTeardownUnheld = "sandbox_teardown_unheld"
 )
 
 func recordReplaced(l *slog.Logger, reason string) {

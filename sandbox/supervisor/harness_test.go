@@ -46,7 +46,24 @@ const waitLimit = 20 * time.Second
 type recorder struct {
 	mu      sync.Mutex
 	msgs    []string
+	recs    []slog.Record // clones, in the order of msgs
 	changed chan struct{}
+}
+
+// attrs returns the attributes of every record msg logged so far.
+func (r *recorder) attrs(msg string) []map[string]slog.Value {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []map[string]slog.Value
+	for _, rec := range r.recs {
+		if rec.Message != msg {
+			continue
+		}
+		m := map[string]slog.Value{}
+		rec.Attrs(func(a slog.Attr) bool { m[a.Key] = a.Value; return true })
+		out = append(out, m)
+	}
+	return out
 }
 
 func newRecorder() *recorder { return &recorder{changed: make(chan struct{})} }
@@ -58,6 +75,7 @@ func (r *recorder) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.msgs = append(r.msgs, rec.Message)
+	r.recs = append(r.recs, rec.Clone())
 	close(r.changed)
 	r.changed = make(chan struct{})
 	return nil

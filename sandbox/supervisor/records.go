@@ -55,6 +55,11 @@ const (
 	RecordAgentExited    = "supervisor_agent_exited"
 	RecordACPPromptSent  = "supervisor_acp_prompt_sent"
 	RecordACPPromptEnded = "supervisor_acp_prompt_ended"
+	// RecordTeardownIncomplete: processes of a stopped turn's agent tree
+	// still ran TeardownBudget after the stop (S6). The daemon's record
+	// of the same kind (diagnostics.MsgSandboxTeardownIncomplete) has the
+	// same name, so one search finds both.
+	RecordTeardownIncomplete = "sandbox_teardown_incomplete"
 )
 
 func recordAgentStarted(l *slog.Logger, instance string, gen uint64, pid int) {
@@ -160,6 +165,13 @@ func recordBoundaryCompleted(l *slog.Logger, from, to int64) {
 
 func recordOrphanReaped(l *slog.Logger, pid int) {
 	l.Info(RecordOrphanReaped, slog.Int("pid", pid))
+}
+
+// recordTeardownIncomplete: processes of a stopped turn's agent tree
+// (held from its stop) still ran budget after it (S6).
+func recordTeardownIncomplete(l *slog.Logger, gen uint64, why string, agent int, pids []int, budget time.Duration) {
+	l.Error(RecordTeardownIncomplete, slog.Uint64("generation", gen), slog.String("teardown", why),
+		slog.Int("agent_pid", agent), slog.Any("pids", pids), slog.Int64("budget_ms", budget.Milliseconds()))
 }
 
 func recordFailed(l *slog.Logger, class string) {

@@ -102,6 +102,12 @@ type Config struct {
 	// of a container, where nothing else would reap them and zombies would
 	// eat the pids limit. Only for a process whose only children are agents.
 	Subreaper bool
+	// TeardownBudget is how long, from a lines turn's stop (cancel, fence,
+	// deadline, dropped driver), every process of its agent's tree then
+	// has to be gone; the survivors are named in a
+	// sandbox_teardown_incomplete record (S6). Default
+	// sandbox.DefaultTeardownBudget.
+	TeardownBudget time.Duration
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -129,6 +135,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 2 * time.Second
+	}
+	if c.TeardownBudget <= 0 {
+		c.TeardownBudget = sandbox.DefaultTeardownBudget
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 32

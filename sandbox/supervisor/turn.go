@@ -19,6 +19,7 @@ import (
 
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/sandbox/internal/pidfd"
 )
 
 // Why a turn was stopped before the agent ended on its own.
@@ -67,8 +68,14 @@ type agentTurn struct {
 	// interrupted.
 	acpCancel func()
 
-	mu     sync.Mutex // guards reason, reaped and over
+	mu     sync.Mutex // guards reason, reaped, over, held and stoppedAt
 	reason stopReason
+	// held: the agent and every process descending from it when the turn
+	// was first stopped (stoppedAt), each by a pidfd, for the proof that
+	// they are gone (S6); nil on a turn not stopped, or one whose
+	// processes could not be held.
+	held      *pidfd.Held
+	stoppedAt time.Time
 	// over: the ACP turn ended (end); a stop from then on is no stop of
 	// it, and must not kill the agent the conversation keeps.
 	over bool
@@ -87,6 +94,7 @@ func (t *agentTurn) interrupt() {
 		return
 	}
 	t.reason = stopInterrupt
+	t.holdLocked()
 	if t.acpCancel != nil {
 		t.acpCancel()
 		return
@@ -149,10 +157,37 @@ func (s *server) fence(a *activation, t *agentTurn) {
 	}
 }
 
+// holdLocked holds the agent's tree as the turn is first stopped: before
+// any signal of the stop, so whatever of it leaves the agent's process
+// group or session is still held. Called with t.mu held.
+func (t *agentTurn) holdLocked() {
+	if t.held != nil || t.reaped || t.acpCancel != nil {
+		return // an ACP agent outlives its turns: not held here
+	}
+	if h, err := pidfd.HoldTree(t.pid); err == nil {
+		t.held, t.stoppedAt = h, time.Now()
+	}
+}
+
+// proveGone waits, until budget after the stop, for every process held
+// when the turn was stopped, and names those still running (S6). A lines
+// turn calls it once its agent is reaped and its process group killed.
+func (t *agentTurn) proveGone(budget time.Duration) (agent int, running []int) {
+	t.mu.Lock()
+	held, at := t.held, t.stoppedAt
+	t.held = nil
+	t.mu.Unlock()
+	if held == nil {
+		return t.pid, nil
+	}
+	return t.pid, held.Wait(at.Add(budget))
+}
+
 func (t *agentTurn) stop(why stopReason) {
 	t.mu.Lock()
 	if t.reason == stopNone && !t.over {
 		t.reason = why
+		t.holdLocked()
 	}
 	over := t.over
 	t.mu.Unlock()
@@ -313,6 +348,24 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 		}
 		_ = writeMsg(conn, errReply(err))
 	}
+	// The driver has its answer and a newer activation its turn (t.done):
+	// the proof waits for no one.
+	if agent, left := t.proveGone(s.cfg.TeardownBudget); len(left) > 0 {
+		recordTeardownIncomplete(s.log, a.gen, teardownOf(why), agent, left, s.cfg.TeardownBudget)
+	}
+}
+
+// teardownOf names the teardown a stop is (S6): a cancel (interrupted on
+// request, or an ACP cancel unanswered), a fence (a newer activation, or
+// the lease deadline), or the stop's own reason.
+func teardownOf(why stopReason) string {
+	switch why {
+	case stopInterrupt, stopCancelUnanswered:
+		return "cancel"
+	case stopFenced, stopDeadline:
+		return "fence"
+	}
+	return why.String()
 }
 
 // endTurnLocked records how activation a's turn ended, by either protocol.

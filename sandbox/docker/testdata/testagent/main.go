@@ -12,7 +12,8 @@
 //	testagent         (anything else) a minimal native session: it counts
 //	                  turns in .testagent-turn in the working directory and
 //	                  emits {"type":"turn.end","native_turn":N}; a prompt
-//	                  containing "!hang" blocks until it is killed.
+//	                  containing "!hang" blocks until it is killed;
+//	                  one containing "!ignoreterm" ignores SIGTERM.
 //
 // The tests use the real demo agent (cmd/demoagent) for ordinary turns;
 // this one gives them a probe and a hang with a known first event.
@@ -25,9 +26,11 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -48,6 +51,9 @@ func main() {
 	if err := os.WriteFile(".testagent-turn", []byte(strconv.FormatInt(n, 10)), 0o644); err != nil {
 		_ = out.Encode(map[string]any{"type": "error", "error": err.Error()})
 		os.Exit(2)
+	}
+	if strings.Contains(string(prompt), "!ignoreterm") {
+		signal.Ignore(syscall.SIGTERM)
 	}
 	_ = out.Encode(map[string]any{"type": "turn.start", "native_turn": n})
 	if strings.Contains(string(prompt), "!hang") {
