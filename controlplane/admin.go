@@ -46,7 +46,11 @@ func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server,
 		return nil, false
 	}
 	for i := range list {
-		list[i].State = wire.HostState(list[i], now)
+		sv := &list[i]
+		sv.State = wire.HostState(*sv, now)
+		if c := sv.Conflict; c != nil && now.Sub(c.LastSeen) > sv.OfflineAfter() {
+			sv.Conflict = nil // refused long enough ago that it is no longer heard
+		}
 	}
 	return list, true
 }
