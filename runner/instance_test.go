@@ -92,16 +92,22 @@ func TestHostTokenInUse(t *testing.T) {
 		}
 	}
 
-	// a stops (its turn cancelled, then drained): b takes over and claims.
+	// a stops (drained, so that it claims j2 no more, then its turn
+	// cancelled): its last heartbeat releases the token; b takes over and
+	// claims.
+	a.d.Drain()
+	waitFor(t, "a's drain to begin", 10*time.Second, func() bool { return a.logs.has(MsgDrainStarted) })
 	if _, err := c.st.CancelJob(ctx, j1.ID, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "j1 to end", 10*time.Second, ended(c, j1.ID))
-	a.d.Drain()
 	a.stopped(t, 15*time.Second)
 	waitFor(t, "b to take over and claim j2", 10*time.Second, func() bool {
 		return b.logs.has(diagnostics.MsgHostTokenInUseCleared) && b.logs.has(MsgTurnAccepted)
 	})
+	if got := c.job(j2.ID); len(got.Attempts) != 1 || got.State != wire.JobRunning {
+		t.Fatalf("j2 after the takeover: %s, %+v", got.State, got.Attempts)
+	}
 	if s := servers(); s.Instance == nil || s.Instance.BootID != "boot-b" || s.Conflict != nil {
 		t.Fatalf("after the takeover: instance %+v, conflict %+v", s.Instance, s.Conflict)
 	}
