@@ -46,7 +46,11 @@ func (s *Server) servers(w http.ResponseWriter, r *http.Request) ([]wire.Server,
 		return nil, false
 	}
 	for i := range list {
-		list[i].State = wire.HostState(list[i], now)
+		sv := &list[i]
+		sv.State = wire.HostState(*sv, now)
+		if c := sv.Conflict; c != nil && now.Sub(c.LastSeen) > sv.OfflineAfter() {
+			sv.Conflict = nil // refused long enough ago that it is no longer heard
+		}
 	}
 	return list, true
 }
@@ -209,9 +213,11 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <table id="servers">
 <thead><tr><th>Host</th><th>State</th><th>Labels</th><th>Last heartbeat</th><th>Running / capacity</th><th>Launch error</th><th>Version</th><th>Jobs</th><th></th></tr></thead>
 <tbody>
-{{range .Servers}}{{$state := .State}}<tr data-host="{{.Name}}">
+{{range .Servers}}{{$state := .State}}{{$sv := .}}<tr data-host="{{.Name}}">
 <td>{{.Name}}</td>
-<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
+<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}{{with .Conflict}}<br><span class="host-conflict offline">conflict: two daemons present this host's token.{{with $sv.Instance}}
+live: instance <code>{{.ID}}</code> boot <code>{{.BootID}}</code>, seen <time datetime="{{iso .LastSeen}}">{{stamp .LastSeen}}</time>;{{end}}
+refused host_token_in_use: instance <code>{{.ID}}</code> boot <code>{{.BootID}}</code>, seen <time datetime="{{iso .LastSeen}}">{{stamp .LastSeen}}</time></span>{{end}}</td>
 <td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -96,6 +97,9 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	if !validClaimKey(req.IdempotencyKey) {
 		writeError(w, invalid("idempotency_key must be empty or %d to %d characters of A-Z, a-z, 0-9, - and _.",
 			wire.MinIdempotencyKey, wire.MaxIdempotencyKey))
+		return
+	}
+	if !s.useInstance(w, r, op, h, false) {
 		return
 	}
 	wait := s.longPoll(req.WaitMS)
@@ -253,6 +257,9 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, invalid("interval_ms must not be negative and claims_withheld is a class of at most 64 bytes."))
 		return
 	}
+	if !s.useInstance(w, r, op, h, true) {
+		return
+	}
 	now, ok := s.now(w, r, op)
 	if !ok {
 		return
@@ -280,6 +287,41 @@ func (s *Server) handleHostHeartbeat(w http.ResponseWriter, r *http.Request) {
 		resp.HostToken = next
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// maxInstanceHeader bounds the instance headers' values.
+const maxInstanceHeader = 64
+
+// useInstance checks the daemon instance a host heartbeat (beat) or claim
+// names in its headers (wire.HeaderInstanceID): another live instance of
+// the host is answered 409 host_token_in_use. A request naming none (a
+// daemon that predates the headers) is not checked.
+func (s *Server) useInstance(w http.ResponseWriter, r *http.Request, op string, h store.Host, beat bool) bool {
+	in := store.Instance{ID: r.Header.Get(wire.HeaderInstanceID), BootID: r.Header.Get(wire.HeaderBootID),
+		Stopping: beat && r.Header.Get(wire.HeaderInstanceStopping) == "1"}
+	if in.ID == "" {
+		return true
+	}
+	if len(in.ID) > maxInstanceHeader || len(in.BootID) > maxInstanceHeader {
+		writeError(w, invalid("%s and %s are at most %d bytes.", wire.HeaderInstanceID, wire.HeaderBootID, maxInstanceHeader))
+		return false
+	}
+	now, ok := s.now(w, r, op)
+	if !ok {
+		return false
+	}
+	err := s.cfg.Store.UseHostInstance(r.Context(), h.ID, in, beat, now)
+	if errors.Is(err, store.ErrHostTokenInUse) {
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, diagnostics.MsgHostTokenInUseRefused, slog.String("host", h.Name), slog.String(diagnostics.KeyOp, op))
+		writeError(w, refuse(http.StatusConflict, wire.CodeHostTokenInUse,
+			"Another daemon, still live, uses this host token; give each daemon its own (register it, or controlplane host add)."))
+		return false
+	}
+	if err != nil {
+		s.fail(w, r, op, err)
+		return false
+	}
+	return true
 }
 
 // handleCancels is the host's long poll for the user's cancels of its

@@ -86,6 +86,16 @@ const (
 	MsgSandboxPressure           = "runnerd_sandbox_pressure"
 	MsgSandboxPressureCleared    = "runnerd_sandbox_pressure_cleared"
 	MsgSandboxPressureUnmeasured = "runnerd_sandbox_pressure_unmeasured"
+	// Issue 22 §1: two daemons presenting one host token. The control
+	// plane refused this daemon's heartbeat or claim 409
+	// host_token_in_use: another instance of the host is live (op); this
+	// one claims nothing and keeps heartbeating, recorded once until a
+	// heartbeat is accepted again (in_use_cleared: the other one stopped
+	// or fell silent past the host's offline bound). The control plane's
+	// own record of each refusal (host, op).
+	MsgHostTokenInUse        = "runnerd_host_token_in_use"
+	MsgHostTokenInUseCleared = "runnerd_host_token_in_use_cleared"
+	MsgHostTokenInUseRefused = "controlplane_host_token_in_use"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

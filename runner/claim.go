@@ -63,7 +63,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 		return sleep(stop, dur)
 	}
 	for claimCtx.Err() == nil {
-		if d.isHostRefused() || !d.backendReady() {
+		if d.isHostRefused() || d.isInUse() || !d.backendReady() {
 			if !idle() {
 				return
 			}
@@ -147,6 +147,10 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			d.claimDone(0)
 			d.m.claimFailed(err)
 			d.refuseHost("claim", status)
+		case isInUse(err):
+			d.claimDone(0)
+			d.m.claimFailed(err)
+			d.markInUse("claim")
 		case pinned && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
 			d.claimDone(0)
 			pinnedRefused = true
@@ -207,13 +211,14 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 	for {
 		d.health.expect(loopBeat, d.cfg.ControlTimeout+d.cfg.HostHeartbeatInterval*2+healthSlack)
 		if !d.isHostRefused() {
-			err := d.sendHostBeat(ctx)
+			err := d.sendHostBeat(ctx, false)
 			if ctx.Err() == nil {
 				d.noteBeat(time.Now(), err)
 			}
 			status := diagnostics.Status(err)
 			switch {
 			case err == nil:
+				d.clearInUse()
 				if failing {
 					failing = false
 					d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "host_heartbeat"))
@@ -226,6 +231,14 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 				return
 			case wire.Classify(err) == wire.CredentialRefused && status != http.StatusNotFound:
 				d.refuseHost("host_heartbeat", status)
+			case isInUse(err):
+				// The control plane answered: the daemon is up, kept from
+				// claiming while the other instance is live.
+				d.markInUse("host_heartbeat")
+				if !ready {
+					ready = true
+					d.notify(notifyReady)
+				}
 			default:
 				if !failing {
 					failing = true
@@ -247,8 +260,9 @@ func (d *Daemon) hostBeatLoop(ctx context.Context) {
 	}
 }
 
-// sendHostBeat sends one host heartbeat with the host's status now.
-func (d *Daemon) sendHostBeat(ctx context.Context) error {
+// sendHostBeat sends one host heartbeat with the host's status now;
+// stopping: the daemon's last, releasing the host token (instance.go).
+func (d *Daemon) sendHostBeat(ctx context.Context, stopping bool) error {
 	hb := wire.HostHeartbeat{
 		Capacity:    d.cfg.Capacity,
 		Running:     d.running(),
@@ -263,7 +277,11 @@ func (d *Daemon) sendHostBeat(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
 	defer cancel()
-	resp, err := d.control.HostHeartbeat(ctx, d.hostToken(), hb)
+	c := d.control
+	if stopping {
+		c = stoppingClient(c)
+	}
+	resp, err := c.HostHeartbeat(ctx, d.hostToken(), hb)
 	if err == nil {
 		// The first contact pins the cluster; a changed one is said at once,
 		// not only when the sweep next asks (K8).

@@ -94,7 +94,7 @@ func TestK8FreshDatabaseRemovesNothing(t *testing.T) {
 	sw.cur.Store(fresh)
 	freshLost := fresh.lostConversation()
 	freshPid := ensureSandbox(t, be, freshLost)
-	if err := d.sendHostBeat(ctx); err != nil {
+	if err := d.sendHostBeat(ctx, false); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {

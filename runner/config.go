@@ -63,6 +63,12 @@ type Config struct {
 	RegistrationToken string
 	// HostName names this host in records and in the turn payload.
 	HostName string
+	// BootID is the machine's kernel boot id, sent with the daemon's
+	// instance id on host heartbeats and claims (wire.HeaderBootID): a
+	// new instance with the live one's boot id is that machine's restart,
+	// never refused host_token_in_use. Empty: read from
+	// /proc/sys/kernel/random/boot_id (none sent where unreadable).
+	BootID string
 	// StateDir holds the persisted attempts (attempts/*.json, 0600) and is
 	// handed to the sandbox backend through the turn payload.
 	StateDir string
@@ -226,6 +232,9 @@ func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	if c.Clock == nil {
 		c.Clock = boottime.System{}
+	}
+	if c.BootID == "" {
+		c.BootID = readBootID(bootIDFile)
 	}
 	if c.ControlPlaneURL == "" {
 		errs = append(errs, errors.New("control plane URL is required"))

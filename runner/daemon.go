@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,7 @@ type Daemon struct {
 	busy        int // attempts held plus the slots of a claim in flight
 	claiming    int // the slots the claim in flight reserved (counted in busy)
 	hostRefused bool
+	inUse       bool         // the last heartbeat or claim was refused host_token_in_use, no heartbeat accepted since (instance.go)
 	beat        beatState    // the last host heartbeat's outcome (probes.go)
 	backend     backendState // what the last probe of the sandbox backend said (probe.go)
 	slotFreed   chan struct{}
@@ -128,6 +130,7 @@ func New(cfg Config) (*Daemon, error) {
 		})
 	}
 	d.hostTok.Store(&cfg.HostToken)
+	d.control.Header = instanceHeader(rand.Text(), cfg.BootID)
 	d.drainCtx, d.drain = context.WithCancel(context.Background())
 	cfg.Metrics.daemon.CompareAndSwap(nil, d) // the first daemon of these metrics shows its state
 	return d, nil
@@ -284,8 +287,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	stopLoops()
 	wg.Wait()
 	if !handover && !d.isHostRefused() {
-		// Admin → Servers shows the drained host with nothing running.
-		_ = d.sendHostBeat(context.Background())
+		// Admin → Servers shows the drained host with nothing running; the
+		// host token is released for the next instance (instance.go).
+		_ = d.sendHostBeat(context.Background(), true)
 	}
 	d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgStopped, slog.Bool(keyHandover, handover),
 		slog.Int64(keyHandedOver, d.handedOver.Load()), slog.Int(keyUnanswered, d.running()))

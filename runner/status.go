@@ -12,11 +12,12 @@ const (
 	pauseNone           pauseReason = ""
 	pauseLaunchFailures pauseReason = "launch_failures"    // R37's backoff after launches failed in a row
 	pauseHostRefused    pauseReason = "host_token_refused" // the control plane refused the host token
+	pauseHostTokenInUse pauseReason = "host_token_in_use"  // another live daemon uses the host token (instance.go)
 	pauseSandbox        pauseReason = WithheldSandbox      // the sandbox backend does not answer (probe.go)
 )
 
 // pauseReasons are the reasons runnerd_claims_paused reports, in order.
-var pauseReasons = []pauseReason{pauseLaunchFailures, pauseHostRefused, pauseSandbox}
+var pauseReasons = []pauseReason{pauseLaunchFailures, pauseHostRefused, pauseHostTokenInUse, pauseSandbox}
 
 // status is what the daemon is doing, as metrics and systemd's STATUS=
 // line tell it.
@@ -31,12 +32,14 @@ type status struct {
 func (d *Daemon) status(now time.Time) status {
 	d.mu.Lock()
 	s := status{capacity: d.cfg.Capacity, busy: d.busy, running: d.busy - d.claiming}
-	refused, backend := d.hostRefused, d.backend
+	refused, inUse, backend := d.hostRefused, d.inUse, d.backend
 	d.mu.Unlock()
 	s.draining = d.draining()
 	switch {
 	case refused:
 		s.paused = pauseHostRefused
+	case inUse:
+		s.paused = pauseHostTokenInUse
 	case backend == backendUnavailable:
 		s.paused = pauseSandbox
 	case d.gate.pause(now) > 0:
@@ -51,6 +54,8 @@ func (s status) String() string {
 	switch {
 	case s.paused == pauseHostRefused: // it drains too, but this is why
 		return fmt.Sprintf("claims stopped: host token refused (%d/%d turns)", s.running, s.capacity)
+	case s.paused == pauseHostTokenInUse:
+		return fmt.Sprintf("claims paused: host token in use by another daemon (%d/%d turns)", s.running, s.capacity)
 	case s.draining:
 		return fmt.Sprintf("draining %d turns", s.running)
 	case s.paused == pauseLaunchFailures:

@@ -20,6 +20,8 @@ import (
 type Client struct {
 	BaseURL string       // e.g. http://127.0.0.1:8080, no trailing slash needed
 	HTTP    *http.Client // nil means http.DefaultClient
+	// Header is set on every request (the daemon's instance headers).
+	Header http.Header
 }
 
 // StatusError is a non-2xx answer. It carries the status and the stable
@@ -297,6 +299,9 @@ func (c *Client) send(ctx context.Context, op, method, path, token string, body,
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range c.Header {
+		req.Header[k] = v
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)

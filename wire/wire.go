@@ -70,7 +70,30 @@ const (
 	CodeRegistrationExpired = "registration_expired" // 401: the registration token is past its expiry
 	CodeRegistrationUsedUp  = "registration_used_up" // 401: the registration token registered its max uses
 	CodeHostExists          = "host_exists"          // 409: a live host has that name
+	// CodeHostTokenInUse refuses a host heartbeat or claim whose daemon
+	// instance is not the host's live one (HeaderInstanceID).
+	CodeHostTokenInUse = "host_token_in_use" // 409: another live daemon uses this host token
 )
+
+// The daemon names its instance on every host heartbeat and claim, in
+// headers (a control plane that predates them ignores them; a request
+// without them is not checked). HeaderInstanceID is random per process
+// start; HeaderBootID is /proc/sys/kernel/random/boot_id (omitted where
+// unreadable); HeaderInstanceStopping ("1") marks the last heartbeat of
+// a daemon that stops, releasing the host token at once.
+const (
+	HeaderInstanceID       = "Runnerd-Instance-Id"
+	HeaderBootID           = "Runnerd-Boot-Id"
+	HeaderInstanceStopping = "Runnerd-Instance-Stopping"
+)
+
+// HostInstance is one daemon instance that presented a host's token.
+type HostInstance struct {
+	ID       string    `json:"id"`
+	BootID   string    `json:"boot_id,omitempty"`
+	LastSeen time.Time `json:"last_seen"`
+	Stopping bool      `json:"stopping,omitempty"` // its last heartbeat said it stops
+}
 
 // ErrorBody is the body of every non-2xx answer. Message is plain language
 // for people; it never echoes a token or the request body.
@@ -393,6 +416,13 @@ type Server struct {
 	// SandboxPressure is, while the host withholds first turns under
 	// pressure (S2), what is short; nil otherwise.
 	SandboxPressure *SandboxPressure `json:"sandbox_pressure,omitempty"`
+	// Instance is the daemon instance whose heartbeats hold the host
+	// token; nil when no daemon named its instance.
+	Instance *HostInstance `json:"instance,omitempty"`
+	// Conflict is the last other instance refused 409 host_token_in_use,
+	// while it was refused within the host's offline bound: two daemons
+	// present one token.
+	Conflict *HostInstance `json:"conflict,omitempty"`
 }
 
 // Host states. A host is offline once OfflineAfterIntervals of its
@@ -411,14 +441,19 @@ const OfflineAfterIntervals = 3
 // DefaultHeartbeatInterval is assumed for a host that does not say its own.
 const DefaultHeartbeatInterval = 10 * time.Second
 
-// HostState is the state of s at now.
-func HostState(s Server, now time.Time) string {
+// OfflineAfter is how long after its last heartbeat the host is offline.
+func (s Server) OfflineAfter() time.Duration {
 	every := time.Duration(s.HeartbeatIntervalMS) * time.Millisecond
 	if every <= 0 {
 		every = DefaultHeartbeatInterval
 	}
+	return OfflineAfterIntervals * every
+}
+
+// HostState is the state of s at now.
+func HostState(s Server, now time.Time) string {
 	switch {
-	case s.LastHeartbeat == nil || now.Sub(*s.LastHeartbeat) > OfflineAfterIntervals*every:
+	case s.LastHeartbeat == nil || now.Sub(*s.LastHeartbeat) > s.OfflineAfter():
 		return HostOffline
 	case s.Draining:
 		return HostDraining

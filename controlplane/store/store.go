@@ -38,6 +38,7 @@ var (
 	// label): a registration asking for a label its token does not grant.
 	ErrRegistrationExpired = errors.New("registration token expired")                  // 401 registration_expired
 	ErrRegistrationUsedUp  = errors.New("registration token used up")                  // 401 registration_used_up
+	ErrHostTokenInUse      = errors.New("host token in use by another live instance")  // 409 host_token_in_use
 	ErrLabelNotGranted     = errors.New("label not granted by the registration token") // 403 forbidden
 	// ErrKeyTaken: a keyed claim whose key's attempts still run, their
 	// leases over but not yet superseded by the reaper. Nothing is
@@ -64,6 +65,12 @@ func ReleaseBackoff(base time.Duration, n int64) time.Duration {
 		d *= 2
 	}
 	return min(d, MaxReleaseBackoff)
+}
+
+// Instance is the daemon instance a host call names (wire.HeaderInstanceID).
+type Instance struct {
+	ID, BootID string
+	Stopping   bool // the daemon's last heartbeat: it stops
 }
 
 // Host is a registered sandbox host.
@@ -268,6 +275,14 @@ type Store interface {
 	CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (Host, error)
 	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
 	RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error
+	// UseHostInstance lets the daemon instance in act for the host, or
+	// refuses it ErrHostTokenInUse (recording it as the host's conflict)
+	// while another instance is live: that one's last heartbeat is within
+	// the host's offline bound (wire.Server.OfflineAfter), it did not say
+	// it stops, and in's boot id is not its own (the same machine's boot:
+	// a restart or a handover, never refused). beat: a heartbeat, which
+	// marks in live as of now; a claim only checks (or takes over).
+	UseHostInstance(ctx context.Context, hostID string, in Instance, beat bool, now time.Time) error
 	// ListServers lists the hosts not removed, by name; State is left for
 	// the caller, who knows the time (wire.HostState).
 	ListServers(ctx context.Context) ([]wire.Server, error)

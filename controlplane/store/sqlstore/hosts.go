@@ -54,7 +54,9 @@ func (s *Store) createHost(ctx context.Context, tx txn, name string, tokenHash [
 		_, err := s.exec(ctx, tx, `UPDATE hosts SET token_hash = ?, removed_at = NULL, paused_at = NULL,
 			last_heartbeat = NULL, capacity = 0, draining = 0, launch_error_class = '', launch_error_consecutive = 0,
 			launch_error_since = 0, version = '', heartbeat_interval_ms = 0, claims_withheld = '', labels = '', sandbox_pressure = '',
-			previous_token_hash = NULL, previous_token_until = NULL, rotation_nonce = '', registered_by = ? WHERE id = ?`,
+			previous_token_hash = NULL, previous_token_until = NULL, rotation_nonce = '', registered_by = ?,
+			instance_id = '', instance_boot_id = '', instance_seen = NULL, instance_stopping = 0,
+			conflict_instance_id = '', conflict_boot_id = '', conflict_seen = NULL WHERE id = ?`,
 			hex.EncodeToString(tokenHash), registeredBy, id)
 		if err != nil {
 			return h, err
@@ -128,13 +130,90 @@ func (s *Store) RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.
 	})
 }
 
+// UseHostInstance lets in act for the host or refuses it
+// ErrHostTokenInUse, recording the refusal as the host's conflict (see
+// store.Store). The live instance's own claims are answered from a read;
+// everything else is one write transaction, the host's row locked on
+// PostgreSQL, so that two replicas never both let two instances in.
+func (s *Store) UseHostInstance(ctx context.Context, hostID string, in store.Instance, beat bool, now time.Time) error {
+	if in.ID == "" {
+		return fmt.Errorf("use host instance: %w: the instance id is required", store.ErrInvalid)
+	}
+	if !beat {
+		var cur string
+		err := s.r.QueryRowContext(ctx, s.q(`SELECT instance_id FROM hosts WHERE id = ? AND removed_at IS NULL`), hostID).Scan(&cur)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("use host instance: %w", err)
+		}
+		if cur == in.ID {
+			return nil
+		}
+	}
+	lock := ""
+	if s.d == postgres {
+		lock = " FOR UPDATE"
+	}
+	refused := false
+	err := s.write(ctx, func(tx txn) error {
+		refused = false
+		var cur, boot string
+		var seen sql.NullInt64
+		var stopping, interval int64
+		err := tx.QueryRowContext(ctx, s.q(`SELECT instance_id, instance_boot_id, instance_seen, instance_stopping, heartbeat_interval_ms
+			FROM hosts WHERE id = ? AND removed_at IS NULL`+lock), hostID).Scan(&cur, &boot, &seen, &stopping, &interval)
+		if errors.Is(err, sql.ErrNoRows) {
+			return store.ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		bound := wire.Server{HeartbeatIntervalMS: interval}.OfflineAfter()
+		live := cur != "" && cur != in.ID && stopping == 0 && seen.Valid && now.Sub(fromNS(seen.Int64)) <= bound &&
+			(boot == "" || boot != in.BootID)
+		switch {
+		case live:
+			refused = true
+			_, err = s.exec(ctx, tx, `UPDATE hosts SET conflict_instance_id = ?, conflict_boot_id = ?, conflict_seen = ? WHERE id = ?`,
+				in.ID, in.BootID, ns(now), hostID)
+			return err
+		case cur == in.ID && !beat:
+			return nil
+		case cur == in.ID:
+			_, err = s.exec(ctx, tx, `UPDATE hosts SET instance_boot_id = ?, instance_seen = ?, instance_stopping = ? WHERE id = ?`,
+				in.BootID, ns(now), b2i(in.Stopping), hostID)
+			return err
+		}
+		// A takeover: none was live, the live one stops or was silent past
+		// the offline bound, or this is its machine's restart. The
+		// newcomer's own refusals are over.
+		_, err = s.exec(ctx, tx, `UPDATE hosts SET instance_id = ?, instance_boot_id = ?, instance_seen = ?, instance_stopping = ?,
+			conflict_instance_id = CASE WHEN conflict_instance_id = ? THEN '' ELSE conflict_instance_id END,
+			conflict_boot_id = CASE WHEN conflict_instance_id = ? THEN '' ELSE conflict_boot_id END,
+			conflict_seen = CASE WHEN conflict_instance_id = ? THEN NULL ELSE conflict_seen END WHERE id = ?`,
+			in.ID, in.BootID, ns(now), b2i(in.Stopping), in.ID, in.ID, in.ID, hostID)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("use host instance: %w", err)
+	}
+	if refused {
+		return store.ErrHostTokenInUse
+	}
+	return nil
+}
+
 // ListServers lists the hosts by name. Running counts the host's live
 // attempts as the store knows them, not as the host reported them.
 func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
 		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
-		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure
+		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure,
+		h.instance_id, h.instance_boot_id, h.instance_seen, h.instance_stopping,
+		h.conflict_instance_id, h.conflict_boot_id, h.conflict_seen
 		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
@@ -146,8 +225,12 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		var last, paused sql.NullInt64
 		var draining, consecutive, since, running int64
 		var class, labels, pressure string
+		var inst, other wire.HostInstance
+		var instSeen, otherSeen sql.NullInt64
+		var stopping int64
 		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
-			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure); err != nil {
+			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure,
+			&inst.ID, &inst.BootID, &instSeen, &stopping, &other.ID, &other.BootID, &otherSeen); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
 		var err error
@@ -159,6 +242,14 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 			if err := json.Unmarshal([]byte(pressure), sv.SandboxPressure); err != nil {
 				return nil, fmt.Errorf("list servers: sandbox pressure of %s: %w", sv.Name, err)
 			}
+		}
+		if inst.ID != "" && instSeen.Valid {
+			inst.LastSeen, inst.Stopping = fromNS(instSeen.Int64), stopping != 0
+			sv.Instance = &inst
+		}
+		if other.ID != "" && otherSeen.Valid {
+			other.LastSeen = fromNS(otherSeen.Int64)
+			sv.Conflict = &other // the caller, who knows the time, drops an old one
 		}
 		sv.LastHeartbeat = nsPtr(last)
 		sv.PausedAt = nsPtr(paused)

@@ -40,6 +40,7 @@ var tests = []test{
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
 	{"Registration", testRegistration},
+	{"HostInstance", testHostInstance},
 	{"Registration_RefusalsWriteNothing", testRegistrationRefusals},
 	{"Race_RegistrationLastUse", testRaceRegistrationLastUse},
 	{"RotationGrace", testRotationGrace},
