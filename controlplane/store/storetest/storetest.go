@@ -108,6 +108,7 @@ var tests = []test{
 	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 	{"S5_CauseStored", testS5CauseStored},
+	{"S6_LimitsStored", testS6LimitsStored},
 }
 
 type test struct {
