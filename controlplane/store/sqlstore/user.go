@@ -553,7 +553,7 @@ func (s *Store) PermissionAnswer(ctx context.Context, jobID, attemptID, requestI
 	return "", nil
 }
 
-// encodeLimits is the limits column of l: ” for none, else its JSON.
+// encodeLimits is the limits column of l: empty for none, else its JSON.
 func encodeLimits(l wire.Limits) (string, error) {
 	if l.IsZero() {
 		return "", nil
