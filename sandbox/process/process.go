@@ -169,6 +169,13 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 	if err := checkConversation(spec.ConversationID); err != nil {
 		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
 	}
+	if !spec.Limits.IsZero() {
+		// S6: the supervisor and its agents run in the turn child's cgroup
+		// (or the daemon's), shared with every other conversation's; no
+		// limit of this one's could be applied to it alone.
+		return &sandbox.PreflightError{Class: sandbox.ClassLimitsUnsupported,
+			Err: errors.New("the process backend applies no per-conversation limit: its supervisor runs in no cgroup of its own")}
+	}
 	if err := executable(b.cfg.Command[0]); err != nil {
 		return &sandbox.PreflightError{Class: sandbox.ClassSupervisorMissing, Err: err}
 	}
