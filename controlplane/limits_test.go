@@ -9,13 +9,13 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// S6: POST /v1/conversations refuses limits it cannot keep, on both
+// Limits (issue 21 §6): POST /v1/conversations refuses limits it cannot keep, on both
 // stores, as bad input and never as a failure of the control plane: a
 // negative figure, an unknown key, a figure over a sane bound (400
 // invalid or unknown_field); disk_bytes, and limits of a process
 // conversation, are 400 unsupported with a message that says why. Good
 // limits are stored and answered; a conversation's GET shows them.
-func TestS6LimitsBadInput(t *testing.T) {
+func TestConversationLimitsBadInput(t *testing.T) {
 	for _, sc := range stores {
 		t.Run(sc.name, func(t *testing.T) {
 			f := newFixtureOn(t, sc.db(t))

@@ -7,14 +7,14 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// TestS6ConversationLimitsDocker is S6 end to end on the Docker backend
+// TestConversationLimitsDocker is issue 21 §6 (limits) end to end on the Docker backend
 // against the real engine: a conversation created with limits has them
 // applied to its container, as `docker inspect` shows, on a daemon whose
 // own --docker-memory (1 GiB) and --docker-pids (256) are far higher; a
 // memory hog under the conversation's memory limit ends oom_killed and a
 // fork bomb under its pids limit pids_exhausted, both with evidence; a
 // conversation asking more than the host allows gets the host's limits.
-func TestS6ConversationLimitsDocker(t *testing.T) {
+func TestConversationLimitsDocker(t *testing.T) {
 	t.Parallel()
 	e := newDockerEnv(t, envOpts{}, "")
 	e.startDaemon(func(c *fleet.DaemonConfig) {

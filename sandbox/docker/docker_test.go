@@ -909,14 +909,14 @@ func TestDockerConversationsListsOnlyOurs(t *testing.T) {
 	}
 }
 
-// S6: a conversation's limits are applied to its container as the engine
+// Limits (issue 21 §6): a conversation's limits are applied to its container as the engine
 // reports it: each where it is lower than the host's (or the host sets
 // none), the host's where the conversation asks more — a sandbox never gets
 // more than its host allows. A retained container keeps the limits it was
 // created with (they are fixed at the conversation's creation). A
 // disk_bytes limit is declined in Preflight (limits_unsupported, the
 // conversation's fault), never run unbounded.
-func TestDockerS6ConversationLimits(t *testing.T) {
+func TestDockerConversationLimits(t *testing.T) {
 	b, _ := newBackend(t, func(c *docker.Config) {
 		c.PidsLimit = 128
 		c.MemoryBytes = 512 << 20

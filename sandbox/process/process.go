@@ -170,7 +170,7 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
 	}
 	if !spec.Limits.IsZero() {
-		// S6: the supervisor and its agents run in the turn child's cgroup
+		// Limits (issue 21 §6): the supervisor and its agents run in the turn child's cgroup
 		// (or the daemon's), shared with every other conversation's; no
 		// limit of this one's could be applied to it alone.
 		return &sandbox.PreflightError{Class: sandbox.ClassLimitsUnsupported,

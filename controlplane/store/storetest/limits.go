@@ -9,13 +9,13 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// S6 (issue 21 §6): a conversation's limits are stored with it, read back
+// Issue 21 §6: a conversation's limits are stored with it, read back
 // by Get and List, and carried in the turn of every claim of it, by a
 // single claim and a batched one; a conversation without limits carries
 // none. Limits the store cannot accept write nothing: a negative or absurd
 // figure is ErrInvalid, disk_bytes and limits of a process conversation
 // are wire.ErrLimitUnsupported.
-func testS6LimitsStored(t *testing.T, st store.Store) {
+func testLimitsStored(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	lim := wire.Limits{CPUs: 1.5, MemoryBytes: 256 << 20, Pids: 64}
 	limited := f.routed(wire.CreateConversationRequest{Limits: lim})

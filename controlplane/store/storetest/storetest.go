@@ -108,7 +108,7 @@ var tests = []test{
 	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 	{"S5_CauseStored", testS5CauseStored},
-	{"S6_LimitsStored", testS6LimitsStored},
+	{"Limits_Stored", testLimitsStored},
 }
 
 type test struct {
