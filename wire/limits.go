@@ -67,7 +67,7 @@ func CheckLimits(l Limits, sandbox string) error {
 		return fmt.Errorf("limits.disk_bytes is %w: the workspace is a Docker local volume (or a host directory for the process backend), which has no quota; "+
 			"the engine's storage quota bounds only the container's root filesystem, which is read-only", ErrLimitUnsupported)
 	case sandbox == SandboxProcess && !l.IsZero():
-		return fmt.Errorf("limits are %w for sandbox %q: the process backend's supervisor runs in no cgroup of its own", ErrLimitUnsupported, SandboxProcess)
+		return fmt.Errorf("limits are %w for sandbox %q: the process backend's supervisor runs in no cgroup of the conversation's own", ErrLimitUnsupported, SandboxProcess)
 	}
 	return nil
 }

@@ -170,11 +170,12 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
 	}
 	if !spec.Limits.IsZero() {
-		// Limits (issue 21 §6): the supervisor and its agents run in the turn child's cgroup
-		// (or the daemon's), shared with every other conversation's; no
-		// limit of this one's could be applied to it alone.
+		// Limits (issue 21 §6): the supervisor and its agents stay in the
+		// scope of the turn that started them (or the daemon's cgroup),
+		// never a cgroup of the conversation's own; a limit declined here
+		// is never silently dropped.
 		return &sandbox.PreflightError{Class: sandbox.ClassLimitsUnsupported,
-			Err: errors.New("the process backend applies no per-conversation limit: its supervisor runs in no cgroup of its own")}
+			Err: errors.New("the process backend applies no per-conversation limit: its supervisor runs in no cgroup of the conversation's own")}
 	}
 	if err := executable(b.cfg.Command[0]); err != nil {
 		return &sandbox.PreflightError{Class: sandbox.ClassSupervisorMissing, Err: err}
