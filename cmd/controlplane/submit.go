@@ -54,7 +54,7 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	case *newConv && len(argv) == 0:
 		return usagef("--new needs --agent CMD (or the agent's argv after --)")
 	case !*newConv && (len(argv) > 0 || *image != "" || *title != "" || *sandbox != "" || *require != "" || *protocol != "" || *permission != "" || *limit != ""):
-		return usagef("--agent, --image, --title, --agent-protocol, --permission-policy, --sandbox, --require and --limit are for --new conversations only")
+		return usagef("--agent, --image, --title, --agent-protocol, --permission-policy, --limit, --sandbox and --require are for --new conversations only")
 	case *prompt == "":
 		return usagef("--prompt is required")
 	}
