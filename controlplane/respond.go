@@ -89,6 +89,13 @@ func fromStore(err error) (*apiError, bool) {
 		return errConvDeleted, true
 	case errors.Is(err, store.ErrGone):
 		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
+	case errors.Is(err, wire.ErrLimitUnsupported):
+		// A limit no sandbox backend applies (issue 21 §6): the store says why.
+		msg := err.Error()
+		if _, detail, ok := strings.Cut(msg, ": "); ok {
+			msg = detail
+		}
+		return refuse(http.StatusBadRequest, wire.CodeUnsupported, msg), true
 	case errors.Is(err, store.ErrInvalid):
 		// The store words its own detail after the sentinel; it never
 		// holds a token.

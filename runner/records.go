@@ -19,7 +19,7 @@ const (
 	MsgRegisterFailed    = "runnerd_register_failed"                  // a registration attempt failed and is retried (status, class)
 	MsgHostTokenRotated  = "runnerd_host_token_rotated"               // a heartbeat answer carried a rotated host token: stored (file) or, failing that, held in memory only (class)
 	MsgLaunchFailed      = "runnerd_launch_failed"                    // a launch failure (R37) and the pause it caused
-	MsgConversationFault = "runnerd_turn_declined_conversation_fault" // a turn declined for its conversation's own fault (S4: class image_missing, agent_command_missing, invalid_sandbox_spec): released, never a launch failure
+	MsgConversationFault = "runnerd_turn_declined_conversation_fault" // a turn declined for its conversation's own fault (S4: class image_missing, agent_command_missing, invalid_sandbox_spec; limits: limits_unsupported): released, never a launch failure
 	MsgTurnAccepted      = "runnerd_turn_accepted"                    // the child accepted its turn (R35: never released now)
 	MsgTurnReleased      = "runnerd_turn_released"                    // a never-accepted claim was given back (R33)
 	MsgTurnEnded         = "runnerd_turn_ended"                       // an accepted child ended

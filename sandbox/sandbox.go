@@ -77,6 +77,10 @@ type Spec struct {
 	// Sandbox.ID to see whether the retained native session is the one the
 	// control plane knows (R29, R31).
 	RecordedID string
+	// Limits are the conversation's resource limits (issue 21 §6). A backend that
+	// cannot apply one that is set refuses it in Preflight
+	// (ClassLimitsUnsupported): a sandbox is never silently unlimited.
+	Limits wire.Limits
 }
 
 // SpecFromTurn builds the Spec of a claimed turn.
@@ -86,6 +90,7 @@ func SpecFromTurn(t wire.Turn) Spec {
 		Image:          t.Image,
 		AgentCommand:   append([]string(nil), t.AgentCommand...),
 		RecordedID:     t.ContainerID,
+		Limits:         t.Limits,
 	}
 }
 
@@ -187,11 +192,13 @@ const (
 	ClassAgentMissing      = "agent_command_missing" // the agent command is empty or cannot be found
 	ClassStateDir          = "state_dir_unusable"    // process: the state directory cannot hold sandboxes
 	ClassInvalidSpec       = "invalid_sandbox_spec"  // the spec itself is unusable (e.g. a bad conversation id)
+	ClassLimitsUnsupported = "limits_unsupported"    // the conversation has a limit this backend cannot apply (issue 21 §6)
 )
 
 // ConversationFault reports whether a preflight failure of class is the
 // conversation's own (S4): its image is unavailable, its agent command is
-// missing or not executable, or its spec is unusable. Another conversation
+// missing or not executable, its spec is unusable, or it has a limit this
+// host's backend cannot apply. Another conversation
 // would launch on this host, so such a failure declines that turn only and
 // never counts toward the host's launch backoff (R37). Every other class —
 // the engine unreachable, the network missing, the supervisor or the state
@@ -199,7 +206,7 @@ const (
 // class this build does not know — is the host's.
 func ConversationFault(class string) bool {
 	switch class {
-	case ClassImageUnavailable, ClassAgentMissing, ClassInvalidSpec:
+	case ClassImageUnavailable, ClassAgentMissing, ClassInvalidSpec, ClassLimitsUnsupported:
 		return true
 	}
 	return false

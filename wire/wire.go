@@ -178,6 +178,9 @@ type CreateConversationRequest struct {
 	// PermissionAllow, PermissionReject or PermissionAsk (the default for
 	// ACP). Not applicable to lines, which must leave it empty.
 	PermissionPolicy string `json:"permission_policy,omitempty"`
+	// Limits bound the conversation's sandbox (CheckLimits); fixed at
+	// creation. Zero fields: the host's own limits.
+	Limits Limits `json:"limits,omitzero"`
 }
 
 // Agent protocols of a conversation (CreateConversationRequest.AgentProtocol).
@@ -244,6 +247,7 @@ type Conversation struct {
 	Requires         Labels `json:"requires,omitempty"`
 	AgentProtocol    string `json:"agent_protocol"`
 	PermissionPolicy string `json:"permission_policy,omitempty"`
+	Limits           Limits `json:"limits,omitzero"`
 }
 
 // ConversationList is GET /v1/conversations.
@@ -593,6 +597,10 @@ type Turn struct {
 	ContainerID      string `json:"container_id,omitempty"` // last recorded retained sandbox
 	Epoch            int64  `json:"workspace_epoch"`        // last settled boundary
 	NativeTurn       int64  `json:"native_turn"`
+	// Limits are the conversation's (zero: none of its own, or a control
+	// plane of an earlier release); the host applies each, never above
+	// its own flag's, when it creates the sandbox.
+	Limits Limits `json:"limits,omitzero"`
 	// Quarantined: the conversation's last admitted turn was interrupted
 	// without a recorded settlement (K13). The turn resumes only the exact
 	// retained container ContainerID and a native turn boundary of

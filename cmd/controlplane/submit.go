@@ -36,6 +36,7 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 	image := f.fs.String("image", "", "sandbox image of a new conversation")
 	sandbox := f.fs.String("sandbox", "", "sandbox backend a new conversation needs: docker or process (default: any host)")
 	require := f.fs.String("require", "", "labels a host must have to take a new conversation's turns: key=value,key=value")
+	limit := f.fs.String("limit", "", "resource limits of a new conversation's sandbox: cpus=N,memory_bytes=N,pids=N (each optional; the host's own limits where absent or lower)")
 	protocol := f.fs.String("agent-protocol", "", "how a new conversation's agent is spoken to: lines (default) or acp")
 	permission := f.fs.String("permission-policy", "", "how a new ACP conversation answers permission requests: allow, reject or ask (default ask)")
 	agent := f.fs.String("agent", "", `agent command of a new conversation, split at spaces (or give its argv after "--")`)
@@ -52,14 +53,18 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		return usagef("give either --conversation ID or --new")
 	case *newConv && len(argv) == 0:
 		return usagef("--new needs --agent CMD (or the agent's argv after --)")
-	case !*newConv && (len(argv) > 0 || *image != "" || *title != "" || *sandbox != "" || *require != "" || *protocol != "" || *permission != ""):
-		return usagef("--agent, --image, --title, --agent-protocol, --permission-policy, --sandbox and --require are for --new conversations only")
+	case !*newConv && (len(argv) > 0 || *image != "" || *title != "" || *sandbox != "" || *require != "" || *protocol != "" || *permission != "" || *limit != ""):
+		return usagef("--agent, --image, --title, --agent-protocol, --permission-policy, --limit, --sandbox and --require are for --new conversations only")
 	case *prompt == "":
 		return usagef("--prompt is required")
 	}
 	requires, err := wire.ParseLabels(*require)
 	if err != nil {
 		return usagef("--require %q: %v", *require, err)
+	}
+	limits, err := wire.ParseLimits(*limit)
+	if err != nil {
+		return usagef("--limit %q: %v", *limit, err)
 	}
 	if *prompt == "-" {
 		b, err := io.ReadAll(io.LimitReader(os.Stdin, wire.MaxBodyBytes))
@@ -80,7 +85,7 @@ func submit(ctx context.Context, args []string, getenv func(string) string, stdo
 		var conv wire.Conversation
 		if err := call(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{
 			Title: *title, Image: *image, AgentCommand: argv, Sandbox: *sandbox, Requires: requires,
-			AgentProtocol: *protocol, PermissionPolicy: *permission,
+			AgentProtocol: *protocol, PermissionPolicy: *permission, Limits: limits,
 		}, &conv); err != nil {
 			return fmt.Errorf("create the conversation: %w", err)
 		}

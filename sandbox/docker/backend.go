@@ -138,7 +138,7 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	id, err := b.createContainer(ctx, conv, spec.Image, vol, instance)
+	id, err := b.createContainer(ctx, conv, spec.Image, vol, instance, spec.Limits)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}

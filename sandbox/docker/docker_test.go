@@ -914,3 +914,71 @@ func TestDockerConversationsListsOnlyOurs(t *testing.T) {
 		t.Fatalf("after remove: %v (%v)", got, err)
 	}
 }
+
+// Limits (issue 21 §6): a conversation's limits are applied to its container as the engine
+// reports it: each where it is lower than the host's (or the host sets
+// none), the host's where the conversation asks more — a sandbox never gets
+// more than its host allows. A retained container keeps the limits it was
+// created with (they are fixed at the conversation's creation). A
+// disk_bytes limit is declined in Preflight (limits_unsupported, the
+// conversation's fault), never run unbounded.
+func TestDockerConversationLimits(t *testing.T) {
+	b, _ := newBackend(t, func(c *docker.Config) {
+		c.PidsLimit = 128
+		c.MemoryBytes = 512 << 20
+		c.NanoCPUs = 2_000_000_000
+	})
+	unlimited, _ := newBackend(t, func(c *docker.Config) {
+		c.PidsLimit, c.MemoryBytes, c.NanoCPUs = -1, -1, -1
+	})
+	ctx := testCtx(t)
+	inspect := func(b *docker.Backend, spec sandbox.Spec) *container.HostConfig {
+		t.Helper()
+		sb, err := b.Ensure(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := env.engine.ContainerInspect(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.HostConfig
+	}
+	for _, tc := range []struct {
+		name             string
+		b                *docker.Backend
+		limits           wire.Limits
+		pids, mem, nanos int64
+	}{
+		{"under the host's", b, wire.Limits{Pids: 32, MemoryBytes: 64 << 20, CPUs: 0.5}, 32, 64 << 20, 500_000_000},
+		{"over the host's", b, wire.Limits{Pids: 1000, MemoryBytes: 1 << 30, CPUs: 4}, 128, 512 << 20, 2_000_000_000},
+		{"only memory", b, wire.Limits{MemoryBytes: 96 << 20}, 128, 96 << 20, 2_000_000_000},
+		{"host without limits", unlimited, wire.Limits{Pids: 40, MemoryBytes: 80 << 20, CPUs: 1.25}, 40, 80 << 20, 1_250_000_000},
+	} {
+		spec := newSpec(imgTestAgent)
+		spec.Limits = tc.limits
+		hc := inspect(tc.b, spec)
+		if hc.PidsLimit == nil || *hc.PidsLimit != tc.pids || hc.Memory != tc.mem || hc.MemorySwap != tc.mem || hc.NanoCPUs != tc.nanos {
+			pids := int64(0)
+			if hc.PidsLimit != nil {
+				pids = *hc.PidsLimit
+			}
+			t.Errorf("%s (%+v): docker inspect shows pids %d memory %d swap %d nano cpus %d; want %d, %d, %d, %d",
+				tc.name, tc.limits, pids, hc.Memory, hc.MemorySwap, hc.NanoCPUs, tc.pids, tc.mem, tc.mem, tc.nanos)
+		}
+		if tc.name == "under the host's" {
+			// The retained container is reused as it was made.
+			spec.Limits = wire.Limits{Pids: 16}
+			if again := inspect(tc.b, spec); *again.PidsLimit != tc.pids || again.Memory != tc.mem {
+				t.Errorf("the retained container's limits changed to pids %d memory %d", *again.PidsLimit, again.Memory)
+			}
+		}
+	}
+
+	spec := newSpec(imgTestAgent)
+	spec.Limits = wire.Limits{DiskBytes: 1 << 30}
+	var pe *sandbox.PreflightError
+	if err := b.Preflight(ctx, spec); !errors.As(err, &pe) || pe.Class != sandbox.ClassLimitsUnsupported || !sandbox.ConversationFault(pe.Class) {
+		t.Fatalf("Preflight with disk_bytes = %v; want %s, the conversation's fault", err, sandbox.ClassLimitsUnsupported)
+	}
+}

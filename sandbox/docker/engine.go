@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/api/types/volume"
 
 	"github.com/runnerd/runnerd/sandbox"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // Labels on everything the backend creates. A container or volume is ours
@@ -270,7 +271,7 @@ func (b *Backend) ensureVolume(ctx context.Context, conversationID string) (name
 // socket and state directories and the runnerd binary. With a non-root
 // agent user the supervisor runs as root with only the capabilities it
 // needs to start and stop agents as that user (which keeps none of them).
-func (b *Backend) containerSpec(conversationID, image, volumeName, instance, agentUser string) (*container.Config, *container.HostConfig) {
+func (b *Backend) containerSpec(conversationID, image, volumeName, instance, agentUser string, limits wire.Limits) (*container.Config, *container.HostConfig) {
 	cfg := b.cfg
 	labels := b.labels(conversationID, roleSandbox)
 	labels[LabelInstance] = instance
@@ -316,16 +317,17 @@ func (b *Backend) containerSpec(conversationID, image, volumeName, instance, age
 		yes := true
 		hc.Init = &yes
 	}
-	if cfg.PidsLimit > 0 {
-		n := cfg.PidsLimit
+	// Limits (issue 21 §6): the conversation's limit where it is lower than the host's (or
+	// the host sets none), the host's otherwise.
+	if n := lower(cfg.PidsLimit, limits.Pids); n > 0 {
 		hc.PidsLimit = &n
 	}
-	if cfg.MemoryBytes > 0 {
-		hc.Memory = cfg.MemoryBytes
-		hc.MemorySwap = cfg.MemoryBytes // no swap beyond the limit
+	if n := lower(cfg.MemoryBytes, limits.MemoryBytes); n > 0 {
+		hc.Memory = n
+		hc.MemorySwap = n // no swap beyond the limit
 	}
-	if cfg.NanoCPUs > 0 {
-		hc.NanoCPUs = cfg.NanoCPUs
+	if n := lower(cfg.NanoCPUs, int64(limits.CPUs*1e9)); n > 0 {
+		hc.NanoCPUs = n
 	}
 	if cfg.LogMaxBytes > 0 {
 		hc.LogConfig = container.LogConfig{Type: DefaultLogDriver, Config: map[string]string{
@@ -334,6 +336,16 @@ func (b *Backend) containerSpec(conversationID, image, volumeName, instance, age
 		}}
 	}
 	return cc, hc
+}
+
+// lower is the limit that applies of a host's (positive: a limit,
+// negative: none) and a conversation's (positive: a limit, 0: none of its
+// own): the lower of the two limits; 0 or less is none.
+func lower(host, conv int64) int64 {
+	if conv > 0 && (host <= 0 || conv < host) {
+		return conv
+	}
+	return host
 }
 
 // superviseArgv is the container's entrypoint: our supervisor, serving
@@ -352,7 +364,7 @@ func (b *Backend) superviseArgv(instance string) []string {
 // createContainer creates (does not start) the conversation's container.
 // A native turn boundary the previous release kept in the workspace volume
 // moves to the state directory first.
-func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string) (string, error) {
+func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string, limits wire.Limits) (string, error) {
 	if err := b.prepareRunDir(conversationID); err != nil {
 		return "", err
 	}
@@ -376,7 +388,7 @@ func (b *Backend) createContainer(ctx context.Context, conversationID, image, vo
 	if err != nil {
 		return "", err
 	}
-	cc, hc := b.containerSpec(conversationID, image, volumeName, instance, agentUser)
+	cc, hc := b.containerSpec(conversationID, image, volumeName, instance, agentUser, limits)
 	resp, err := b.cfg.Engine.ContainerCreate(ctx, cc, hc, nil, nil, b.containerName(conversationID))
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)

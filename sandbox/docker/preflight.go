@@ -28,6 +28,11 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 	if len(spec.AgentCommand) == 0 || spec.AgentCommand[0] == "" {
 		return fail(sandbox.ClassAgentMissing, errors.New("empty agent command"))
 	}
+	if spec.Limits.DiskBytes != 0 {
+		// Limits (issue 21 §6): the control plane refuses disk_bytes; one that sends it
+		// anyway gets no silently unbounded workspace.
+		return fail(sandbox.ClassLimitsUnsupported, errors.New("disk_bytes: the workspace volume has no quota"))
+	}
 	if fi, err := os.Stat(b.cfg.RunnerdPath); err != nil {
 		return fail(sandbox.ClassSupervisorMissing, err)
 	} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {

@@ -177,6 +177,14 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 	if err := checkConversation(spec.ConversationID); err != nil {
 		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
 	}
+	if !spec.Limits.IsZero() {
+		// Limits (issue 21 §6): the supervisor and its agents stay in the
+		// scope of the turn that started them (or the daemon's cgroup),
+		// never a cgroup of the conversation's own; a limit declined here
+		// is never silently dropped.
+		return &sandbox.PreflightError{Class: sandbox.ClassLimitsUnsupported,
+			Err: errors.New("the process backend applies no per-conversation limit: its supervisor runs in no cgroup of the conversation's own")}
+	}
 	if err := executable(b.cfg.Command[0]); err != nil {
 		return &sandbox.PreflightError{Class: sandbox.ClassSupervisorMissing, Err: err}
 	}

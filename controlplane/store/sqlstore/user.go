@@ -41,16 +41,20 @@ const (
 // conversationCols reads a conversation with the name of its sandbox's
 // host (FROM conversationFrom).
 const conversationCols = `c.id, c.title, c.image, c.agent_command, c.state, c.lost_reason, c.container_id, c.epoch, c.native_turn,
-	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id, c.agent_protocol, c.permission_policy, c.sandbox_state`
+	c.created_at, COALESCE(h.name, ''), c.requires, c.interrupted_job_id, c.agent_protocol, c.permission_policy, c.sandbox_state, c.limits`
 
 const conversationFrom = ` FROM conversations c LEFT JOIN hosts h ON h.id = c.sandbox_host_id`
 
 func scanConversation(sc interface{ Scan(...any) error }) (wire.Conversation, error) {
 	var c wire.Conversation
-	var cmd, requires string
+	var cmd, requires, limits string
 	var created int64
 	if err := sc.Scan(&c.ID, &c.Title, &c.Image, &cmd, &c.State, &c.LostReason, &c.ContainerID, &c.Epoch, &c.NativeTurn,
-		&created, &c.SandboxHost, &requires, &c.InterruptedJobID, &c.AgentProtocol, &c.PermissionPolicy, &c.SandboxState); err != nil {
+		&created, &c.SandboxHost, &requires, &c.InterruptedJobID, &c.AgentProtocol, &c.PermissionPolicy, &c.SandboxState, &limits); err != nil {
+		return c, err
+	}
+	var err error
+	if c.Limits, err = decodeLimits(limits); err != nil {
 		return c, err
 	}
 	if requires != "" {
@@ -79,6 +83,16 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w: %w", store.ErrInvalid, err)
 	}
+	if err := wire.CheckLimits(req.Limits, requires[wire.LabelSandbox]); err != nil {
+		if errors.Is(err, wire.ErrLimitUnsupported) {
+			return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
+		}
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w: %w", store.ErrInvalid, err)
+	}
+	limits, err := encodeLimits(req.Limits)
+	if err != nil {
+		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
+	}
 	cmd, err := json.Marshal(req.AgentCommand)
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("create conversation: %w", err)
@@ -86,7 +100,7 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 	c := wire.Conversation{
 		ID: newID("conv"), Title: req.Title, Image: req.Image, AgentCommand: req.AgentCommand,
 		State: wire.ConversationUsable, CreatedAt: fromNS(ns(now)), Requires: requires,
-		AgentProtocol: protocol, PermissionPolicy: policy,
+		AgentProtocol: protocol, PermissionPolicy: policy, Limits: req.Limits,
 	}
 	route := requires.String()
 	err = s.write(ctx, func(tx txn) error {
@@ -94,9 +108,9 @@ func (s *Store) CreateConversation(ctx context.Context, req wire.CreateConversat
 			return err
 		}
 		_, err := s.exec(ctx, tx, `INSERT INTO conversations (id, title, image, agent_command, state, created_at, updated_at, requires,
-			agent_protocol, permission_policy)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now), route,
-			c.AgentProtocol, c.PermissionPolicy)
+			agent_protocol, permission_policy, limits)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, c.ID, c.Title, c.Image, string(cmd), c.State, ns(now), ns(now), route,
+			c.AgentProtocol, c.PermissionPolicy, limits)
 		return err
 	})
 	if err != nil {
@@ -537,4 +551,25 @@ func (s *Store) PermissionAnswer(ctx context.Context, jobID, attemptID, requestI
 		}
 	}
 	return "", nil
+}
+
+// encodeLimits is the limits column of l: empty for none, else its JSON.
+func encodeLimits(l wire.Limits) (string, error) {
+	if l.IsZero() {
+		return "", nil
+	}
+	b, err := json.Marshal(l)
+	return string(b), err
+}
+
+// decodeLimits reads a limits column (encodeLimits).
+func decodeLimits(s string) (wire.Limits, error) {
+	var l wire.Limits
+	if s == "" {
+		return l, nil
+	}
+	if err := json.Unmarshal([]byte(s), &l); err != nil {
+		return l, fmt.Errorf("decode limits: %w", err)
+	}
+	return l, nil
 }

@@ -250,9 +250,9 @@ func claimedRows(rows interface {
 	for rows.Next() {
 		host = true
 		var keyed bool
-		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted, protocol, policy sql.NullString
+		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted, protocol, policy, limits sql.NullString
 		var seq, gen, epoch, native sql.NullInt64
-		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted, &protocol, &policy); err != nil {
+		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted, &protocol, &policy, &limits); err != nil {
 			return nil, false, err
 		}
 		if keyed {
@@ -269,6 +269,10 @@ func claimedRows(rows interface {
 				// K13: verify the activation the interrupted turn was admitted under, then resume
 				Quarantined: state.String == wire.ConversationQuarantined, InterruptedActivationID: interrupted.String}}
 		if err := json.Unmarshal([]byte(cmd.String), &c.Turn.AgentCommand); err != nil {
+			return nil, false, err
+		}
+		var err error
+		if c.Turn.Limits, err = decodeLimits(limits.String); err != nil {
 			return nil, false, err
 		}
 		cs = append(cs, c)
@@ -341,7 +345,7 @@ SELECT EXISTS (SELECT 1 FROM keyed), j.id, j.a, j.conversation_id, j.seq, j.prom
 	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
 	(SELECT ia.activation_id FROM jobs ij JOIN attempts ia ON ia.id = ij.admitted_attempt_id
 		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined'),
-	c.agent_protocol, c.permission_policy
+	c.agent_protocol, c.permission_policy, c.limits
 FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
 ORDER BY j.pos`
 
@@ -393,12 +397,16 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 // and for a quarantined one the activation its interrupted turn was
 // admitted under, which the supervisor must retain a record of (K13).
 func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
-	var cmd, state, interrupted string
+	var cmd, state, interrupted, limits string
 	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state, interrupted_job_id,
-		agent_protocol, permission_policy
+		agent_protocol, permission_policy, limits
 		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
 		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state, &interrupted,
-		&c.Turn.AgentProtocol, &c.Turn.PermissionPolicy); err != nil {
+		&c.Turn.AgentProtocol, &c.Turn.PermissionPolicy, &limits); err != nil {
+		return err
+	}
+	var err error
+	if c.Turn.Limits, err = decodeLimits(limits); err != nil {
 		return err
 	}
 	c.Turn.Quarantined = state == wire.ConversationQuarantined // K13: verify, then resume

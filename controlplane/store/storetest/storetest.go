@@ -109,6 +109,7 @@ var tests = []test{
 	{"Race_SameSeqUploads", testRaceSameSeqUploads},
 	{"Invariants_RandomOperations", testInvariantsRandomOperations},
 	{"S5_CauseStored", testS5CauseStored},
+	{"Limits_Stored", testLimitsStored},
 }
 
 type test struct {
