@@ -264,7 +264,12 @@ func (s *Server) handleHostForm(pause bool) http.HandlerFunc {
 			return
 		}
 		name := r.PathValue("name")
-		err := s.cfg.Store.PauseHost(r.Context(), name, pause, now)
+		reason := r.PostFormValue("reason")
+		if e := checkReason(reason, false); e != nil {
+			s.formDone(w, r, "host_form", "/admin/servers", e)
+			return
+		}
+		err := s.cfg.Store.PauseHost(r.Context(), name, pause, audit(r, reason), now)
 		if err == nil {
 			action := "resume"
 			if pause {

@@ -435,6 +435,42 @@ func HostState(s Server, now time.Time) string {
 // shown once, for a host whose token is lost or leaked.
 type RotateTokenRequest struct {
 	GraceMS *int64 `json:"grace_ms,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// HostActionRequest is the body of POST /v1/admin/hosts/{name}/pause,
+// resume and remove: the reason the audit records (required for remove).
+type HostActionRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// MaxAuditReason bounds an audit reason, in bytes.
+const MaxAuditReason = 1024
+
+// Audit actions (issue 22 §6), as GET /v1/admin/audit names them.
+const (
+	AuditHostPause       = "host.pause"
+	AuditHostResume      = "host.resume"
+	AuditHostRotateToken = "host.rotate_token"
+	AuditHostRemove      = "host.remove"
+)
+
+// AuditEntry is one admin action: who (the user token's name, never the
+// token), what, on which target, when, and why.
+type AuditEntry struct {
+	ID     string    `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Action string    `json:"action"`
+	Target string    `json:"target"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// AuditList is GET /v1/admin/audit's answer, newest first; NextCursor
+// (when set) is the next page's cursor.
+type AuditList struct {
+	Entries    []AuditEntry `json:"entries"`
+	NextCursor string       `json:"next_cursor,omitempty"`
 }
 
 // DefaultRotateGrace is a rotation's grace when the request names none.

@@ -39,6 +39,7 @@ var tests = []test{
 	{"Hosts", testHosts},
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
+	{"Audit", testAudit},
 	{"Registration", testRegistration},
 	{"Registration_RefusalsWriteNothing", testRegistrationRefusals},
 	{"Race_RegistrationLastUse", testRaceRegistrationLastUse},
