@@ -211,7 +211,7 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <tbody>
 {{range .Servers}}{{$state := .State}}<tr data-host="{{.Name}}">
 <td>{{.Name}}</td>
-<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
+<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .PausedAt}}{{with .PausedBy}} <span class="paused-by">by {{.}}</span>{{end}}{{with .PauseReason}}: <span class="pause-reason">{{.}}</span>{{end}}{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}</td>
 <td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>
@@ -220,6 +220,7 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <td><a href="/admin/jobs?host={{.Name}}">jobs</a></td>
 <td><form class="inline" method="post" action="/admin/servers/{{.Name}}/{{if .PausedAt}}resume{{else}}pause{{end}}">
 <input type="hidden" name="csrf" value="{{$.CSRF}}">
+{{if not .PausedAt}}<input type="text" name="reason" maxlength="1024" placeholder="reason" aria-label="reason for the pause">{{end}}
 <button type="submit" class="host-action">{{if .PausedAt}}Resume{{else}}Pause{{end}}</button>
 </form></td>
 </tr>

@@ -382,6 +382,10 @@ type Server struct {
 	Version       string       `json:"version,omitempty"`
 	// PausedAt is when an operator paused the host; nil when it claims.
 	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// PausedBy and PauseReason are who paused it (their token's name) and
+	// why, as the audit records it (issue 22 §6).
+	PausedBy    string `json:"paused_by,omitempty"`
+	PauseReason string `json:"pause_reason,omitempty"`
 	// HeartbeatIntervalMS is the period the host said it heartbeats at
 	// (0: it did not say; DefaultHeartbeatInterval is assumed).
 	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`

@@ -134,7 +134,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
 		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
-		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure
+		h.paused_at, h.paused_by, h.pause_reason, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure
 		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
 	if err != nil {
 		return nil, fmt.Errorf("list servers: %w", err)
@@ -147,7 +147,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		var draining, consecutive, since, running int64
 		var class, labels, pressure string
 		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
-			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure); err != nil {
+			&paused, &sv.PausedBy, &sv.PauseReason, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
 		var err error
@@ -175,12 +175,16 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 // PauseHost pauses or resumes the named live host. Pausing a paused host
 // keeps the time it was first paused.
 func (s *Store) PauseHost(ctx context.Context, name string, paused bool, a store.Audit, now time.Time) error {
-	q := `UPDATE hosts SET paused_at = NULL WHERE name = ? AND removed_at IS NULL`
+	q := `UPDATE hosts SET paused_at = NULL, paused_by = '', pause_reason = '' WHERE name = ? AND removed_at IS NULL`
 	args := []any{name}
 	action := wire.AuditHostResume
 	if paused {
-		q = `UPDATE hosts SET paused_at = COALESCE(paused_at, ?) WHERE name = ? AND removed_at IS NULL`
-		args = []any{ns(now), name}
+		// A pause of a paused host keeps the first's time, actor and reason.
+		q = `UPDATE hosts SET paused_at = COALESCE(paused_at, ?),
+			paused_by = CASE WHEN paused_at IS NULL THEN ? ELSE paused_by END,
+			pause_reason = CASE WHEN paused_at IS NULL THEN ? ELSE pause_reason END
+			WHERE name = ? AND removed_at IS NULL`
+		args = []any{ns(now), a.Actor, a.Reason, name}
 		action = wire.AuditHostPause
 	}
 	return s.hostWrite(ctx, "pause host", &audited{a, action, name, now}, q, args...)

@@ -14,3 +14,7 @@ CREATE TABLE audit_log (
 );
 
 CREATE INDEX audit_log_target ON audit_log (target, id);
+
+-- Who paused a paused host and why, for Admin → Servers ('' when not paused).
+ALTER TABLE hosts ADD COLUMN paused_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE hosts ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';
