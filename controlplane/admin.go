@@ -215,7 +215,7 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <tbody>
 {{range .Servers}}{{$state := .State}}{{$sv := .}}<tr data-host="{{.Name}}">
 <td>{{.Name}}</td>
-<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}{{with .Conflict}}<br><span class="host-conflict offline">conflict: two daemons present this host's token.{{with $sv.Instance}}
+<td class="host-state"><span class="{{.State}}">{{.State}}</span>{{if eq .State "offline"}}: no heartbeat for {{offlineAfter .}}{{end}}{{with .PausedAt}}{{if eq $state "paused"}} since{{else}}<br><span class="paused">paused since</span>{{end}} <time datetime="{{iso .}}">{{stamp .}}</time>{{end}}{{if .PausedAt}}{{with .PausedBy}} <span class="paused-by">by {{.}}</span>{{end}}{{with .PauseReason}}: <span class="pause-reason">{{.}}</span>{{end}}{{end}}{{if .Draining}}{{if ne .State "draining"}}<br>last said draining{{end}}{{end}}{{with .ClaimsWithheld}}<br><span class="paused">claims withheld: {{.}}</span>{{end}}{{with .Conflict}}<br><span class="host-conflict offline">conflict: two daemons present this host's token.{{with $sv.Instance}}
 live: instance <code>{{.ID}}</code> boot <code>{{.BootID}}</code>, seen <time datetime="{{iso .LastSeen}}">{{stamp .LastSeen}}</time>;{{end}}
 refused host_token_in_use: instance <code>{{.ID}}</code> boot <code>{{.BootID}}</code>, seen <time datetime="{{iso .LastSeen}}">{{stamp .LastSeen}}</time></span>{{end}}</td>
 <td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
@@ -226,6 +226,7 @@ refused host_token_in_use: instance <code>{{.ID}}</code> boot <code>{{.BootID}}<
 <td><a href="/admin/jobs?host={{.Name}}">jobs</a></td>
 <td><form class="inline" method="post" action="/admin/servers/{{.Name}}/{{if .PausedAt}}resume{{else}}pause{{end}}">
 <input type="hidden" name="csrf" value="{{$.CSRF}}">
+{{if not .PausedAt}}<input type="text" name="reason" maxlength="1024" placeholder="reason" aria-label="reason for the pause">{{end}}
 <button type="submit" class="host-action">{{if .PausedAt}}Resume{{else}}Pause{{end}}</button>
 </form></td>
 </tr>
@@ -270,7 +271,12 @@ func (s *Server) handleHostForm(pause bool) http.HandlerFunc {
 			return
 		}
 		name := r.PathValue("name")
-		err := s.cfg.Store.PauseHost(r.Context(), name, pause, now)
+		reason := r.PostFormValue("reason")
+		if e := checkReason(reason, false); e != nil {
+			s.formDone(w, r, "host_form", "/admin/servers", e)
+			return
+		}
+		err := s.cfg.Store.PauseHost(r.Context(), name, pause, audit(r, reason), now)
 		if err == nil {
 			action := "resume"
 			if pause {

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -123,7 +124,7 @@ func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 			t, err := s.cfg.Store.UserTokenByHash(r.Context(), HashToken(tok))
 			switch {
 			case err == nil && t.RevokedAt == nil:
-				h(w, r)
+				h(w, r.WithContext(context.WithValue(r.Context(), actorKey{}, t.Name)))
 				return
 			case err != nil && !errors.Is(err, store.ErrUnauthorized):
 				s.fail(w, r, "user_token", err)
@@ -136,6 +137,16 @@ func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 		}
 		writeError(w, refused)
 	}
+}
+
+// actorKey is the context key of the name of the user token a request
+// was authorized by: the audit's actor (issue 22 §6).
+type actorKey struct{}
+
+// audit is who asks for r's admin action, and why.
+func audit(r *http.Request, reason string) store.Audit {
+	name, _ := r.Context().Value(actorKey{}).(string)
+	return store.Audit{Actor: name, Reason: reason}
 }
 
 // host authenticates a host token, from the replica's cache when the

@@ -40,7 +40,7 @@ func TestHostTokenCacheRevocationBound(t *testing.T) {
 	}
 	f.send(conv.ID, "a turn the removed host must not get")
 
-	f.expect(http.MethodPost, strings.ReplaceAll(controlplane.PathAdminHost, "{name}", "host-a")+"remove", userToken, "{}", http.StatusNoContent, "")
+	f.expect(http.MethodPost, strings.ReplaceAll(controlplane.PathAdminHost, "{name}", "host-a")+"remove", userToken, `{"reason":"test"}`, http.StatusNoContent, "")
 	if st, _ := statusOf(states(f.wc)); st != http.StatusUnauthorized {
 		t.Fatalf("the replica that removed the host answered its token with %d, want 401 at once", st)
 	}

@@ -49,9 +49,20 @@ func (s *Server) handleHostAction(action string) http.HandlerFunc {
 		var err error
 		var token string
 		var graceUntil *time.Time
+		var hreq wire.HostActionRequest
+		if action != "rotate-token" && r.ContentLength != 0 {
+			if e := decode(w, r, &hreq); e != nil {
+				writeError(w, e)
+				return
+			}
+		}
+		if e := checkReason(hreq.Reason, action == "remove"); e != nil {
+			writeError(w, e)
+			return
+		}
 		switch action {
 		case "pause", "resume":
-			err = s.cfg.Store.PauseHost(r.Context(), name, action == "pause", now)
+			err = s.cfg.Store.PauseHost(r.Context(), name, action == "pause", audit(r, hreq.Reason), now)
 		case "rotate-token":
 			var req wire.RotateTokenRequest
 			if r.ContentLength != 0 {
@@ -59,6 +70,10 @@ func (s *Server) handleHostAction(action string) http.HandlerFunc {
 					writeError(w, e)
 					return
 				}
+			}
+			if e := checkReason(req.Reason, false); e != nil {
+				writeError(w, e)
+				return
 			}
 			grace := wire.DefaultRotateGrace
 			if req.GraceMS != nil {
@@ -76,9 +91,9 @@ func (s *Server) handleHostAction(action string) http.HandlerFunc {
 				until := now.Add(grace)
 				rot.Nonce, rot.GraceUntil, graceUntil = rand.Text(), until, &until
 			}
-			err = s.cfg.Store.RotateHostToken(r.Context(), name, rot, now)
+			err = s.cfg.Store.RotateHostToken(r.Context(), name, rot, audit(r, req.Reason), now)
 		case "remove":
-			err = s.cfg.Store.RemoveHost(r.Context(), name, now)
+			err = s.cfg.Store.RemoveHost(r.Context(), name, audit(r, hreq.Reason), now)
 		}
 		s.hosts.forget() // whatever the answer: the change may have committed
 		if errors.Is(err, store.ErrNotFound) {
@@ -109,6 +124,18 @@ func (s *Server) handleHostAction(action string) http.HandlerFunc {
 			writeError(w, refuse(http.StatusNotFound, wire.CodeNotFound, "No host of that name is registered."))
 		}
 	}
+}
+
+// checkReason checks an admin action's reason, which the audit records:
+// required says the action may not go without one (remove).
+func checkReason(reason string, required bool) *apiError {
+	switch {
+	case required && strings.TrimSpace(reason) == "":
+		return invalid("reason is required: say why (the audit records it with your token's name).")
+	case len(reason) > wire.MaxAuditReason:
+		return invalid("reason is at most %d bytes.", wire.MaxAuditReason)
+	}
+	return nil
 }
 
 // readyTimeout bounds /readyz's questions to the database.

@@ -64,7 +64,10 @@ var (
 // fromStore maps a store error to its refusal (the comments on the store's
 // sentinels). ok is false for an error the store did not decide: a failure.
 func fromStore(err error) (*apiError, bool) {
+	var ae *apiError
 	switch {
+	case errors.As(err, &ae): // a refusal the handler judged itself
+		return ae, true
 	case errors.Is(err, store.ErrNotFound):
 		return refuse(http.StatusNotFound, wire.CodeNotFound, "No such job, conversation or attempt."), true
 	case errors.Is(err, store.ErrOtherAttempt):

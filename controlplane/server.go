@@ -168,6 +168,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs/{id}/cancel", s.user(s.handleCancelJob))
 	mux.HandleFunc("POST /v1/jobs/{id}/permissions/{request}", s.user(s.handlePermit))
 	mux.HandleFunc("GET /v1/admin/servers", s.user(s.handleServersJSON))
+	mux.HandleFunc("GET "+PathAdminAudit, s.user(s.handleListAudit))
 	mux.HandleFunc("POST /v1/admin/conversations/{id}/lose", s.user(s.handleLoseConversation))
 	for _, action := range []string{"pause", "resume", "rotate-token", "remove"} {
 		mux.HandleFunc("POST "+PathAdminHost+action, bearerOnly(s.user(s.handleHostAction(action))))

@@ -409,6 +409,10 @@ type Server struct {
 	Version       string       `json:"version,omitempty"`
 	// PausedAt is when an operator paused the host; nil when it claims.
 	PausedAt *time.Time `json:"paused_at,omitempty"`
+	// PausedBy and PauseReason are who paused it (their token's name) and
+	// why, as the audit records it (issue 22 §6).
+	PausedBy    string `json:"paused_by,omitempty"`
+	PauseReason string `json:"pause_reason,omitempty"`
 	// HeartbeatIntervalMS is the period the host said it heartbeats at
 	// (0: it did not say; DefaultHeartbeatInterval is assumed).
 	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`
@@ -474,6 +478,42 @@ func HostState(s Server, now time.Time) string {
 // shown once, for a host whose token is lost or leaked.
 type RotateTokenRequest struct {
 	GraceMS *int64 `json:"grace_ms,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// HostActionRequest is the body of POST /v1/admin/hosts/{name}/pause,
+// resume and remove: the reason the audit records (required for remove).
+type HostActionRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// MaxAuditReason bounds an audit reason, in bytes.
+const MaxAuditReason = 1024
+
+// Audit actions (issue 22 §6), as GET /v1/admin/audit names them.
+const (
+	AuditHostPause       = "host.pause"
+	AuditHostResume      = "host.resume"
+	AuditHostRotateToken = "host.rotate_token"
+	AuditHostRemove      = "host.remove"
+)
+
+// AuditEntry is one admin action: who (the user token's name, never the
+// token), what, on which target, when, and why.
+type AuditEntry struct {
+	ID     string    `json:"id"`
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"`
+	Action string    `json:"action"`
+	Target string    `json:"target"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// AuditList is GET /v1/admin/audit's answer, newest first; NextCursor
+// (when set) is the next page's cursor.
+type AuditList struct {
+	Entries    []AuditEntry `json:"entries"`
+	NextCursor string       `json:"next_cursor,omitempty"`
 }
 
 // DefaultRotateGrace is a rotation's grace when the request names none.

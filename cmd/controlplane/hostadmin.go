@@ -33,6 +33,14 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 	f := newFlags(usage, stderr)
 	api := addAPIFlags(f)
 	asJSON := f.fs.Bool("json", false, "print the answer as JSON")
+	var reason *string
+	if sub != "list" {
+		what := "why (recorded in the audit with your token's name)"
+		if sub == "remove" {
+			what += "; required"
+		}
+		reason = f.fs.String("reason", "", what)
+	}
 	var grace *time.Duration
 	if sub == "rotate-token" {
 		grace = f.fs.Duration("grace", wire.DefaultRotateGrace, "how long the old token stays valid; the host picks the new one up from its next heartbeat answer meanwhile (0: the new token replaces it now and is shown once)")
@@ -52,6 +60,12 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 		}
 		if err := checkHostName(name); err != nil {
 			return err
+		}
+		if sub == "remove" && strings.TrimSpace(*reason) == "" {
+			return usagef("--reason is required: say why host %s is removed (the audit records it)", name)
+		}
+		if len(*reason) > wire.MaxAuditReason {
+			return usagef("--reason is at most %d bytes", wire.MaxAuditReason)
 		}
 	}
 	c, token, err := api.client(getenv, 30*time.Second)
@@ -76,7 +90,7 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 		}
 		ms := grace.Milliseconds()
 		var tr wire.HostTokenResponse
-		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, wire.RotateTokenRequest{GraceMS: &ms}, &tr); err != nil {
+		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, wire.RotateTokenRequest{GraceMS: &ms, Reason: *reason}, &tr); err != nil {
 			return fmt.Errorf("rotate the token of host %s: %w", name, err)
 		}
 		if tr.GraceUntil != nil {
@@ -88,14 +102,14 @@ func hostAdmin(ctx context.Context, sub string, args []string, getenv func(strin
 		fmt.Fprintf(stderr, "host %s has a new token, shown above once; its old token is refused from now on\n", name)
 		return nil
 	case "remove":
-		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, nil); err != nil {
+		if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, wire.HostActionRequest{Reason: *reason}, nil); err != nil {
 			return fmt.Errorf("remove host %s: %w", name, err)
 		}
 		fmt.Fprintf(stderr, "host %s removed; its token is refused from now on (its running turns keep their own tokens until they end)\n", name)
 		return nil
 	}
 	var sv wire.Server
-	if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, struct{}{}, &sv); err != nil {
+	if _, err := c.Do(ctx, http.MethodPost, hostPath(name, sub), token, wire.HostActionRequest{Reason: *reason}, &sv); err != nil {
 		return fmt.Errorf("%s host %s: %w", sub, name, err)
 	}
 	if *asJSON {

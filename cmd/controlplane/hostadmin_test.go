@@ -113,7 +113,13 @@ func TestHostLifecycleCommands(t *testing.T) {
 	if _, err := wc.HostHeartbeat(ctx, newToken, wire.HostHeartbeat{Capacity: 2}); err != nil {
 		t.Fatalf("the new token: %v", err)
 	}
-	if code, _, stderr := host("remove", "host-1"); code != exitOK {
+	if code, _, stderr := host("remove", "host-1"); code != exitUsage || !strings.Contains(stderr, "--reason is required") {
+		t.Fatalf("host remove without --reason: %d %s", code, stderr)
+	}
+	if _, err := wc.HostHeartbeat(ctx, newToken, wire.HostHeartbeat{Capacity: 2}); err != nil {
+		t.Fatalf("a remove refused for its missing reason removed the host: %v", err)
+	}
+	if code, _, stderr := host("remove", "host-1", "--reason", "decommissioned"); code != exitOK {
 		t.Fatalf("host remove: %d %s", code, stderr)
 	}
 	if _, err := wc.Claim(ctx, newToken, wire.ClaimRequest{}); wireStatus(err) != http.StatusUnauthorized {

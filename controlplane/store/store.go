@@ -134,6 +134,33 @@ type Stats struct {
 	LiveLeases  int // attempts running now
 }
 
+// Audit is who asked for an admin action and why (issue 22 §6): Actor is
+// the user token's name (never the token), Reason the operator's words.
+type Audit struct {
+	Actor  string
+	Reason string
+}
+
+// AuditEntry is one audit row: Action (wire.Audit*) on Target at At.
+type AuditEntry struct {
+	ID     int64
+	At     time.Time
+	Actor  string
+	Action string
+	Target string
+	Reason string
+}
+
+// AuditFilter selects audit rows: each set field narrows the list. Before
+// is a cursor: only rows with a smaller ID. Limit 0 is no limit.
+type AuditFilter struct {
+	Target string
+	Action string
+	Since  time.Time
+	Before int64
+	Limit  int
+}
+
 // UserToken is a bearer token of the user API and the admin pages, as the
 // store knows it: never the token itself, only its hash is kept.
 type UserToken struct {
@@ -292,10 +319,14 @@ type Store interface {
 	// naming it, and CreateHost of its name registers it anew.
 	// RotateHostToken replaces the token; the old one is refused from then
 	// on. Each returns ErrNotFound for a name no live host has.
-	PauseHost(ctx context.Context, name string, paused bool, now time.Time) error
-	RemoveHost(ctx context.Context, name string, now time.Time) error
+	// Each writes a's audit row (issue 22 §6) in the action's transaction:
+	// an action that returns an error writes none.
+	PauseHost(ctx context.Context, name string, paused bool, a Audit, now time.Time) error
+	RemoveHost(ctx context.Context, name string, a Audit, now time.Time) error
 	// With a grace the current token stays valid until its end (Host.Previous).
-	RotateHostToken(ctx context.Context, name string, r HostRotation, now time.Time) error
+	RotateHostToken(ctx context.Context, name string, r HostRotation, a Audit, now time.Time) error
+	// ListAudit lists the audit rows f selects, newest first.
+	ListAudit(ctx context.Context, f AuditFilter) ([]AuditEntry, error)
 	// AdoptRotatedToken makes newHash the token of the host whose previous
 	// token is previousHash (the host derived its new token); again with
 	// the same hashes is a no-op. ErrNotFound if no live host matches.

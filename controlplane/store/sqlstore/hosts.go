@@ -211,7 +211,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 	rows, err := s.r.QueryContext(ctx, s.q(`SELECT h.name, h.last_heartbeat, h.capacity, h.draining,
 		h.launch_error_class, h.launch_error_consecutive, h.launch_error_since, h.version,
 		(SELECT COUNT(*) FROM attempts a WHERE a.host_id = h.id AND a.state = 'running'),
-		h.paused_at, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure,
+		h.paused_at, h.paused_by, h.pause_reason, h.heartbeat_interval_ms, h.claims_withheld, h.labels, h.sandbox_pressure,
 		h.instance_id, h.instance_boot_id, h.instance_seen, h.instance_stopping,
 		h.conflict_instance_id, h.conflict_boot_id, h.conflict_seen
 		FROM hosts h WHERE h.removed_at IS NULL ORDER BY h.name`))
@@ -229,7 +229,7 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 		var instSeen, otherSeen sql.NullInt64
 		var stopping int64
 		if err := rows.Scan(&sv.Name, &last, &sv.Capacity, &draining, &class, &consecutive, &since, &sv.Version, &running,
-			&paused, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure,
+			&paused, &sv.PausedBy, &sv.PauseReason, &sv.HeartbeatIntervalMS, &sv.ClaimsWithheld, &labels, &pressure,
 			&inst.ID, &inst.BootID, &instSeen, &stopping, &other.ID, &other.BootID, &otherSeen); err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
@@ -265,20 +265,26 @@ func (s *Store) ListServers(ctx context.Context) ([]wire.Server, error) {
 
 // PauseHost pauses or resumes the named live host. Pausing a paused host
 // keeps the time it was first paused.
-func (s *Store) PauseHost(ctx context.Context, name string, paused bool, now time.Time) error {
-	q := `UPDATE hosts SET paused_at = NULL WHERE name = ? AND removed_at IS NULL`
+func (s *Store) PauseHost(ctx context.Context, name string, paused bool, a store.Audit, now time.Time) error {
+	q := `UPDATE hosts SET paused_at = NULL, paused_by = '', pause_reason = '' WHERE name = ? AND removed_at IS NULL`
 	args := []any{name}
+	action := wire.AuditHostResume
 	if paused {
-		q = `UPDATE hosts SET paused_at = COALESCE(paused_at, ?) WHERE name = ? AND removed_at IS NULL`
-		args = []any{ns(now), name}
+		// A pause of a paused host keeps the first's time, actor and reason.
+		q = `UPDATE hosts SET paused_at = COALESCE(paused_at, ?),
+			paused_by = CASE WHEN paused_at IS NULL THEN ? ELSE paused_by END,
+			pause_reason = CASE WHEN paused_at IS NULL THEN ? ELSE pause_reason END
+			WHERE name = ? AND removed_at IS NULL`
+		args = []any{ns(now), a.Actor, a.Reason, name}
+		action = wire.AuditHostPause
 	}
-	return s.hostWrite(ctx, "pause host", q, args...)
+	return s.hostWrite(ctx, "pause host", &audited{a, action, name, now}, q, args...)
 }
 
 // RemoveHost marks the named host removed and replaces its token hash by
 // a tombstone no hash can equal, in one statement.
-func (s *Store) RemoveHost(ctx context.Context, name string, now time.Time) error {
-	return s.hostWrite(ctx, "remove host", `UPDATE hosts SET removed_at = ?, paused_at = NULL, token_hash = 'removed:' || id, previous_token_hash = NULL, rotation_nonce = ''
+func (s *Store) RemoveHost(ctx context.Context, name string, a store.Audit, now time.Time) error {
+	return s.hostWrite(ctx, "remove host", &audited{a, wire.AuditHostRemove, name, now}, `UPDATE hosts SET removed_at = ?, paused_at = NULL, token_hash = 'removed:' || id, previous_token_hash = NULL, rotation_nonce = ''
 		WHERE name = ? AND removed_at IS NULL`, ns(now), name)
 }
 
@@ -287,19 +293,20 @@ func (s *Store) RemoveHost(ctx context.Context, name string, now time.Time) erro
 // is the host's to derive and adopt (AdoptRotatedToken). A rotation inside
 // another's grace that the host has not adopted yet keeps the token the
 // host holds as the previous one.
-func (s *Store) RotateHostToken(ctx context.Context, name string, r store.HostRotation, now time.Time) error {
+func (s *Store) RotateHostToken(ctx context.Context, name string, r store.HostRotation, a store.Audit, now time.Time) error {
+	au := &audited{a, wire.AuditHostRotateToken, name, now}
 	if r.GraceUntil.IsZero() {
 		if len(r.TokenHash) == 0 {
 			return fmt.Errorf("rotate host token: %w: the token hash is required", store.ErrInvalid)
 		}
-		return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET token_hash = ?, previous_token_hash = NULL,
+		return s.hostWrite(ctx, "rotate host token", au, `UPDATE hosts SET token_hash = ?, previous_token_hash = NULL,
 			previous_token_until = NULL, rotation_nonce = '' WHERE name = ? AND removed_at IS NULL`,
 			hex.EncodeToString(r.TokenHash), name)
 	}
 	if r.Nonce == "" || !r.GraceUntil.After(now) {
 		return fmt.Errorf("rotate host token: %w: a grace needs a nonce and an end after now", store.ErrInvalid)
 	}
-	return s.hostWrite(ctx, "rotate host token", `UPDATE hosts SET
+	return s.hostWrite(ctx, "rotate host token", au, `UPDATE hosts SET
 		previous_token_hash = CASE WHEN token_hash = 'rotating:' || id THEN previous_token_hash ELSE token_hash END,
 		token_hash = 'rotating:' || id, previous_token_until = ?, rotation_nonce = ?
 		WHERE name = ? AND removed_at IS NULL`, ns(r.GraceUntil), r.Nonce, name)
@@ -311,13 +318,13 @@ func (s *Store) AdoptRotatedToken(ctx context.Context, hostID string, previousHa
 	if len(newHash) == 0 {
 		return fmt.Errorf("adopt rotated token: %w: the token hash is required", store.ErrInvalid)
 	}
-	return s.hostWrite(ctx, "adopt rotated token", `UPDATE hosts SET token_hash = ?
+	return s.hostWrite(ctx, "adopt rotated token", nil, `UPDATE hosts SET token_hash = ?
 		WHERE id = ? AND previous_token_hash = ? AND removed_at IS NULL`,
 		hex.EncodeToString(newHash), hostID, hex.EncodeToString(previousHash))
 }
 
 // hostWrite runs one UPDATE of a host row; no row is ErrNotFound.
-func (s *Store) hostWrite(ctx context.Context, op, query string, args ...any) error {
+func (s *Store) hostWrite(ctx context.Context, op string, a *audited, query string, args ...any) error {
 	err := s.write(ctx, func(tx txn) error {
 		n, err := s.exec(ctx, tx, query, args...)
 		if err != nil {
@@ -326,7 +333,10 @@ func (s *Store) hostWrite(ctx context.Context, op, query string, args ...any) er
 		if n == 0 {
 			return store.ErrNotFound
 		}
-		return nil
+		if a == nil { // the host's own act, no admin's
+			return nil
+		}
+		return s.writeAudit(ctx, tx, *a)
 	})
 	if err != nil {
 		return fmt.Errorf("%s: %w", op, err)

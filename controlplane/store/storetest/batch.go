@@ -141,13 +141,13 @@ func testBatchClaimKeepsRules(t *testing.T, st store.Store) {
 	}
 	f.release(cb, "declined:preflight_failed", T0) // queued again, pinned to host-b, in its backoff too
 
-	if err := st.PauseHost(f.ctx, f.host.Name, true, T0); err != nil {
+	if err := st.PauseHost(f.ctx, f.host.Name, true, Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.claimBatch(f.host, 5, "", T0); len(got) != 0 {
 		t.Fatalf("a paused host's batch took %v", jobsOf(got))
 	}
-	if err := st.PauseHost(f.ctx, f.host.Name, false, T0); err != nil {
+	if err := st.PauseHost(f.ctx, f.host.Name, false, Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	got := f.claimBatch(f.host, 5, "", T0.Add(time.Millisecond))
@@ -251,11 +251,11 @@ func testWorkSignal(t *testing.T, st store.Store) {
 	}
 	signaled(t, "the end of the turn before", ch)
 
-	if err := st.PauseHost(f.ctx, f.host.Name, true, T0); err != nil {
+	if err := st.PauseHost(f.ctx, f.host.Name, true, Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	ch = st.WorkSignal()
-	if err := st.PauseHost(f.ctx, f.host.Name, false, T0); err != nil {
+	if err := st.PauseHost(f.ctx, f.host.Name, false, Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	signaled(t, "a host resumed", ch)

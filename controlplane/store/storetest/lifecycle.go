@@ -19,10 +19,10 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 	j1, j2 := f.enqueue(conv1.ID, "one"), f.enqueue(conv2.ID, "two")
 	running := f.claimOn(f.host, T0, j1.ID)
 
-	if err := st.PauseHost(f.ctx, "host-a", true, at(time.Second)); err != nil {
+	if err := st.PauseHost(f.ctx, "host-a", true, Operator, at(time.Second)); err != nil {
 		t.Fatalf("PauseHost: %v", err)
 	}
-	if err := st.PauseHost(f.ctx, "host-a", true, at(2*time.Second)); err != nil {
+	if err := st.PauseHost(f.ctx, "host-a", true, Operator, at(2*time.Second)); err != nil {
 		t.Fatalf("PauseHost again: %v", err)
 	}
 	if h, err := st.HostByTokenHash(f.ctx, Hash("host-token-host-a")); err != nil || !h.Paused {
@@ -39,7 +39,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 	if err != nil || len(servers) != 1 || servers[0].PausedAt == nil || !servers[0].PausedAt.Equal(at(time.Second)) {
 		t.Fatalf("ListServers of a paused host = %+v, %v; want paused since the first pause", servers, err)
 	}
-	if err := st.PauseHost(f.ctx, "host-a", false, at(6*time.Second)); err != nil {
+	if err := st.PauseHost(f.ctx, "host-a", false, Operator, at(6*time.Second)); err != nil {
 		t.Fatalf("resume: %v", err)
 	}
 	f.claimOn(f.host, at(7*time.Second), j2.ID)
@@ -52,7 +52,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 		t.Fatalf("server after resume and heartbeat = %+v", s)
 	}
 
-	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("rotated")}, at(9*time.Second)); err != nil {
+	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("rotated")}, Operator, at(9*time.Second)); err != nil {
 		t.Fatalf("RotateHostToken: %v", err)
 	}
 	_, err = st.HostByTokenHash(f.ctx, Hash("host-token-host-a"))
@@ -62,7 +62,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 	}
 
 	b := f.newHost("host-b")
-	if err := st.RemoveHost(f.ctx, "host-a", at(10*time.Second)); err != nil {
+	if err := st.RemoveHost(f.ctx, "host-a", Operator, at(10*time.Second)); err != nil {
 		t.Fatalf("RemoveHost: %v", err)
 	}
 	_, err = st.HostByTokenHash(f.ctx, Hash("rotated"))
@@ -80,10 +80,10 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 		name string
 		err  error
 	}{
-		{"PauseHost", st.PauseHost(f.ctx, "host-a", true, at(12*time.Second))},
-		{"RotateHostToken", st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("x")}, at(12*time.Second))},
-		{"RemoveHost", st.RemoveHost(f.ctx, "host-a", at(12*time.Second))},
-		{"PauseHost(unknown)", st.PauseHost(f.ctx, "nobody", false, at(12*time.Second))},
+		{"PauseHost", st.PauseHost(f.ctx, "host-a", true, Operator, at(12*time.Second))},
+		{"RotateHostToken", st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("x")}, Operator, at(12*time.Second))},
+		{"RemoveHost", st.RemoveHost(f.ctx, "host-a", Operator, at(12*time.Second))},
+		{"PauseHost(unknown)", st.PauseHost(f.ctx, "nobody", false, Operator, at(12*time.Second))},
 	} {
 		wantErr(t, tc.name+" of a removed or unknown host", tc.err, store.ErrNotFound)
 	}

@@ -169,7 +169,7 @@ func testRaceRegistrationLastUse(t *testing.T, st store.Store) {
 func testRotationGrace(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	until := at(10 * time.Minute)
-	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n1", GraceUntil: until}, T0); err != nil {
+	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n1", GraceUntil: until}, Operator, T0); err != nil {
 		t.Fatalf("RotateHostToken with a grace: %v", err)
 	}
 	h, err := st.HostByTokenHash(f.ctx, Hash("host-token-host-a"))
@@ -177,7 +177,7 @@ func testRotationGrace(t *testing.T, st store.Store) {
 		t.Fatalf("the previous token in its grace = %+v, %v", h, err)
 	}
 	until2 := at(20 * time.Minute)
-	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n2", GraceUntil: until2}, at(time.Minute)); err != nil {
+	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n2", GraceUntil: until2}, Operator, at(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if h, err := st.HostByTokenHash(f.ctx, Hash("host-token-host-a")); err != nil || h.Previous == nil || h.Previous.Nonce != "n2" {
@@ -198,9 +198,9 @@ func testRotationGrace(t *testing.T, st store.Store) {
 	wantErr(t, "AdoptRotatedToken with a token that is not the previous one",
 		st.AdoptRotatedToken(f.ctx, f.host.ID, Hash("derived"), Hash("other")), store.ErrNotFound)
 	wantErr(t, "RotateHostToken with a grace that ended",
-		st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n3", GraceUntil: T0}, at(time.Minute)), store.ErrInvalid)
+		st.RotateHostToken(f.ctx, "host-a", store.HostRotation{Nonce: "n3", GraceUntil: T0}, Operator, at(time.Minute)), store.ErrInvalid)
 
-	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("now")}, at(2*time.Minute)); err != nil {
+	if err := st.RotateHostToken(f.ctx, "host-a", store.HostRotation{TokenHash: Hash("now")}, Operator, at(2*time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	for _, old := range []string{"host-token-host-a", "derived"} {

@@ -39,6 +39,7 @@ var tests = []test{
 	{"Hosts", testHosts},
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
+	{"Audit", testAudit},
 	{"Registration", testRegistration},
 	{"HostInstance", testHostInstance},
 	{"Registration_RefusalsWriteNothing", testRegistrationRefusals},
