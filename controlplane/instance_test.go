@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/runnerd/runnerd/controlplane"
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -68,8 +69,8 @@ func TestHostTokenInUseOverHTTP(t *testing.T) {
 	if s := list.Servers[0]; s.Conflict != nil || s.Instance == nil || s.Instance.ID != "inst-a" {
 		t.Fatalf("host JSON after the bound: instance %+v, conflict %+v", s.Instance, s.Conflict)
 	}
-	if n := strings.Count(f.logs.String(), diagnostics.MsgHostTokenInUseRefused); n != 2 {
-		t.Fatalf("%d %s records, want 2", n, diagnostics.MsgHostTokenInUseRefused)
+	if n := strings.Count(f.logs.String(), controlplane.MsgHostTokenInUse); n != 2 {
+		t.Fatalf("%d %s records, want 2", n, controlplane.MsgHostTokenInUse)
 	}
 	if strings.Contains(f.logs.String(), f.hostToken) {
 		t.Fatal("a record holds the host token")

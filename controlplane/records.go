@@ -9,6 +9,7 @@ import (
 // counts, classes and statuses, never a token, a body or an error's text.
 const (
 	MsgAttemptClaimed      = "controlplane_attempt_claimed"               // a claim was granted: job, attempt, host, generation, lease expiry
+	MsgHostTokenInUse      = "controlplane_host_token_in_use"             // a heartbeat or claim refused 409 host_token_in_use: another instance of the host is live (host, op)
 	MsgClaimKeyTaken       = "controlplane_claim_key_taken"               // a keyed claim came after its key's attempts' leases ran out, before the reaper superseded them: answered 204, nothing claimed (host)
 	MsgLeasesResumed       = "controlplane_leases_resumed"                // live leases were extended after the control plane's own absence
 	MsgReaped              = "controlplane_reaped"                        // the reaper superseded expired attempts

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
-	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -312,7 +311,7 @@ func (s *Server) useInstance(w http.ResponseWriter, r *http.Request, op string, 
 	}
 	err := s.cfg.Store.UseHostInstance(r.Context(), h.ID, in, beat, now)
 	if errors.Is(err, store.ErrHostTokenInUse) {
-		s.log.LogAttrs(r.Context(), slog.LevelWarn, diagnostics.MsgHostTokenInUseRefused, slog.String("host", h.Name), slog.String(diagnostics.KeyOp, op))
+		s.log.LogAttrs(r.Context(), slog.LevelWarn, MsgHostTokenInUse, slog.String("host", h.Name), slog.String("op", op))
 		writeError(w, refuse(http.StatusConflict, wire.CodeHostTokenInUse,
 			"Another daemon, still live, uses this host token; give each daemon its own (register it, or controlplane host add)."))
 		return false

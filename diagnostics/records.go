@@ -92,10 +92,9 @@ const (
 	// one claims nothing and keeps heartbeating, recorded once until a
 	// heartbeat is accepted again (in_use_cleared: the other one stopped
 	// or fell silent past the host's offline bound). The control plane's
-	// own record of each refusal (host, op).
+	// own record of each refusal is controlplane.MsgHostTokenInUse.
 	MsgHostTokenInUse        = "runnerd_host_token_in_use"
 	MsgHostTokenInUseCleared = "runnerd_host_token_in_use_cleared"
-	MsgHostTokenInUseRefused = "controlplane_host_token_in_use"
 )
 
 // Field keys. Durations are whole milliseconds so that text and JSON

@@ -61,6 +61,10 @@ const (
 	BackendDocker  = "docker"
 )
 
+// Limits are a conversation's resource limits as the claim carries them
+// (wire.Limits): the backends take them from here, not from wire.
+type Limits = wire.Limits
+
 // Spec is what a backend needs to know about a conversation's sandbox. It
 // comes from the claimed turn (SpecFromTurn).
 type Spec struct {
@@ -80,7 +84,7 @@ type Spec struct {
 	// Limits are the conversation's resource limits (issue 21 §6). A backend that
 	// cannot apply one that is set refuses it in Preflight
 	// (ClassLimitsUnsupported): a sandbox is never silently unlimited.
-	Limits wire.Limits
+	Limits Limits
 }
 
 // SpecFromTurn builds the Spec of a claimed turn.

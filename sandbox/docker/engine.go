@@ -19,7 +19,6 @@ import (
 	"github.com/docker/docker/api/types/volume"
 
 	"github.com/runnerd/runnerd/sandbox"
-	"github.com/runnerd/runnerd/wire"
 )
 
 // Labels on everything the backend creates. A container or volume is ours
@@ -271,7 +270,7 @@ func (b *Backend) ensureVolume(ctx context.Context, conversationID string) (name
 // socket and state directories and the runnerd binary. With a non-root
 // agent user the supervisor runs as root with only the capabilities it
 // needs to start and stop agents as that user (which keeps none of them).
-func (b *Backend) containerSpec(conversationID, image, volumeName, instance, agentUser string, limits wire.Limits) (*container.Config, *container.HostConfig) {
+func (b *Backend) containerSpec(conversationID, image, volumeName, instance, agentUser string, limits sandbox.Limits) (*container.Config, *container.HostConfig) {
 	cfg := b.cfg
 	labels := b.labels(conversationID, roleSandbox)
 	labels[LabelInstance] = instance
@@ -364,7 +363,7 @@ func (b *Backend) superviseArgv(instance string) []string {
 // createContainer creates (does not start) the conversation's container.
 // A native turn boundary the previous release kept in the workspace volume
 // moves to the state directory first.
-func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string, limits wire.Limits) (string, error) {
+func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string, limits sandbox.Limits) (string, error) {
 	if err := b.prepareRunDir(conversationID); err != nil {
 		return "", err
 	}
