@@ -11,7 +11,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// PathAdminAudit is the admin audit (issue 22 §6): who did what, when, to
+// PathAdminAudit is the admin audit: who did what, when, to
 // which host, and why.
 const PathAdminAudit = "/v1/admin/audit"
 

@@ -12,7 +12,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// The admin audit over the API (issue 22 §6): each host action is
+// The admin audit over the API: each host action is
 // recorded with the acting token's name (never a token), the time, the
 // host and the reason; remove without a reason is 400 invalid naming the
 // field and records nothing; GET /v1/admin/audit filters by target,

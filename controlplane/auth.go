@@ -140,7 +140,7 @@ func (s *Server) userAuth(form bool, h http.HandlerFunc) http.HandlerFunc {
 }
 
 // actorKey is the context key of the name of the user token a request
-// was authorized by: the audit's actor (issue 22 §6).
+// was authorized by: the audit's actor.
 type actorKey struct{}
 
 // audit is who asks for r's admin action, and why.

@@ -171,7 +171,7 @@ func TestClaimLongPollWakesOnNewWork(t *testing.T) {
 	})
 }
 
-// Issue 14 §3: several replicas on one PostgreSQL database. A host long
+// Several replicas on one PostgreSQL database. A host long
 // polls replica B, whose re-check is an hour: only B's listener can wake
 // it. The turn is sent through replica A; B answers the waiting claim with
 // it, woken by the signal, never by the re-check.

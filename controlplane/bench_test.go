@@ -14,7 +14,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Claim → finish over HTTP with 16 workers (issue 14 §3), each store, as
+// Claim → finish over HTTP with 16 workers, each store, as
 // 16/batch hosts of batch slots: a host claims up to batch turns in one
 // request and finishes each on a worker of its own, then claims again.
 // batch=1 is one turn per claim request, as before batched claims. Run

@@ -9,7 +9,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Limits (issue 21 §6): POST /v1/conversations refuses limits it cannot keep, on both
+// Limits: POST /v1/conversations refuses limits it cannot keep, on both
 // stores, as bad input and never as a failure of the control plane: a
 // negative figure, an unknown key, a figure over a sane bound (400
 // invalid or unknown_field); disk_bytes, and limits of a process

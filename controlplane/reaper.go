@@ -55,7 +55,7 @@ func (s *Server) Sweep(ctx context.Context) {
 	if s.reap(ctx, now) {
 		s.reclaim(ctx, now)
 	}
-	// Routing (issue 13 §1): judged against the hosts online now, so a
+	// Routing: judged against the hosts online now, so a
 	// turn no live host can take says so on its job, and stops saying so
 	// at the first sweep after a host that can take it heartbeats.
 	if _, err := s.cfg.Store.SweepRoutes(ctx, now); err != nil {

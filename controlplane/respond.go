@@ -93,7 +93,7 @@ func fromStore(err error) (*apiError, bool) {
 	case errors.Is(err, store.ErrGone):
 		return refuse(http.StatusGone, wire.CodeGone, "This has already ended."), true
 	case errors.Is(err, wire.ErrLimitUnsupported):
-		// A limit no sandbox backend applies (issue 21 §6): the store says why.
+		// A limit no sandbox backend applies: the store says why.
 		msg := err.Error()
 		if _, detail, ok := strings.Cut(msg, ": "); ok {
 			msg = detail

@@ -69,7 +69,7 @@ const (
 	// backend's container the engine still reports running or present.
 	// The stop or removal went ahead; what is named outlived it.
 	MsgSandboxTeardownIncomplete = "sandbox_teardown_incomplete"
-	// Issue 24 §4: the daemon's spare turn child, started before any
+	// The daemon's spare turn child, started before any
 	// claim and waiting on its descriptor with nothing handed to it. It
 	// was discarded without a payload (reason: exited, outdated — the
 	// executable changed since it started —, assign_failed, stopped; pid),
@@ -86,7 +86,7 @@ const (
 	MsgSandboxPressure           = "runnerd_sandbox_pressure"
 	MsgSandboxPressureCleared    = "runnerd_sandbox_pressure_cleared"
 	MsgSandboxPressureUnmeasured = "runnerd_sandbox_pressure_unmeasured"
-	// Issue 22 §1: two daemons presenting one host token. The control
+	// Two daemons presenting one host token. The control
 	// plane refused this daemon's heartbeat or claim 409
 	// host_token_in_use: another instance of the host is live (op); this
 	// one claims nothing and keeps heartbeating, recorded once until a

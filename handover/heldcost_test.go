@@ -68,7 +68,7 @@ func parkedGoroutines() int {
 	return parked
 }
 
-// TestHeldTurnGoroutines (issue 12 §6): a held, silent turn keeps at most
+// TestHeldTurnGoroutines: a held, silent turn keeps at most
 // two goroutines of the handover layer: its supervisor, and the one that
 // reads its frames and waits for its exit together (three before they were
 // merged: a reader and an exit wait).
@@ -103,7 +103,7 @@ func TestHeldTurnGoroutines(t *testing.T) {
 // TestHeldTurnCost measures what the parent (the daemon's handover layer)
 // pays per held, silent turn: OS threads, resident memory and CPU while the
 // turns are held, with RUNNERD_MEASURE_HELD_TURNS children that accepted
-// and say nothing. It is a measurement, run by hand (issue 12 §6); without
+// and say nothing. It is a measurement, run by hand; without
 // the variable it is skipped.
 func TestHeldTurnCost(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("RUNNERD_MEASURE_HELD_TURNS"))

@@ -446,7 +446,7 @@ func (t *Turn) start(cmd *exec.Cmd) (class string, err error) {
 // child has exited. Once the child has exited it does nothing, and only the
 // first call counts. It is what exec.CommandContext's Cancel and WaitDelay
 // did, without the goroutine exec keeps per child to watch the context: a
-// timer waits instead, and only once the end has begun (issue 12 §6).
+// timer waits instead, and only once the end has begun.
 func (t *Turn) kill() {
 	select {
 	case <-t.exited:

@@ -13,8 +13,8 @@ import (
 // Prepared is a child started before its payload: the process exists, its
 // runtime starts and it waits on its descriptor. The daemon starts it before
 // it flushes the claim's record and hands it the payload after (Launch), so
-// that the child's exec and start overlap the flush instead of following it
-// (issue 14 §4). Until the payload it has been given nothing and can have
+// that the child's exec and start overlap the flush instead of following
+// it. Until the payload it has been given nothing and can have
 // accepted nothing: closed (Close) or dead, it leaves no turn behind, and
 // the record still comes before anything that can act on the claim (P5).
 // A Prepared is used once, by one goroutine: Launch or Close.

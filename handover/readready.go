@@ -11,7 +11,7 @@ import (
 // readBuffers lends readFrame its message-sized buffer (maxMessage+1
 // bytes, 40 KB with the allocator's rounding) only while a message is
 // there to read: a held turn's reader waits for one without a buffer, so
-// 1,000 silent turns do not keep 40 MB of empty buffers (issue 12 §6).
+// 1,000 silent turns do not keep 40 MB of empty buffers.
 var readBuffers = sync.Pool{New: func() any { b := newReadBuffer(); return &b }}
 
 // readFrameWhenReady waits until conn has a message (or its end, an error

@@ -313,7 +313,7 @@ func (r *Renewer) stopped() {
 // fire is the timer's callback, on a goroutine of its own that lives for one
 // renewal: it gives the lease up at the deadline, or sends the renewal and
 // handles its answer. An HTTP round trip grows a stack to 8–16 KB; a
-// goroutine that ends after it keeps none of that (issue 12 §6).
+// goroutine that ends after it keeps none of that.
 func (r *Renewer) fire() {
 	r.mu.Lock()
 	if r.phase != waiting { // Stop came first

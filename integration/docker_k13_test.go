@@ -156,7 +156,7 @@ func TestK13Docker(t *testing.T) {
 	}
 }
 
-// TestUpgradeFromPreviousReleaseDocker (issue 12 §2) on the Docker backend
+// TestUpgradeFromPreviousReleaseDocker on the Docker backend
 // against the real engine: the previous release's daemon runs a turn in a
 // retained container whose supervisor is the previous release's runnerd,
 // bind-mounted from the daemon's path. The binary is replaced and the new

@@ -17,7 +17,7 @@ import (
 // turns run it (runnerd_turn_executable), and they do: the accepted turn's
 // child and its conversation's supervisor are runnerd-child, and nothing
 // but the daemon runs runnerd. The turn succeeds on its first attempt and
-// its prompt reaches the agent once (issue 14 §4).
+// its prompt reaches the agent once.
 func TestProcessTurnsRunTheLeanChild(t *testing.T) {
 	t.Parallel()
 	if bins.RunnerdChild == "" {

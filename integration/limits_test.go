@@ -10,7 +10,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// TestConversationLimitsDeclinedOnProcessHost (issue 21 §6): the process
+// TestConversationLimitsDeclinedOnProcessHost: the process
 // backend applies no per-conversation limit, so a conversation with limits
 // that required no backend, claimed by a process host, is declined in the
 // preflight (limits_unsupported), released before admission and, past the

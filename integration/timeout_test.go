@@ -21,7 +21,7 @@ import (
 // inspections — the daemon's start-up probe goes through to the real engine,
 // and so does the preflight's first step — and nothing else: every other
 // request (the preflight's image inspection first) hangs, as an engine stuck
-// behind a wedged storage driver does (issue 10 §3).
+// behind a wedged storage driver does.
 func hangingEngine(t *testing.T) string {
 	t.Helper()
 	real := "/var/run/docker.sock"

@@ -163,7 +163,7 @@ func (a *attempt) lastFacts() settlement.Facts {
 //
 // Its goroutine is the attempt's only one of the runner's while the turn
 // is held: it waits in superviseTurn, watching the turn itself (watch), so
-// a held turn costs the daemon one goroutine fewer (issue 12 §6). The
+// a held turn costs the daemon one goroutine fewer. The
 // work with large temporaries is in functions of their own (newAttempt,
 // claimed, launch, turnOver): the frames left on the stack while the turn
 // is held then fit the runtime's 4 KB stack instead of 8 KB.
@@ -214,9 +214,9 @@ func (d *Daemon) newAttempt(claim *wire.Claim) *attempt {
 // claimed persists the claim, records it and starts its renewer (steps
 // 1–3). False: nothing was launched and nothing is renewed.
 func (d *Daemon) claimed(a *attempt, sent time.Time) bool {
-	// 0. The child: the spare, started before the claim (issue 24 §4), or
+	// 0. The child: the spare, started before the claim, or
 	// one started now, so that its exec and runtime start overlap the
-	// flush below instead of following it (issue 14 §4). It has been given
+	// flush below instead of following it. It has been given
 	// nothing: whatever becomes of it before launch, it accepted nothing
 	// (R33), and a daemon that dies now leaves no turn — the child sees
 	// EOF and exits.

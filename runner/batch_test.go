@@ -74,7 +74,7 @@ func (c *claimRecorder) claims() (asked, given []int) {
 	return append([]int(nil), c.asked...), append([]int(nil), c.given...)
 }
 
-// Issue 14 §3: a daemon with 4 free slots asks for 4 turns in one claim
+// A daemon with 4 free slots asks for 4 turns in one claim
 // and launches each: the 4 queued turns of 4 conversations come in the
 // first claim's one answer, each runs as its own attempt to its end.
 func TestDaemonClaimsAsManyTurnsAsFreeSlots(t *testing.T) {

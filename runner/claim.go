@@ -84,7 +84,7 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 			}
 			continue
 		}
-		limit := 1 // every free slot, in one request (issue 14 §3)
+		limit := 1 // every free slot, in one request
 		if batches {
 			limit = wire.MaxClaimsPerRequest
 		}

@@ -81,7 +81,7 @@ type Config struct {
 	Docker  turn.DockerOptions
 	// Labels are the operator's routing labels (--label), sent with every
 	// host heartbeat; the daemon adds the automatic ones, sandbox (the
-	// backend), os and arch, which Labels may not set (issue 13 §1).
+	// backend), os and arch, which Labels may not set.
 	Labels wire.Labels
 	// Backend removes the sandbox of a conversation the control plane
 	// reports LOST. Nil: nothing is removed (a record says so).

@@ -60,7 +60,7 @@ var moduleImports = map[string][]string{
 	"internal/tlsfiles/tlstest": {}, // tests only: certificates made in the test
 	"internal/tools":            {}, // pins go.mod's requirements (build tag tools)
 
-	"internal/bench/held":     {"internal/fleet", "wire"}, // a whole host's cost per held turn (issue 12 §6)
+	"internal/bench/held":     {"internal/fleet", "wire"}, // a whole host's cost per held turn
 	"internal/bench/held/cmd": nil,                        // its command
 }
 

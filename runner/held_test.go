@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Issue 12 §6: a held turn costs the daemon one goroutine of the runner's,
+// A held turn costs the daemon one goroutine of the runner's,
 // the attempt's own, which watches the turn itself once it is accepted;
 // no watcher of its own waits beside it. Counted in a goroutine profile of
 // the real daemon holding held real turn children (silent, "hang").

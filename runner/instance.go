@@ -12,7 +12,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Issue 22 §1: two daemons presenting one host token. Every host
+// Two daemons presenting one host token. Every host
 // heartbeat and claim names this process's instance (random per start)
 // and the machine's boot id (wire.HeaderInstanceID, wire.HeaderBootID).
 // The control plane refuses another instance 409 host_token_in_use while

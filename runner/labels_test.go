@@ -10,7 +10,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Routing (issue 13 §1): the daemon's host heartbeat carries its labels
+// Routing: the daemon's host heartbeat carries its labels
 // with the automatic sandbox, os and arch, and so a process-sandbox host
 // is never given a Docker conversation's turn (before, it claimed it and
 // declined it), while it runs the process conversation's turn queued after.

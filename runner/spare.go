@@ -12,7 +12,7 @@ import (
 	"github.com/runnerd/runnerd/handover"
 )
 
-// The spare (issue 24 §4): one turn child started before any claim, its
+// The spare: one turn child started before any claim, its
 // socket pair made and waiting on its descriptor, so that a claim hands it
 // the payload instead of paying for a fork, an exec and a Go runtime's
 // start. The next spare starts after the child's ACCEPT.

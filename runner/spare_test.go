@@ -19,7 +19,7 @@ import (
 )
 
 // These tests run the whole daemon with real turn children (fakeTurn) and
-// look at its spare (issue 24 §4): the child started before any claim.
+// look at its spare: the child started before any claim.
 
 // waitSpare waits until a spare other than the processes of not waits,
 // and returns its pid.

@@ -43,7 +43,7 @@ type stateDir struct {
 	// blocks its OS thread in fsync, rename or unlink, all of them queued on
 	// the one directory's lock in the kernel: without a bound, a thousand
 	// turns ending together (a mass cancel, a drain) would make the runtime
-	// start a thread for each (issue 12 §6). Waiting here parks a goroutine.
+	// start a thread for each. Waiting here parks a goroutine.
 	busy chan struct{}
 }
 
@@ -102,7 +102,7 @@ func (s stateDir) socket(attemptID string) string {
 // record a crash brings back costs the next start one lease question
 // (restart.go), which an ended or released attempt fails — the record is
 // forgotten then, nothing is sent or run again — while a sync here would
-// cost every turn one more flush (issue 14 §4).
+// cost every turn one more flush.
 func (s stateDir) remove(attemptID string) error {
 	defer s.acquire()()
 	_ = os.Remove(s.socket(attemptID)) // a dead child's, if any

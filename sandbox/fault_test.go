@@ -14,7 +14,7 @@ func TestS4ConversationFaultClasses(t *testing.T) {
 		sandbox.ClassImageUnavailable:  true,
 		sandbox.ClassAgentMissing:      true,
 		sandbox.ClassInvalidSpec:       true,
-		sandbox.ClassLimitsUnsupported: true, // Limits (issue 21 §6): a limit this backend cannot apply
+		sandbox.ClassLimitsUnsupported: true, // Limits: a limit this backend cannot apply
 		sandbox.ClassEngineUnreachable: false,
 		sandbox.ClassNetworkMissing:    false,
 		sandbox.ClassSandboxBroken:     false,

@@ -81,7 +81,7 @@ type Spec struct {
 	// Sandbox.ID to see whether the retained native session is the one the
 	// control plane knows (R29, R31).
 	RecordedID string
-	// Limits are the conversation's resource limits (issue 21 §6). A backend that
+	// Limits are the conversation's resource limits. A backend that
 	// cannot apply one that is set refuses it in Preflight
 	// (ClassLimitsUnsupported): a sandbox is never silently unlimited.
 	Limits Limits
@@ -196,7 +196,7 @@ const (
 	ClassAgentMissing      = "agent_command_missing" // the agent command is empty or cannot be found
 	ClassStateDir          = "state_dir_unusable"    // process: the state directory cannot hold sandboxes
 	ClassInvalidSpec       = "invalid_sandbox_spec"  // the spec itself is unusable (e.g. a bad conversation id)
-	ClassLimitsUnsupported = "limits_unsupported"    // the conversation has a limit this backend cannot apply (issue 21 §6)
+	ClassLimitsUnsupported = "limits_unsupported"    // the conversation has a limit this backend cannot apply
 )
 
 // ConversationFault reports whether a preflight failure of class is the

@@ -8,7 +8,7 @@ import (
 )
 
 // Labels are a host's routing labels, and a conversation's requirements:
-// key=value pairs (issue 13 §1). A host meets a requirement set when it
+// key=value pairs. A host meets a requirement set when it
 // has every pair of it. Keys and values are short words of letters,
 // digits, '.', '_' and '-' (keys lower case), so that a canonical set
 // ("a=1,b=2", sorted by key) is unambiguous.

@@ -410,7 +410,7 @@ type Server struct {
 	// PausedAt is when an operator paused the host; nil when it claims.
 	PausedAt *time.Time `json:"paused_at,omitempty"`
 	// PausedBy and PauseReason are who paused it (their token's name) and
-	// why, as the audit records it (issue 22 §6).
+	// why, as the audit records it.
 	PausedBy    string `json:"paused_by,omitempty"`
 	PauseReason string `json:"pause_reason,omitempty"`
 	// HeartbeatIntervalMS is the period the host said it heartbeats at
@@ -490,7 +490,7 @@ type HostActionRequest struct {
 // MaxAuditReason bounds an audit reason, in bytes.
 const MaxAuditReason = 1024
 
-// Audit actions (issue 22 §6), as GET /v1/admin/audit names them.
+// Audit actions, as GET /v1/admin/audit names them.
 const (
 	AuditHostPause       = "host.pause"
 	AuditHostResume      = "host.resume"

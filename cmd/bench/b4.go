@@ -15,7 +15,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// b4 is claim → ACCEPT as a user meets it (issue 24 §4): the real
+// b4 is claim → ACCEPT as a user meets it: the real
 // binaries, `controlplane serve` on SQLite and `runnerd run --sandbox
 // <backend> --capacity 2`, one conversation whose messages are sent over
 // the user API one after another, each once the control plane shows the

@@ -9,7 +9,7 @@ import (
 	"github.com/runnerd/runnerd/internal/bench/held"
 )
 
-// B5: the cost per held turn, measured by package held (issue 12 §6): a
+// B5: the cost per held turn, measured by package held: a
 // real control plane and daemon hold turns silent turns at once, with the
 // product's renewal interval; /proc gives the daemon's and the whole
 // host's share per turn. What stayed behind after the turns ended (held's

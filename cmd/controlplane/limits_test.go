@@ -10,7 +10,7 @@ import (
 )
 
 // `controlplane submit --new --limit cpus=…,memory_bytes=…,pids=…` against
-// a real serve (issue 21 §6): the conversation is created with those limits; an
+// a real serve: the conversation is created with those limits; an
 // unknown key or a value that is not a number is a usage error before
 // any call; a limit the control plane refuses (disk_bytes) exits 1 with
 // the server's reason; --limit without --new is a usage error.

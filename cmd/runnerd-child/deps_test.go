@@ -8,7 +8,7 @@ import (
 
 // TestLeanDependencies: runnerd-child exists to start without the
 // packages only the daemon or the Docker backend need, whose package
-// initialisation every turn would pay (issue 14 §4). An import that
+// initialisation every turn would pay. An import that
 // brings one of them back fails here rather than in a benchmark.
 func TestLeanDependencies(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()

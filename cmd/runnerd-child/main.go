@@ -9,7 +9,7 @@
 // same roles as `runnerd turn` and `runnerd supervise` (package
 // cmd/internal/child), minus the package initialisation of Prometheus, the
 // systemd bindings and the Docker client, which every turn would otherwise
-// pay at its start (issue 14 §4). `runnerd run` with the process backend
+// pay at its start. `runnerd run` with the process backend
 // starts it when it lies beside the runnerd executable and reports the
 // same version; otherwise it starts runnerd itself (docs/operations.md).
 package main

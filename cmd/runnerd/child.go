@@ -18,7 +18,7 @@ const childName = "runnerd-child"
 // the payload's runnerd, for each supervisor when the backend is process:
 // runnerd-child beside self when it is there and reports this build's
 // version, so that a turn does not pay runnerd's package initialisation
-// (Prometheus, systemd, the Docker client) at every start (issue 14 §4).
+// (Prometheus, systemd, the Docker client) at every start.
 // Otherwise self, which runs the same roles, with why for the start record
 // (runnerd_turn_executable). A runnerd-child of another build is never
 // started: the handover between the daemon and its child is one build's.

@@ -134,7 +134,7 @@ type Stats struct {
 	LiveLeases  int // attempts running now
 }
 
-// Audit is who asked for an admin action and why (issue 22 §6): Actor is
+// Audit is who asked for an admin action and why: Actor is
 // the user token's name (never the token), Reason the operator's words.
 type Audit struct {
 	Actor  string
@@ -319,7 +319,7 @@ type Store interface {
 	// naming it, and CreateHost of its name registers it anew.
 	// RotateHostToken replaces the token; the old one is refused from then
 	// on. Each returns ErrNotFound for a name no live host has.
-	// Each writes a's audit row (issue 22 §6) in the action's transaction:
+	// Each writes a's audit row in the action's transaction:
 	// an action that returns an error writes none.
 	PauseHost(ctx context.Context, name string, paused bool, a Audit, now time.Time) error
 	RemoveHost(ctx context.Context, name string, a Audit, now time.Time) error

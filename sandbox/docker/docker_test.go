@@ -915,7 +915,7 @@ func TestDockerConversationsListsOnlyOurs(t *testing.T) {
 	}
 }
 
-// Limits (issue 21 §6): a conversation's limits are applied to its container as the engine
+// Limits: a conversation's limits are applied to its container as the engine
 // reports it: each where it is lower than the host's (or the host sets
 // none), the host's where the conversation asks more — a sandbox never gets
 // more than its host allows. A retained container keeps the limits it was

@@ -316,7 +316,7 @@ func (b *Backend) containerSpec(conversationID, image, volumeName, instance, age
 		yes := true
 		hc.Init = &yes
 	}
-	// Limits (issue 21 §6): the conversation's limit where it is lower than the host's (or
+	// Limits: the conversation's limit where it is lower than the host's (or
 	// the host sets none), the host's otherwise.
 	if n := lower(cfg.PidsLimit, limits.Pids); n > 0 {
 		hc.PidsLimit = &n

@@ -29,7 +29,7 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 		return fail(sandbox.ClassAgentMissing, errors.New("empty agent command"))
 	}
 	if spec.Limits.DiskBytes != 0 {
-		// Limits (issue 21 §6): the control plane refuses disk_bytes; one that sends it
+		// Limits: the control plane refuses disk_bytes; one that sends it
 		// anyway gets no silently unbounded workspace.
 		return fail(sandbox.ClassLimitsUnsupported, errors.New("disk_bytes: the workspace volume has no quota"))
 	}

@@ -156,7 +156,7 @@ func (b *Backend) SocketPath(conversationID string) string {
 // checkConversation accepts an id that can name a directory of its own:
 // 1 to 128 of [A-Za-z0-9_.-], not starting with a dot. A loop, not a
 // regexp: a package-level regexp with {0,127} costs every turn child and
-// supervisor 1,700 allocations at start (issue 14 §4).
+// supervisor 1,700 allocations at start.
 func checkConversation(id string) error {
 	ok := len(id) >= 1 && len(id) <= 128 && id[0] != '.'
 	for i := 0; ok && i < len(id); i++ {
@@ -178,7 +178,7 @@ func (b *Backend) Preflight(ctx context.Context, spec sandbox.Spec) error {
 		return &sandbox.PreflightError{Class: sandbox.ClassInvalidSpec, Err: err}
 	}
 	if !spec.Limits.IsZero() {
-		// Limits (issue 21 §6): the supervisor and its agents stay in the
+		// Limits: the supervisor and its agents stay in the
 		// scope of the turn that started them (or the daemon's cgroup),
 		// never a cgroup of the conversation's own; a limit declined here
 		// is never silently dropped.

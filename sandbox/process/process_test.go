@@ -295,7 +295,7 @@ func TestPreflightCreatesNothing(t *testing.T) {
 		{name: "agent missing", b: b, spec: sandbox.Spec{ConversationID: "fresh", AgentCommand: []string{missing}}, class: sandbox.ClassAgentMissing},
 		{name: "agent not on PATH", b: b, spec: sandbox.Spec{ConversationID: "fresh", AgentCommand: []string{"no-such-agent-xyz"}}, class: sandbox.ClassAgentMissing},
 		{name: "empty agent", b: b, spec: sandbox.Spec{ConversationID: "fresh"}, class: sandbox.ClassAgentMissing},
-		// Limits (issue 21 §6): no per-conversation cgroup, so a limit is declined, never run unlimited.
+		// Limits: no per-conversation cgroup, so a limit is declined, never run unlimited.
 		{name: "a limit it cannot apply", b: b, spec: sandbox.Spec{ConversationID: "fresh", AgentCommand: []string{"sh"},
 			Limits: wire.Limits{MemoryBytes: 64 << 20}}, class: sandbox.ClassLimitsUnsupported},
 	} {

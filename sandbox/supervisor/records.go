@@ -41,7 +41,7 @@ const (
 	// resumed in a new agent process; reason says why.
 	RecordACPNotLoadable = "supervisor_acp_session_not_loadable"
 	// The timeline of what runs, written as it happens so that a checker
-	// outside can judge overlap on every agent (issue 24 §7): a lines
+	// outside can judge overlap on every agent: a lines
 	// agent's start and exit, and an ACP agent's turn (its session/prompt
 	// sent, its answer or failure received; the agent itself is kept).
 	// Each carries the supervisor's instance and the activation's

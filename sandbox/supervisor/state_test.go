@@ -9,7 +9,7 @@ import (
 )
 
 // The supervisor never keeps its state inside the workspace, where the
-// agent writes (issue 12 §8): such a configuration is refused, and the
+// agent writes: such a configuration is refused, and the
 // default is beside the workspace.
 func TestStateDirIsNeverInsideTheWorkspace(t *testing.T) {
 	dir := t.TempDir()

@@ -4,7 +4,7 @@
 // and runnerd-child, the process backend's lean entry point, which links
 // neither the daemon's packages (Prometheus, systemd) nor the Docker
 // client's, whose package initialisation alone costs milliseconds at
-// every start (issue 14 §4). With cmd/runnerd's main, this is the only
+// every start. With cmd/runnerd's main, this is the only
 // code that installs signal handlers for those roles.
 package child
 

@@ -17,7 +17,7 @@ type audited struct {
 }
 
 // writeAudit writes a's row inside tx, the action's own transaction: the
-// action and its row commit together or not at all (issue 22 §6). An
+// action and its row commit together or not at all. An
 // action with no actor is refused, so that none goes unattributed.
 func (s *Store) writeAudit(ctx context.Context, tx txn, a audited) error {
 	if a.Actor == "" {

@@ -280,7 +280,7 @@ func TestGroupCommitWithdrawnWriteNeverRuns(t *testing.T) {
 	})
 }
 
-// The work signal is specific (issue 14 §3): on SQLite it fires, before
+// The work signal is specific: on SQLite it fires, before
 // the write that made work returns, for an enqueue, and not for writes
 // that make nothing claimable — a claim, a renewal, a heartbeat with the
 // labels of the one before — so waiting long polls are not woken by every

@@ -11,7 +11,7 @@ import (
 // Operator is the audit of the conformance tests' admin actions.
 var Operator = store.Audit{Actor: "test-operator"}
 
-// Audit (issue 22 §6): every host action writes its row, with actor,
+// Audit: every host action writes its row, with actor,
 // time, target and reason, in the action's transaction; a refused action
 // (an unknown host, no actor, a rotation with a bad grace) writes none and
 // changes nothing; ListAudit filters by target, action and since, newest

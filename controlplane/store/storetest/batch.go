@@ -53,7 +53,7 @@ func jobsOf(cs []wire.Claim) []string {
 	return out
 }
 
-// Issue 14 §3: one claim takes up to its limit of turns, oldest first,
+// One claim takes up to its limit of turns, oldest first,
 // each its own running attempt with its own worker token, lease and
 // generation — and never two turns of one conversation: the second turn
 // of a conversation waits for the first as it would for single claims. A
@@ -108,7 +108,7 @@ func testBatchClaimLimitDistinct(t *testing.T, st store.Store) {
 	}
 }
 
-// Issue 14 §3: every claim of a batch keeps the rules a claim of one
+// Every claim of a batch keeps the rules a claim of one
 // keeps — a job in its release backoff is passed (K7), a job whose route
 // the host does not meet is not given (routing), a job whose sandbox is
 // on another host is not given (affinity) — and a paused host is given
@@ -227,7 +227,7 @@ func signaled(t *testing.T, what string, ch <-chan struct{}) {
 	}
 }
 
-// Issue 14 §3: the store signals its waiting claims whenever a job may
+// The store signals its waiting claims whenever a job may
 // have become claimable — a turn enqueued, a turn released, the next turn
 // of a conversation made its head by the end of the one before, a host
 // resumed, a host's labels changed — so that a long poll need not poll.

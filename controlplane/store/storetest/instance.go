@@ -8,7 +8,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Two daemon instances presenting one host token (issue 22 §1), as a rule
+// Two daemon instances presenting one host token, as a rule
 // of the store's clock: another instance is refused ErrHostTokenInUse
 // while the live one's last heartbeat is within the host's offline bound
 // (3 intervals), and recorded as the host's conflict; a claim of the

@@ -129,7 +129,7 @@ func (f *fixture) keyedClaim(h store.Host, key, attemptID string, held time.Dura
 	return c, ok
 }
 
-// Issue 11 §11: a claim with an idempotency key, asked again by the same
+// A claim with an idempotency key, asked again by the same
 // host with the same key while its attempt runs and its lease holds, gets
 // the same attempt back — job, generation, expiry, the first answer's hold
 // — instead of taking another job; the job is not claimed twice. Another

@@ -8,7 +8,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Host lifecycle (issue 13 §3). A paused host is given no new claim while
+// Host lifecycle. A paused host is given no new claim while
 // its running turn goes on renewing and finishing, and claims again when
 // resumed; a rotated token refuses the old one; a removed host's token is
 // refused, it leaves the list, its heartbeats are not recorded, and its

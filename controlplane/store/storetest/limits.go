@@ -9,7 +9,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Issue 21 §6: a conversation's limits are stored with it, read back
+// A conversation's limits are stored with it, read back
 // by Get and List, and carried in the turn of every claim of it, by a
 // single claim and a batched one; a conversation without limits carries
 // none. Limits the store cannot accept write nothing: a negative or absurd

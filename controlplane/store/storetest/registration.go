@@ -11,7 +11,7 @@ import (
 	"github.com/runnerd/runnerd/wire"
 )
 
-// Registration (issue 22 §1): a registration token registers hosts with
+// Registration: a registration token registers hosts with
 // their own tokens and the labels it grants, counts its uses, and its
 // revocation leaves the hosts it registered as they were.
 func testRegistration(t *testing.T, st store.Store) {

@@ -29,7 +29,7 @@ func (f *fixture) routed(req wire.CreateConversationRequest) wire.Conversation {
 	return c
 }
 
-// Routing (issue 13 §1). A claim takes only turns whose conversation's
+// Routing. A claim takes only turns whose conversation's
 // requirements the host's labels meet, the oldest of those: a Docker
 // conversation never goes to a process-sandbox host, nor a process one to
 // a Docker host, and a conversation with no requirement goes anywhere. A

@@ -333,7 +333,7 @@ func TestOverlappingExecutions(t *testing.T) {
 }
 
 // TestOverlapOfSupervisorRecords: the agents' starts and exits as their
-// supervisors record them (issue 24 §7) are tied to attempts by their
+// supervisors record them are tied to attempts by their
 // activation, and two executions of one turn that overlap are found — a
 // lines agent each, or an ACP agent's turn (its prompt sent to its answer)
 // against a lines agent — and none is found where they do not.

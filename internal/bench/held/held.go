@@ -1,4 +1,4 @@
-// Package held measures what a host pays per held turn (issue 12 §6): it
+// Package held measures what a host pays per held turn: it
 // starts the reference control plane on SQLite and one `runnerd run` with
 // the process backend and the demo agent from built binaries (package
 // fleet), enqueues N turns whose agent stays silent, waits until all N are
