@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
+
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/internal/retry"
 	"github.com/runnerd/runnerd/wire"
@@ -25,16 +27,36 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	defer cancel()
 	defer context.AfterFunc(runCtx, cancel)()
 	defer context.AfterFunc(d.drainCtx, cancel)()
-	stop := claimCtx.Done()
+	c := &claimer{
+		d:       d,
+		runCtx:  runCtx,
+		ctx:     claimCtx,
+		stop:    claimCtx.Done(),
+		backoff: retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax, Jitter: d.cfg.Jitter}.Backoff(),
+		batches: true,
+	}
+	for c.ctx.Err() == nil && c.next() {
+	}
+}
 
-	// Failed claims pause under this schedule, never giving up.
-	claims := retry.Policy{Name: "claim", Wait: d.cfg.ClaimBackoff, MaxWait: d.cfg.ClaimBackoffMax, Jitter: d.cfg.Jitter}.Backoff()
-	failing := false
-	// The claim in progress: its idempotency key, the send of its first
-	// request and how many turns it asked for. A claim whose answer never
-	// came is asked again, the same request with the same key, so the
-	// attempts it may have made are resumed, not orphaned.
-	var pending struct {
+// claimer is the claim loop's state and the side effects of each of its
+// events: one claim request's answer, a failure, an idle pause. It lives on
+// the claim loop's goroutine alone.
+type claimer struct {
+	d      *Daemon
+	runCtx context.Context // Run's: an attempt outlives the loop, not Run
+	ctx    context.Context // the loop's: a drain or the handover ends it
+	stop   <-chan struct{} // ctx.Done()
+
+	// backoff paces failed claims, never giving up; failing says the last
+	// claim failed (so a recovery is recorded once).
+	backoff *backoff.ExponentialBackOff
+	failing bool
+	// pending is the claim in progress: its idempotency key, the send of
+	// its first request and how many turns it asked for. A claim whose
+	// answer never came is asked again, the same request with the same
+	// key, so the attempts it may have made are resumed, not orphaned.
+	pending struct {
 		key  string
 		sent time.Time
 		n    int
@@ -42,136 +64,148 @@ func (d *Daemon) claimLoop(runCtx, loops context.Context) {
 	// batches: the control plane takes max_claims. One that predates
 	// batched claims refuses the field (400 unknown_field); from then on
 	// this daemon claims one turn per request.
-	batches := true
+	batches bool
 	// pinnedRefused: the control plane refused pinned_only (400
 	// unknown_field, older than S2): under pressure nothing is claimed.
-	pinnedRefused := false
-	idle := func() bool {
-		d.health.expect(loopClaim, idleCheck+healthSlack)
-		t := time.NewTimer(idleCheck)
-		defer t.Stop()
-		select {
-		case <-stop:
-			return false
-		case <-d.slotFreed:
-		case <-t.C:
-		}
+	pinnedRefused bool
+}
+
+// next makes one step of the loop: a claim, or a pause when none may be
+// made. It reports false when the loop must end.
+func (c *claimer) next() bool {
+	d := c.d
+	if d.isHostRefused() || d.isInUse() || !d.backendReady() {
+		return c.idle()
+	}
+	if p := d.gate.pause(time.Now()); p > 0 {
+		return c.wait(p)
+	}
+	// S2: short of disk or memory even with the idle sandboxes stopped,
+	// the host takes no conversation's first turn.
+	pinned := d.withholdFirstTurns(c.ctx)
+	if pinned && c.pinnedRefused {
+		return c.idle()
+	}
+	limit := 1 // every free slot, in one request
+	if c.batches {
+		limit = wire.MaxClaimsPerRequest
+	}
+	sent := time.Now()
+	again := c.pending.key != "" && sent.Sub(c.pending.sent) < d.cfg.Timings.LeaseTTL
+	if again {
+		limit = c.pending.n // a retry asks for what the first request did
+	}
+	n := d.takeSlots(limit)
+	if n == 0 {
+		return c.idle()
+	}
+	d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
+	if !again {
+		// A new claim (or one so old that its attempts' leases are over).
+		c.pending.key, c.pending.sent, c.pending.n = rand.Text(), sent, n
+	}
+	ctx, cancelClaim := context.WithTimeout(c.ctx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
+	got, err := d.control.Claims(ctx, d.hostToken(), wire.ClaimRequest{
+		WaitMS:         d.cfg.ClaimWait.Milliseconds(),
+		LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
+		IdempotencyKey: c.pending.key,
+		MaxClaims:      c.pending.n,
+		PinnedOnly:     pinned,
+	})
+	cancelClaim()
+	first := c.pending.sent
+	if missing := err != nil && !errors.Is(err, wire.ErrNoClaim) && wire.Classify(err) == wire.Transient; !missing || c.ctx.Err() != nil {
+		c.pending.key = "" // answered (or given up): the next claim is a new one
+	}
+	var se *wire.StatusError
+	switch status := diagnostics.Status(err); {
+	case err == nil:
+		d.claimDone(len(got))
+		c.claimed(got, first)
 		return true
+	case c.ctx.Err() != nil:
+		d.claimDone(0)
+		return false
+	case errors.Is(err, wire.ErrNoClaim):
+		d.claimDone(0)
+		return c.noClaim()
+	case wire.Classify(err) == wire.CredentialRefused && status != http.StatusNotFound:
+		d.claimDone(0)
+		d.m.claimFailed(err)
+		d.refuseHost("claim", status)
+	case isInUse(err):
+		d.claimDone(0)
+		d.m.claimFailed(err)
+		d.markInUse("claim")
+	case pinned && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
+		d.claimDone(0)
+		c.pinnedRefused = true
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimPinnedRefused, slog.String(diagnostics.KeyOp, "claim"))
+	case c.batches && c.pending.n > 1 && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
+		d.claimDone(0)
+		c.batches = false
+		d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimBatchRefused, slog.String(diagnostics.KeyOp, "claim"))
+	default:
+		d.claimDone(0)
+		return c.failed(err, status)
 	}
-	wait := func(dur time.Duration) bool {
-		d.health.expect(loopClaim, dur+healthSlack)
-		return sleep(stop, dur)
+	return true
+}
+
+// claimed starts every turn of an answer; their leases count from the
+// claim's first send (K4).
+func (c *claimer) claimed(got []wire.Claim, first time.Time) {
+	c.failing = false
+	c.backoff.Reset()
+	for _, claim := range got {
+		c.d.m.ClaimWait.Observe(time.Since(first).Seconds())
+		c.d.startAttempt(c.runCtx, claim, first)
 	}
-	for claimCtx.Err() == nil {
-		if d.isHostRefused() || d.isInUse() || !d.backendReady() {
-			if !idle() {
-				return
-			}
-			continue
-		}
-		if p := d.gate.pause(time.Now()); p > 0 {
-			if !wait(p) {
-				return
-			}
-			continue
-		}
-		// S2: short of disk or memory even with the idle sandboxes
-		// stopped, the host takes no conversation's first turn.
-		pinned := d.withholdFirstTurns(claimCtx)
-		if pinned && pinnedRefused {
-			if !idle() {
-				return
-			}
-			continue
-		}
-		limit := 1 // every free slot, in one request
-		if batches {
-			limit = wire.MaxClaimsPerRequest
-		}
-		sent := time.Now()
-		retry := pending.key != "" && sent.Sub(pending.sent) < d.cfg.Timings.LeaseTTL
-		if retry {
-			limit = pending.n // a retry asks for what the first request did
-		}
-		n := d.takeSlots(limit)
-		if n == 0 {
-			if !idle() {
-				return
-			}
-			continue
-		}
-		d.health.expect(loopClaim, d.cfg.ClaimWait+d.cfg.ControlTimeout+healthSlack)
-		if !retry {
-			// A new claim (or one so old that its attempts' leases are over).
-			pending.key, pending.sent, pending.n = rand.Text(), sent, n
-		}
-		ctx, cancelClaim := context.WithTimeout(claimCtx, d.cfg.ClaimWait+d.cfg.ControlTimeout)
-		got, err := d.control.Claims(ctx, d.hostToken(), wire.ClaimRequest{
-			WaitMS:         d.cfg.ClaimWait.Milliseconds(),
-			LeaseTTLMS:     d.cfg.Timings.LeaseTTL.Milliseconds(),
-			IdempotencyKey: pending.key,
-			MaxClaims:      pending.n,
-			PinnedOnly:     pinned,
-		})
-		cancelClaim()
-		first := pending.sent
-		if missing := err != nil && !errors.Is(err, wire.ErrNoClaim) && wire.Classify(err) == wire.Transient; !missing || claimCtx.Err() != nil {
-			pending.key = "" // answered (or given up): the next claim is a new one
-		}
-		var se *wire.StatusError
-		switch status := diagnostics.Status(err); {
-		case err == nil:
-			d.claimDone(len(got))
-			failing = false
-			claims.Reset()
-			for _, claim := range got {
-				d.m.ClaimWait.Observe(time.Since(first).Seconds())
-				d.startAttempt(runCtx, claim, first)
-			}
-		case claimCtx.Err() != nil:
-			d.claimDone(0)
-			return
-		case errors.Is(err, wire.ErrNoClaim):
-			d.claimDone(0)
-			if failing {
-				failing = false
-				d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
-			}
-			claims.Reset()
-			// The long poll already waited; a short random pause keeps a
-			// fleet's polls apart.
-			if !wait(spread(d.cfg.ClaimBackoff / 2)) {
-				return
-			}
-		case wire.Classify(err) == wire.CredentialRefused && status != http.StatusNotFound:
-			d.claimDone(0)
-			d.m.claimFailed(err)
-			d.refuseHost("claim", status)
-		case isInUse(err):
-			d.claimDone(0)
-			d.m.claimFailed(err)
-			d.markInUse("claim")
-		case pinned && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
-			d.claimDone(0)
-			pinnedRefused = true
-			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimPinnedRefused, slog.String(diagnostics.KeyOp, "claim"))
-		case batches && pending.n > 1 && errors.As(err, &se) && se.Code == wire.CodeUnknownField:
-			d.claimDone(0)
-			batches = false
-			d.log.LogAttrs(context.Background(), slog.LevelWarn, MsgClaimBatchRefused, slog.String(diagnostics.KeyOp, "claim"))
-		default:
-			d.claimDone(0)
-			d.m.claimFailed(err)
-			if !failing {
-				failing = true
-				d.endpointMissing("claim", status)
-				d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
-			}
-			if !wait(claims.NextBackOff()) {
-				return
-			}
-		}
+}
+
+// noClaim follows a long poll that ended with nothing to run.
+func (c *claimer) noClaim() bool {
+	if c.failing {
+		c.failing = false
+		c.d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgControlRecovered, slog.String(diagnostics.KeyOp, "claim"))
 	}
+	c.backoff.Reset()
+	// The long poll already waited; a short random pause keeps a fleet's
+	// polls apart.
+	return c.wait(spread(c.d.cfg.ClaimBackoff / 2))
+}
+
+// failed follows a claim that failed for a reason worth retrying: the
+// first failure of a run is recorded, every one waits out the backoff.
+func (c *claimer) failed(err error, status int) bool {
+	d := c.d
+	d.m.claimFailed(err)
+	if !c.failing {
+		c.failing = true
+		d.endpointMissing("claim", status)
+		d.rec.ControlFailure(context.Background(), "claim", diagnostics.Attempt{}, err)
+	}
+	return c.wait(c.backoff.NextBackOff())
+}
+
+// idle waits for a freed slot or the next check-in with the watchdog.
+func (c *claimer) idle() bool {
+	c.d.health.expect(loopClaim, idleCheck+healthSlack)
+	t := time.NewTimer(idleCheck)
+	defer t.Stop()
+	select {
+	case <-c.stop:
+		return false
+	case <-c.d.slotFreed:
+	case <-t.C:
+	}
+	return true
+}
+
+// wait pauses for dur, telling the watchdog so.
+func (c *claimer) wait(dur time.Duration) bool {
+	c.d.health.expect(loopClaim, dur+healthSlack)
+	return sleep(c.stop, dur)
 }
 
 // startAttempt runs a claimed turn on its own goroutine. Its lease counts from
