@@ -261,7 +261,16 @@ func newBubbleCP(t *testing.T, dir string, wrap ...func(http.Handler) http.Handl
 	}
 	hs := &http.Server{Handler: h}
 	go hs.Serve(l)
-	t.Cleanup(func() { hs.Close(); st.Close() })
+	t.Cleanup(func() {
+		// Close alone does not wait for the handlers in flight (a renewal
+		// answered as the test ends), which would race with the store's
+		// close; Shutdown does.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		hs.Shutdown(ctx)
+		hs.Close()
+		st.Close()
+	})
 	c := &bubbleCP{
 		st:        st,
 		wc:        &wire.Client{BaseURL: "http://cp.test", HTTP: &http.Client{Transport: &http.Transport{DialContext: l.Dial}}},
