@@ -371,6 +371,9 @@ type Store interface {
 	// is recorded on it; the others' are left as they are (S1).
 	RecordSandboxStates(ctx context.Context, hostID string, states map[string]string) error
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
+	// ConversationTitles reads the titles of the conversations ids names,
+	// in one query; an id the store does not hold has no entry.
+	ConversationTitles(ctx context.Context, ids []string) (map[string]string, error)
 	// EnqueueTurn appends a turn; ErrConversationLost for a LOST
 	// conversation (R32), ErrConversationDeleted for a deleted one (S3).
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)
