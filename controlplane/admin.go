@@ -154,7 +154,10 @@ dl.totals dt { font-size: 12px; color: #555; }
 dl.totals dd { margin: 0; font-size: 20px; font-weight: 600; }
 dl.totals div.zero dd { color: #999; }
 ul.turns { margin: 0; padding-left: 1.1em; }
+#servers td:first-child { white-space: nowrap; }
 .conv-title { font-weight: 600; }
+.conv-title, .label, .pause-reason { overflow-wrap: anywhere; }
+td.id .mono { word-break: normal; overflow-wrap: normal; white-space: nowrap; }
 .untitled { color: #777; font-style: italic; }
 input.confirm { font-family: ui-monospace, monospace; width: 32em; max-width: 100%; }
 .launch-error, .stale, .lost, .unroutable { color: #a40000; font-weight: 600; }
@@ -484,7 +487,7 @@ var jobsPage = adminPage(`{{define "title"}}Jobs{{end}}{{define "content"}}
 <thead><tr><th>Job</th><th>Conversation</th><th>Turn</th><th>State</th><th>Attempts</th><th>Last lease owner</th><th>Queue wait</th><th>Run time</th><th>Created / ended</th><th>Reason</th></tr></thead>
 <tbody>
 {{range .Jobs}}{{$tm := times . $.Now}}<tr data-job="{{.ID}}">
-<td><a class="mono" href="/admin/jobs/{{.ID}}">{{.ID}}</a></td>
+<td class="id"><a class="mono" href="/admin/jobs/{{.ID}}">{{.ID}}</a></td>
 <td class="conv">{{with index $.Titles .ConversationID}}<span class="conv-title">{{.}}</span>{{else}}<span class="conv-title untitled">untitled</span>{{end}}<br><a class="mono" href="/admin/jobs?conversation={{.ConversationID}}">{{.ConversationID}}</a></td>
 <td class="num">{{.Seq}}</td>
 <td class="state">{{.State}}{{if .CancelRequested}} (cancel requested){{end}}{{with .Unroutable}} <span class="unroutable">unroutable{{with .Missing}}: needs {{range $i, $m := .}}{{if $i}}, {{end}}{{$m}}{{end}}{{end}}</span>{{end}}</td>
@@ -493,7 +496,7 @@ var jobsPage = adminPage(`{{define "title"}}Jobs{{end}}{{define "content"}}
 <td class="num wait"><span class="dur">{{$tm.Wait}}</span>{{if $tm.Waiting}} <span class="note">so far</span>{{end}}</td>
 <td class="num run">{{if $tm.Ran}}<span class="dur">{{$tm.Run}}</span>{{if $tm.Running}} <span class="note">so far</span>{{end}}{{else}}<span class="note">not run</span>{{end}}</td>
 <td><span class="stamp">{{stamp .CreatedAt}}</span>{{with .EndedAt}}<br><span class="stamp">{{stamp .}}</span>{{end}}</td>
-<td>{{.Reason}}</td>
+<td class="reason">{{.Reason}}</td>
 </tr>
 {{end}}</tbody>
 </table>
