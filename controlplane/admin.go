@@ -128,7 +128,7 @@ const adminLayout = `{{define "page"}}<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
-<meta http-equiv="refresh" content="{{.Refresh}}">
+{{if .Refresh}}<meta http-equiv="refresh" content="{{.Refresh}}">{{end}}
 <title>{{template "title" .}} · runnerd control plane</title>
 <style>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em 2em; color: #222; }
@@ -179,7 +179,7 @@ button { font: inherit; cursor: pointer; white-space: nowrap; }
 <a href="/admin/conversations"{{if eq .Nav "conversations"}} class="here"{{end}}>Conversations</a>
 </nav>
 {{template "content" .}}
-<p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock{{with .Skew}}; this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}; this page reloads every {{.Refresh}} s.</p>
+<p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock{{with .Skew}}; this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}{{if .Refresh}}; this page reloads every {{.Refresh}} s{{end}}.</p>
 </body>
 </html>
 {{end}}`
@@ -196,7 +196,7 @@ type page struct {
 	Nav     string
 	Now     time.Time
 	Skew    time.Duration // this replica's own clock minus the store's
-	Refresh int
+	Refresh int // seconds between reloads; 0: the page does not reload
 	CSRF    string
 }
 
@@ -792,7 +792,7 @@ func (s *Server) refusal(w http.ResponseWriter, r *http.Request, ae *apiError, h
 	if err := errorPage.ExecuteTemplate(&buf, "page", struct {
 		page
 		Heading, Message, Back string
-	}{page{Nav: navOf(back), Now: s.cfg.Now(), Refresh: int(AdminRefresh / time.Second)}, heading, ae.message, back}); err != nil {
+	}{page{Nav: navOf(back), Now: s.cfg.Now()}, heading, ae.message, back}); err != nil {
 		writeError(w, ae)
 		return
 	}
@@ -889,6 +889,7 @@ func (s *Server) handleConfirmLosePage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	p.Refresh = 0 // a reload would clear what the operator is typing
 	c, err := s.cfg.Store.GetConversation(r.Context(), r.PathValue("id"))
 	if err != nil {
 		if ae, ok := fromStore(err); ok {

@@ -574,6 +574,9 @@ func TestBrowserAdminAtAGlance(t *testing.T) {
 		contains(t, "the confirmation", textOf(t, tab, `h1`), "Old experiment on host-d", "lost?")
 		contains(t, "the confirmation's conversation", textOf(t, tab, `#conversation-id`), g.spare.ID)
 		contains(t, "the confirmation's button", textOf(t, tab, `#confirm-lose`), g.spare.ID)
+		if get(t, tab, "look for a reload", chromedp.Evaluate[bool](`document.querySelector('meta[http-equiv="refresh"]') !== null`)) {
+			t.Fatal("the Mark lost confirmation reloads itself, clearing what is typed")
+		}
 		shot("mark-lost")
 		for _, typed := range []string{"", g.login.ID} {
 			if typed != "" { // the page's field starts empty
