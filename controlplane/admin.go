@@ -196,7 +196,7 @@ type page struct {
 	Nav     string
 	Now     time.Time
 	Skew    time.Duration // this replica's own clock minus the store's
-	Refresh int // seconds between reloads; 0: the page does not reload
+	Refresh int           // seconds between reloads; 0: the page does not reload
 	CSRF    string
 }
 

@@ -383,7 +383,7 @@ func (f *fixture) titled(title string) wire.Conversation {
 // silent for 105 s with a turn still leased to it (dead), host-e under
 // sandbox pressure.
 type atAGlance struct {
-	login, notes, pending, cancelled, spare wire.Conversation
+	login, notes, pending, cancelled, spare      wire.Conversation
 	loginJob, notesJob, pendingJob, cancelledJob wire.Job
 }
 
