@@ -239,7 +239,7 @@ var serversPage = adminPage(`{{define "title"}}Servers{{end}}{{define "content"}
 <div><dt>Capacity used / total</dt><dd id="total-capacity">{{.Used}} / {{.Capacity}}</dd></div>
 <div><dt>Free slots taking turns</dt><dd id="total-free">{{.Free}}</dd></div>
 </dl>
-<p class="note">Capacity counts the hosts heard from (not offline or drained); free slots are those of the hosts shown online, which are given new turns.{{if .TurnsTruncated}} Only the newest {{.TurnsListed}} running turns are listed by host.{{end}}</p>{{end}}
+<p class="note">Capacity counts the hosts heard from (not offline or drained); free slots are those of the hosts shown online, which are given new turns.</p>{{end}}
 {{if .Servers}}
 <table id="servers">
 <thead><tr><th>Host</th><th>State</th><th>Labels</th><th>Last heartbeat</th><th>Running / capacity</th><th>Current turns</th><th>Launch error</th><th>Version</th><th>Jobs</th><th></th></tr></thead>
@@ -252,7 +252,7 @@ refused host_token_in_use: instance <code>{{.ID}}</code> boot <code>{{.BootID}}<
 <td class="labels">{{range $k, $v := .Labels}}<code class="label">{{$k}}={{$v}}</code> {{else}}none{{end}}</td>
 <td>{{if .LastHeartbeat}}<time datetime="{{iso .LastHeartbeat}}">{{ago $.Now .LastHeartbeat}}</time>{{else}}never{{end}}</td>
 <td class="num">{{.Running}} / {{.Capacity}}</td>
-<td class="turns">{{if .Turns}}<ul class="turns">{{range .Turns}}<li><a class="mono" href="/admin/jobs/{{.JobID}}">{{.JobID}}</a> <span class="note">turn {{.Seq}}, <span class="dur">{{.For}}</span></span></li>{{end}}{{with .More}}<li class="note">and {{.}} more</li>{{end}}</ul>{{else if .Running}}<span class="note">{{.Running}} (not listed)</span>{{else}}none{{end}}</td>
+<td class="turns">{{if .Turns}}<ul class="turns">{{range .Turns}}<li><a class="mono" href="/admin/jobs/{{.JobID}}">{{.JobID}}</a> <span class="note">turn {{.Seq}}, <span class="dur">{{.For}}</span></span></li>{{end}}</ul>{{else}}none{{end}}</td>
 <td>{{with .LaunchError}}<span class="launch-error">{{.Class}}: {{.Consecutive}} consecutive launch failure(s) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; claims paused</span>{{else}}none{{end}}{{with .SandboxPressure}}<br><span class="sandbox-pressure">sandbox_pressure: {{.Resource}} {{.FreeBytes}} of {{.TotalBytes}} bytes free (at least {{.MinFreeBytes}} wanted) since <time datetime="{{iso .Since}}">{{stamp .Since}}</time>; first turns withheld, its conversations' turns still run</span>{{end}}</td>
 <td>{{.Version}}</td>
 <td><a href="/admin/jobs?host={{.Name}}">jobs</a></td>
@@ -283,7 +283,7 @@ func (s *Server) handleServersPage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, "servers_page", err)
 		return
 	}
-	running, err := s.cfg.Store.ListJobs(r.Context(), store.JobFilter{State: wire.JobRunning, Limit: maxJobPage})
+	running, err := s.cfg.Store.RunningTurns(r.Context())
 	if err != nil {
 		s.fail(w, r, "servers_page", err)
 		return
@@ -353,12 +353,11 @@ func hostLook(sv wire.Server) string {
 }
 
 // hostView is one host's row: the host, its look and the running turns
-// leased to it (More: those of its Running not listed).
+// leased to it.
 type hostView struct {
 	wire.Server
 	Look  string
 	Turns []hostTurn
-	More  int
 }
 
 // hostTurn is a running turn on a host's row.
@@ -382,28 +381,20 @@ type fleetTotals struct {
 	Queued         int // jobs queued
 	Used, Capacity int // running turns and capacity of the hosts heard from
 	Free           int // free slots of the hosts shown online
-	TurnsListed    int
-	TurnsTruncated bool // more turns run than the rows list
 }
 
-// fleetOf builds the rows and totals from the hosts, the running jobs
-// (newest first, at most a page) and the store's counts.
-func fleetOf(list []wire.Server, running store.JobList, stats store.Stats, now time.Time) ([]hostView, fleetTotals) {
+// fleetOf builds the rows and totals from the hosts, their running turns
+// and the store's counts.
+func fleetOf(list []wire.Server, running []store.RunningTurn, stats store.Stats, now time.Time) ([]hostView, fleetTotals) {
 	byHost := map[string][]hostTurn{}
-	for _, j := range running.Jobs {
-		for _, a := range j.Attempts {
-			if a.State == wire.AttemptRunning {
-				byHost[a.LeaseOwner] = append(byHost[a.LeaseOwner], hostTurn{JobID: j.ID, Seq: j.Seq, For: duration(now.Sub(a.ClaimedAt))})
-			}
-		}
+	for _, rt := range running {
+		byHost[rt.Host] = append(byHost[rt.Host], hostTurn{JobID: rt.JobID, Seq: rt.Seq, For: duration(now.Sub(rt.ClaimedAt))})
 	}
-	t := fleetTotals{Hosts: len(list), Running: stats.JobsByState[wire.JobRunning], Queued: stats.JobsByState[wire.JobQueued],
-		TurnsListed: len(running.Jobs), TurnsTruncated: running.Next > 0}
+	t := fleetTotals{Hosts: len(list), Running: stats.JobsByState[wire.JobRunning], Queued: stats.JobsByState[wire.JobQueued]}
 	n := map[string]int{}
 	out := make([]hostView, 0, len(list))
 	for _, sv := range list {
 		v := hostView{Server: sv, Look: hostLook(sv), Turns: byHost[sv.Name]}
-		v.More = max(sv.Running-len(v.Turns), 0)
 		n[v.Look]++
 		if v.Look != lookOffline && v.Look != lookDrained {
 			t.Used += sv.Running

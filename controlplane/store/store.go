@@ -126,6 +126,14 @@ type ConversationState struct {
 	SandboxState  string // wire.SandboxRunning, wire.SandboxStopped, or "" (none recorded)
 }
 
+// RunningTurn is a running attempt as RunningTurns reads it.
+type RunningTurn struct {
+	JobID     string
+	Seq       int64
+	Host      string
+	ClaimedAt time.Time
+}
+
 // Stats is what the control plane's /metrics shows of the store.
 type Stats struct {
 	JobsByState map[string]int // every job state, zero counts included
@@ -313,6 +321,10 @@ type Store interface {
 	// ListServers lists the hosts not removed, by name; State is left for
 	// the caller, who knows the time (wire.HostState).
 	ListServers(ctx context.Context) ([]wire.Server, error)
+	// RunningTurns lists the running attempts, each with its job's turn
+	// number and the name of the host holding it (Admin → Servers'
+	// current turns), by host name, oldest claim first.
+	RunningTurns(ctx context.Context) ([]RunningTurn, error)
 	// PauseHost pauses (or resumes) the named host: a paused host is given
 	// no new claim, its running turns go on. RemoveHost refuses the host's
 	// token from then on and drops it from ListServers; its attempts keep

@@ -127,3 +127,31 @@ func (s *Store) ConversationTitles(ctx context.Context, ids []string) (map[strin
 	}
 	return out, nil
 }
+
+// RunningTurns reads every running attempt with its job's turn number and
+// the name of the host holding its lease, in one query, by host name and
+// then oldest claim first: the attempts ListServers counts as a host's
+// running turns.
+func (s *Store) RunningTurns(ctx context.Context) ([]store.RunningTurn, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT a.job_id, j.seq, h.name, a.claimed_at
+		FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN hosts h ON h.id = a.host_id
+		WHERE a.state = 'running' ORDER BY h.name, a.claimed_at, a.job_id`)
+	if err != nil {
+		return nil, fmt.Errorf("running turns: %w", err)
+	}
+	defer rows.Close()
+	out := []store.RunningTurn{}
+	for rows.Next() {
+		var t store.RunningTurn
+		var claimed int64
+		if err := rows.Scan(&t.JobID, &t.Seq, &t.Host, &claimed); err != nil {
+			return nil, fmt.Errorf("running turns: %w", err)
+		}
+		t.ClaimedAt = fromNS(claimed)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("running turns: %w", err)
+	}
+	return out, nil
+}
