@@ -241,6 +241,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	}
 	rowC := textOf(t, tab, `tr[data-host="host-c"] td.host-state`)
 	contains(t, "host-c's state", rowC, "offline: no heartbeat for 30s or more", "last said draining")
+	noOverflow(t, tab, "servers", 1280)
 	screenshot(t, tab, "servers")
 
 	// Pause host-b from its row, then resume it.
@@ -251,6 +252,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	if h, err := f.st.HostByTokenHash(ctx, controlplane.HashToken(hostB)); err != nil || !h.Paused {
 		t.Fatalf("host-b after its Pause button: %+v, %v", h, err)
 	}
+	noOverflow(t, tab, "servers-paused", 1280)
 	screenshot(t, tab, "servers-paused")
 	click(t, tab, `tr[data-host="host-b"] button.host-action`)
 	contains(t, "host-b's state after Resume", textOf(t, tab, `tr[data-host="host-b"] td.host-state`), "online")
@@ -277,6 +279,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	if i, j := strings.Index(timeline, "attempt_superseded"), strings.LastIndex(timeline, "lease.stale_report"); i < 0 || j < i {
 		t.Fatalf("the event timeline does not put the stale report after the supersession:\n%s", timeline)
 	}
+	noOverflow(t, tab, "job", 1280)
 	screenshot(t, tab, "job")
 
 	// Conversations: LOST in the owner's plain words.
@@ -290,6 +293,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	contains(t, "the usable conversation's row", textOf(t, tab, `tr[data-conversation="`+conv.ID+`"]`), "Usable", "Mark lost")
 	contains(t, "the quarantined conversation's row", textOf(t, tab, `tr[data-conversation="`+quarantined.ID+`"]`),
 		"Quarantined: the reply of "+q.JobID+" was interrupted", "Mark lost")
+	noOverflow(t, tab, "conversations", 1280)
 	screenshot(t, tab, "conversations")
 
 	// A turn no online host can take says so on its job, with the label
@@ -301,6 +305,7 @@ func TestBrowserAdminPages(t *testing.T) {
 	f.srv.Sweep(ctx)
 	contains(t, "the unroutable job", visit(t, tab, f.url+"/admin/jobs/"+stuck.ID, `#job`), "queued", "no live host can take this turn: missing zone=eu-1")
 	contains(t, "the unroutable job's row", visit(t, tab, f.url+"/admin/jobs?state=queued", `tr[data-job="`+stuck.ID+`"]`), "unroutable: needs zone=eu-1")
+	noOverflow(t, tab, "job-unroutable", 1280)
 	screenshot(t, tab, "job-unroutable")
 }
 
