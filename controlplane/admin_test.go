@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
@@ -226,4 +227,109 @@ func TestS5CauseOnTheJobPage(t *testing.T) {
 	if status != http.StatusOK || !strings.Contains(page, "<code>oom_killed</code>: "+ev) {
 		t.Fatalf("GET the job page: %d, no cause with its evidence:\n%s", status, page)
 	}
+}
+
+// Mark lost from Admin → Conversations, on each database: its link opens a
+// page naming the conversation (title and id) with a form whose typed id
+// the server compares; without it, or with another conversation's id, the
+// form is refused 400 in a page saying so and nothing changes (whatever
+// the browser ran); with it, the conversation is LOST.
+func TestAdminMarkLostConfirmation(t *testing.T) {
+	onEachDatabase(t, func(t *testing.T, db database) {
+		f := newFixtureOn(t, db)
+		var c, other wire.Conversation
+		for _, p := range []struct {
+			title string
+			into  *wire.Conversation
+		}{{"Nightly build <check>", &c}, {"Another one", &other}} {
+			f.user(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{Title: p.title, Image: "demo:latest",
+				AgentCommand: []string{"demo-agent"}}, p.into)
+		}
+		_, list, _ := f.admin(adminRequest{method: "GET", path: "/admin/conversations"})
+		confirmPath := "/admin/conversations/" + c.ID + "/lose"
+		if !strings.Contains(list, `href="`+confirmPath+`"`) || strings.Contains(list, `action="`+confirmPath+`"`) {
+			t.Fatalf("Admin → Conversations does not link Mark lost to its confirmation, or still posts it in one click:\n%s", list)
+		}
+		status, page, h := f.admin(adminRequest{method: "GET", path: confirmPath})
+		if status != http.StatusOK || !strings.Contains(page, "Nightly build &lt;check&gt;") || !strings.Contains(page, `id="conversation-id">`+c.ID+`<`) ||
+			!strings.Contains(page, `name="confirm"`) || strings.Contains(page, `http-equiv="refresh"`) || !strings.HasPrefix(h.Get("Content-Type"), "text/html") {
+			t.Fatalf("the confirmation page: %d %s, not naming the conversation with a confirm field and no reload:\n%s", status, h.Get("Content-Type"), page)
+		}
+		token := csrfOf(t, page)
+		sameOrigin := map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": f.url}
+		for _, typed := range []url.Values{
+			{"csrf": {token}},
+			{"csrf": {token}, "confirm": {""}},
+			{"csrf": {token}, "confirm": {other.ID}},
+			{"csrf": {token}, "confirm": {" " + c.ID}},
+			{"csrf": {token}, "confirm": {strings.ToUpper(c.ID)}},
+		} {
+			status, body, h := f.admin(adminRequest{method: "POST", path: confirmPath, form: typed, header: sameOrigin})
+			if status != http.StatusBadRequest || !strings.HasPrefix(h.Get("Content-Type"), "text/html") ||
+				!strings.Contains(body, "type its id exactly") || !strings.Contains(body, `href="`+confirmPath+`"`) {
+				t.Fatalf("Mark lost with %v: %d %s, want 400 and a page saying why with a way back:\n%s", typed, status, h.Get("Content-Type"), body)
+			}
+			if got, _ := f.st.GetConversation(context.Background(), c.ID); got.State != wire.ConversationUsable {
+				t.Fatalf("Mark lost with %v marked the conversation %s", typed, got.State)
+			}
+		}
+		// The confirmation of one conversation does not lose another.
+		if status, _, _ := f.admin(adminRequest{method: "POST", path: "/admin/conversations/" + other.ID + "/lose",
+			form: url.Values{"csrf": {token}, "confirm": {c.ID}}, header: sameOrigin}); status != http.StatusBadRequest {
+			t.Fatalf("Mark lost of %s confirmed with %s's id: %d, want 400", other.ID, c.ID, status)
+		}
+		status, _, h = f.admin(adminRequest{method: "POST", path: confirmPath, form: url.Values{"csrf": {token}, "confirm": {c.ID}}, header: sameOrigin})
+		if status != http.StatusSeeOther || h.Get("Location") != "/admin/conversations" {
+			t.Fatalf("Mark lost with its id typed: %d to %q", status, h.Get("Location"))
+		}
+		for id, want := range map[string]string{c.ID: wire.ConversationLost, other.ID: wire.ConversationUsable} {
+			if got, _ := f.st.GetConversation(context.Background(), id); got.State != want {
+				t.Fatalf("after Mark lost of %s, %s is %s, want %s", c.ID, id, got.State, want)
+			}
+		}
+		if status, body, _ := f.admin(adminRequest{method: "GET", path: "/admin/conversations/conv_nope/lose"}); status != http.StatusNotFound ||
+			!strings.Contains(body, `id="refusal"`) {
+			t.Fatalf("the confirmation of a conversation that does not exist: %d\n%s", status, body)
+		}
+	})
+}
+
+// A bad filter on Admin → Jobs, on each database, is answered 400 with an
+// HTML page naming what is wrong and a link back to the jobs list, never
+// the API's JSON; the page takes the API's filters (an empty field of its
+// form is no filter) and shows each job's conversation title.
+func TestAdminJobsBadFilterPage(t *testing.T) {
+	onEachDatabase(t, func(t *testing.T, db database) {
+		f := newFixtureOn(t, db)
+		var c wire.Conversation
+		f.user(http.MethodPost, "/v1/conversations", wire.CreateConversationRequest{Title: "Tidy the docs", Image: "demo:latest",
+			AgentCommand: []string{"demo-agent"}}, &c)
+		j := f.send(c.ID, "please")
+		for _, tc := range []struct{ query, says string }{
+			{"state=bogus", "state must be one of queued, running, succeeded, failed, cancelled."},
+			{"outcome=maybe", "outcome must be one of succeeded, failed, cancelled."},
+			{"colour=red", "colour is not a filter of Admin → Jobs"},
+			{"since=yesterday", "since must be a time"},
+			{"limit=-1", "limit must be a whole number"},
+			{"cursor=abc", "cursor must be the next_cursor"},
+			{"class=" + url.QueryEscape("a b"), "class is an error class"},
+		} {
+			status, body, h := f.admin(adminRequest{method: "GET", path: "/admin/jobs?" + tc.query})
+			if status != http.StatusBadRequest || !strings.HasPrefix(h.Get("Content-Type"), "text/html") || strings.HasPrefix(strings.TrimSpace(body), "{") {
+				t.Fatalf("?%s: %d %s, want 400 text/html:\n%s", tc.query, status, h.Get("Content-Type"), body)
+			}
+			if !strings.Contains(body, "<h1>Bad filter</h1>") || !strings.Contains(body, html.EscapeString(tc.says)) ||
+				!strings.Contains(body, `<a id="back" href="/admin/jobs">`) {
+				t.Fatalf("?%s: the page does not say %q with a link back:\n%s", tc.query, tc.says, body)
+			}
+		}
+		status, body, _ := f.admin(adminRequest{method: "GET", path: "/admin/jobs?state=&outcome=&conversation=&host=&limit=5"})
+		if status != http.StatusOK || !strings.Contains(body, `data-job="`+j.ID+`"`) || !strings.Contains(body, `<span class="conv-title">Tidy the docs</span>`) {
+			t.Fatalf("the page's own empty form fields: %d, want the job with its conversation's title:\n%s", status, body)
+		}
+		// The API answers the same refusal as JSON.
+		if b := f.expect("GET", "/v1/jobs?colour=red", userToken, "", http.StatusBadRequest, wire.CodeInvalid); !strings.Contains(string(b), "colour is not a filter of GET /v1/jobs") {
+			t.Fatalf("GET /v1/jobs?colour=red: %s", b)
+		}
+	})
 }

@@ -93,36 +93,31 @@ const maxJobPage = 500
 // refused by name, so that a misspelt filter is not a silent "all jobs".
 var jobListParams = []string{"state", "outcome", "class", "host", "conversation", "since", "limit", "cursor"}
 
-// handleListJobs answers GET /v1/jobs: the jobs its filters select, newest
-// first, a page at a time; the cursor is a queue position, so a job
-// queued meanwhile does not shift the pages after the first.
-func (s *Server) handleListJobs(w http.ResponseWriter, r *http.Request) {
+// jobFilterOf reads the jobs filter of r's query, as GET /v1/jobs and
+// Admin → Jobs (endpoint names which, in the refusal) take it, or the
+// refusal naming the wrong parameter.
+func jobFilterOf(r *http.Request, endpoint string) (store.JobFilter, *apiError) {
 	q := r.URL.Query()
 	for name := range q {
 		if !slices.Contains(jobListParams, name) {
-			writeError(w, invalid("%s is not a filter of GET /v1/jobs (it takes %s).", name, strings.Join(jobListParams, ", ")))
-			return
+			return store.JobFilter{}, invalid("%s is not a filter of %s (it takes %s).", name, endpoint, strings.Join(jobListParams, ", "))
 		}
 	}
 	f := store.JobFilter{State: q.Get("state"), Outcome: q.Get("outcome"), Class: q.Get("class"),
 		Host: q.Get("host"), ConversationID: q.Get("conversation")}
 	if f.State != "" && !slices.Contains(jobStates, f.State) {
-		writeError(w, invalid("state must be one of %s.", strings.Join(jobStates, ", ")))
-		return
+		return store.JobFilter{}, invalid("state must be one of %s.", strings.Join(jobStates, ", "))
 	}
-	if outcomes := []string{wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled}; f.Outcome != "" && !slices.Contains(outcomes, f.Outcome) {
-		writeError(w, invalid("outcome must be one of %s.", strings.Join(outcomes, ", ")))
-		return
+	if f.Outcome != "" && !slices.Contains(jobOutcomes, f.Outcome) {
+		return store.JobFilter{}, invalid("outcome must be one of %s.", strings.Join(jobOutcomes, ", "))
 	}
 	if f.Class != "" && !classRE.MatchString(f.Class) {
-		writeError(w, invalid("class is an error class: letters, digits and _."))
-		return
+		return store.JobFilter{}, invalid("class is an error class: letters, digits and _.")
 	}
 	if v := q.Get("since"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
-			writeError(w, invalid("since must be a time as in 2026-11-29T20:03:04Z (RFC 3339)."))
-			return
+			return store.JobFilter{}, invalid("since must be a time as in 2026-11-29T20:03:04Z (RFC 3339).")
 		}
 		f.Since = t
 	}
@@ -131,17 +126,30 @@ func (s *Server) handleListJobs(w http.ResponseWriter, r *http.Request) {
 		e = invalid("limit must be at most %d.", maxJobPage)
 	}
 	if e != nil {
-		writeError(w, e)
-		return
+		return store.JobFilter{}, e
 	}
 	f.Limit = int(limit)
 	if v := q.Get("cursor"); v != "" {
 		pos, err := strconv.ParseInt(strings.TrimPrefix(v, cursorPrefix), 10, 64)
 		if !strings.HasPrefix(v, cursorPrefix) || err != nil || pos <= 0 {
-			writeError(w, invalid("cursor must be the next_cursor of an earlier answer."))
-			return
+			return store.JobFilter{}, invalid("cursor must be the next_cursor of an earlier answer.")
 		}
 		f.Before = pos
+	}
+	return f, nil
+}
+
+// jobOutcomes are the outcomes the jobs filter takes.
+var jobOutcomes = []string{wire.OutcomeSucceeded, wire.OutcomeFailed, wire.OutcomeCancelled}
+
+// handleListJobs answers GET /v1/jobs: the jobs its filters select, newest
+// first, a page at a time; the cursor is a queue position, so a job
+// queued meanwhile does not shift the pages after the first.
+func (s *Server) handleListJobs(w http.ResponseWriter, r *http.Request) {
+	f, e := jobFilterOf(r, "GET /v1/jobs")
+	if e != nil {
+		writeError(w, e)
+		return
 	}
 	l, err := s.cfg.Store.ListJobs(r.Context(), f)
 	if err != nil {

@@ -126,6 +126,14 @@ type ConversationState struct {
 	SandboxState  string // wire.SandboxRunning, wire.SandboxStopped, or "" (none recorded)
 }
 
+// RunningTurn is a running attempt as RunningTurns reads it.
+type RunningTurn struct {
+	JobID     string
+	Seq       int64
+	Host      string
+	ClaimedAt time.Time
+}
+
 // Stats is what the control plane's /metrics shows of the store.
 type Stats struct {
 	JobsByState map[string]int // every job state, zero counts included
@@ -313,6 +321,10 @@ type Store interface {
 	// ListServers lists the hosts not removed, by name; State is left for
 	// the caller, who knows the time (wire.HostState).
 	ListServers(ctx context.Context) ([]wire.Server, error)
+	// RunningTurns lists the running attempts, each with its job's turn
+	// number and the name of the host holding it (Admin → Servers'
+	// current turns), by host name, oldest claim first.
+	RunningTurns(ctx context.Context) ([]RunningTurn, error)
 	// PauseHost pauses (or resumes) the named host: a paused host is given
 	// no new claim, its running turns go on. RemoveHost refuses the host's
 	// token from then on and drops it from ListServers; its attempts keep
@@ -371,6 +383,9 @@ type Store interface {
 	// is recorded on it; the others' are left as they are (S1).
 	RecordSandboxStates(ctx context.Context, hostID string, states map[string]string) error
 	ListConversations(ctx context.Context) ([]wire.Conversation, error)
+	// ConversationTitles reads the titles of the conversations ids names,
+	// in one query; an id the store does not hold has no entry.
+	ConversationTitles(ctx context.Context, ids []string) (map[string]string, error)
 	// EnqueueTurn appends a turn; ErrConversationLost for a LOST
 	// conversation (R32), ErrConversationDeleted for a deleted one (S3).
 	EnqueueTurn(ctx context.Context, conversationID, prompt string, now time.Time) (wire.Job, error)

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 
@@ -93,3 +94,64 @@ func (s *Store) ListJobs(ctx context.Context, f store.JobFilter) (store.JobList,
 
 // classRE is an error class as runners name them (wire.Class*, diagnostics).
 var classRE = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+
+// ConversationTitles reads the titles of the conversations ids names in
+// one query; an id the store does not hold has no entry.
+func (s *Store) ConversationTitles(ctx context.Context, ids []string) (map[string]string, error) {
+	out := make(map[string]string, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	q, arg := `SELECT id, title FROM conversations WHERE id = ANY($1)`, any(ids)
+	if s.d == sqlite {
+		b, err := json.Marshal(ids)
+		if err != nil {
+			return nil, fmt.Errorf("conversation titles: %w", err)
+		}
+		q, arg = `SELECT id, title FROM conversations WHERE id IN (SELECT value FROM json_each(?))`, string(b)
+	}
+	rows, err := s.r.QueryContext(ctx, q, arg)
+	if err != nil {
+		return nil, fmt.Errorf("conversation titles: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, title string
+		if err := rows.Scan(&id, &title); err != nil {
+			return nil, fmt.Errorf("conversation titles: %w", err)
+		}
+		out[id] = title
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("conversation titles: %w", err)
+	}
+	return out, nil
+}
+
+// RunningTurns reads every running attempt with its job's turn number and
+// the name of the host holding its lease, in one query, by host name and
+// then oldest claim first: the attempts ListServers counts as a host's
+// running turns.
+func (s *Store) RunningTurns(ctx context.Context) ([]store.RunningTurn, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT a.job_id, j.seq, h.name, a.claimed_at
+		FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN hosts h ON h.id = a.host_id
+		WHERE a.state = 'running' ORDER BY h.name, a.claimed_at, a.job_id`)
+	if err != nil {
+		return nil, fmt.Errorf("running turns: %w", err)
+	}
+	defer rows.Close()
+	out := []store.RunningTurn{}
+	for rows.Next() {
+		var t store.RunningTurn
+		var claimed int64
+		if err := rows.Scan(&t.JobID, &t.Seq, &t.Host, &claimed); err != nil {
+			return nil, fmt.Errorf("running turns: %w", err)
+		}
+		t.ClaimedAt = fromNS(claimed)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("running turns: %w", err)
+	}
+	return out, nil
+}

@@ -54,6 +54,7 @@ var tests = []test{
 	{"S1_SandboxState", testS1SandboxState},
 	{"S2_PinnedOnlyClaim", testS2PinnedOnlyClaim},
 	{"ListJobs", testListJobs},
+	{"AdminReads", testAdminReads},
 	{"InvalidInput", testInvalidInput},
 	{"TurnsRunOneAtATimeInOrder", testTurnsInOrder},
 	{"EventsIdempotentBySeq", testEventsIdempotent},
