@@ -23,11 +23,15 @@ test: lint
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 # B1–B6 of issue 14 (cmd/bench) on SQLite, and on PostgreSQL when
-# RUNNERD_TEST_POSTGRES names a database: the figures go into
+# RUNNERD_TEST_POSTGRES names a database, with River's own client beside B2
+# there (tools/riverbench, a module of its own): the figures go into
 # docs/performance.md (its generated section) and docs/bench.json. At most
-# ten minutes; BENCHFLAGS=-quick for a token run.
+# ten minutes; BENCHFLAGS=-quick for a token run; PROFILES=DIR keeps B2's
+# CPU profiles in DIR.
+PROFILES ?=
+
 bench: build
-	$(BIN)/bench --bin $(BIN) $(BENCHFLAGS)
+	$(BIN)/bench --bin $(BIN) $(if $(PROFILES),--profiles $(PROFILES)) $(BENCHFLAGS)
 
 # The long chaos campaign (integration/chaos; root, Docker, PostgreSQL's
 # binaries): TURNS turns under faults drawn from SEED (random if unset);

@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -117,85 +115,6 @@ func (sv *server) Close() {
 	defer cancel()
 	_ = sv.srv.Shutdown(ctx)
 	sv.client.HTTP.CloseIdleConnections()
-}
-
-// B2: claim → finish over HTTP with b.o.workers workers, each claiming a
-// turn, finishing it, and claiming the next until the queue is empty.
-func (b *bench) b2(ctx context.Context, k storeKind) error {
-	n := b.size(4000, 60)
-	s, trips, closeStore, err := b.openCounted(ctx, k)
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	_, hostToken, err := newHost(ctx, s, "bench")
-	if err != nil {
-		return err
-	}
-	if _, err := queue(ctx, s, b.o.workers, n, []string{"agent"}); err != nil {
-		return err
-	}
-	sv, err := serve(s, b.o.workers)
-	if err != nil {
-		return err
-	}
-	defer sv.Close()
-	b.logf("B2 %s: %d turns queued", k, n)
-	cpu := cpuClock()
-	gc := s.GroupCommits()
-	var took time.Duration
-	var keep string
-	if b.o.profiles != "" {
-		keep = filepath.Join(b.o.profiles, fmt.Sprintf("B2-%s.pprof", k))
-	}
-	share, why, err := profiled(ctx, keep, func() (err error) {
-		took, err = parallel(ctx, b.o.workers, n, b2turn(sv, hostToken))
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	cpu = cpuClock() - cpu
-	gc = s.GroupCommits().Sub(gc)
-	// Every turn was claimed once: the queue is empty now.
-	if _, err := sv.client.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 0}); !errors.Is(err, wire.ErrNoClaim) {
-		return fmt.Errorf("a claim after %d claims and finishes: %v, want none left", n, err)
-	}
-	b.rep.add(row{ID: "B2", Store: k, What: fmt.Sprintf("HTTP claim → finish, %d workers", b.o.workers), Value: rate(n, took), Unit: "turns/s",
-		Detail: fmt.Sprintf("%d turns; %s CPU per turn, server and clients in one process", n, perOp(cpu, n))})
-	if gc.Commits > 0 {
-		// SQLite's single writer: each worker waits for its write's commit
-		// before its next call, so at most 16 writes can share one.
-		b.rep.add(row{ID: "B2", Store: k, What: "group commit in that run", Value: float64(gc.Writes) / float64(gc.Commits), Unit: "writes per commit",
-			Detail: fmt.Sprintf("%d commits of %d writes, %s commits/s; the writer busy %.0f %% of the run", gc.Commits, gc.Writes,
-				number(rate(int(gc.Commits), took)), 100*gc.Busy.Seconds()/took.Seconds())})
-	}
-	tokens := row{ID: "B2", Store: k, What: "token lookups, share of the control plane's CPU in that run", Value: 100 * share, Unit: "%",
-		Detail: "CPU profile: samples in Server.host (with its host-token cache) and Server.attempt, of those outside the clients"}
-	if why != "" {
-		tokens.Value, tokens.NotRun = 0, why
-	}
-	b.rep.add(tokens)
-	if trips != nil {
-		return b.roundTrips(ctx, s, sv, hostToken, trips)
-	}
-	return nil
-}
-
-// b2turn is one B2 worker's turn: claim, then finish.
-func b2turn(sv *server, hostToken string) func(ctx context.Context, i int) error {
-	return func(ctx context.Context, i int) error {
-		c, err := sv.client.Claim(ctx, hostToken, wire.ClaimRequest{WaitMS: 0, LeaseTTLMS: benchLease.Milliseconds()})
-		if err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
-		ref := wire.AttemptRef{AttemptID: c.AttemptID, LeaseGeneration: c.LeaseGeneration}
-		_, err = sv.client.Finish(ctx, c.WorkerToken, c.JobID, wire.FinishRequest{AttemptRef: ref, Outcome: wire.OutcomeFailed, Class: "bench"})
-		if err != nil {
-			return fmt.Errorf("finish: %w", err)
-		}
-		return nil
-	}
 }
 
 // roundTrips counts PostgreSQL's round trips per worker call over HTTP:

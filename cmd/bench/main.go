@@ -4,7 +4,9 @@
 // comments, replaced on each run) and into a JSON file.
 //
 //	B1  store operations: claim, renew, finish (16 callers)
-//	B2  claim → finish over HTTP, 16 concurrent workers
+//	B2  claim → finish over HTTP, 64 simulated hosts × 16 slots, River
+//	    beside it on PostgreSQL (tools/riverbench), the whole protocol
+//	    turn and the WAL written per turn
 //	B3  whole turns through the daemon (process backend, real binaries)
 //	B4  claim → ACCEPT latency on an idle host (p50, p99)
 //	B5  cost per held turn (internal/bench/held)
@@ -40,15 +42,19 @@ func main() {
 
 // options is the command line.
 type options struct {
-	quick    bool
-	only     map[string]bool // benchmark ids to run; empty: all
-	bin      string          // directory of the runnerd and demoagent binaries (make build)
-	postgres string          // DSN; empty: SQLite only
-	doc      string          // markdown file whose generated section is replaced; empty: none
-	json     string          // JSON file written; empty: none
-	workers  int
-	storm    int    // leases in B6
-	profiles string // directory B2 keeps its CPU profiles in; empty: none kept
+	quick     bool
+	only      map[string]bool // benchmark ids to run; empty: all
+	bin       string          // directory of the runnerd and demoagent binaries (make build)
+	postgres  string          // DSN; empty: SQLite only
+	doc       string          // markdown file whose generated section is replaced; empty: none
+	json      string          // JSON file written; empty: none
+	workers   int
+	hosts     int    // simulated hosts of B2
+	slots     int    // slots of each B2 host
+	storm     int    // leases in B6
+	profiles  string // directory B2 keeps its CPU profiles in; empty: none kept
+	river     string // directory of the River bench module (tools/riverbench); empty: no River row
+	riverJobs int    // jobs River works off in B2
 }
 
 func parse(args []string, getenv func(string) string) (options, error) {
@@ -61,7 +67,11 @@ func parse(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&o.postgres, "postgres", getenv("RUNNERD_TEST_POSTGRES"), "PostgreSQL DSN (default $RUNNERD_TEST_POSTGRES); empty: SQLite only")
 	fs.StringVar(&o.doc, "doc", "docs/performance.md", "markdown file whose generated section is replaced (empty: none)")
 	fs.StringVar(&o.json, "json", "docs/bench.json", "JSON file of the figures (empty: none)")
-	fs.IntVar(&o.workers, "workers", 16, "concurrent workers of B1 and B2")
+	fs.IntVar(&o.workers, "workers", 16, "concurrent workers of B1")
+	fs.IntVar(&o.hosts, "hosts", 64, "simulated hosts of B2")
+	fs.IntVar(&o.slots, "slots", 16, "slots of each B2 host, each a worker claiming and finishing turns")
+	fs.StringVar(&o.river, "river", "tools/riverbench", "directory of the River bench module, built and run beside B2 on PostgreSQL (empty: no River row)")
+	fs.IntVar(&o.riverJobs, "river-jobs", 100_000, "jobs River's client works off in B2")
 	fs.IntVar(&o.storm, "storm", 100_000, "leases renewed at once in B6")
 	fs.StringVar(&o.profiles, "profiles", "", "directory to keep B2's CPU profiles in, B2-STORE.pprof (empty: none kept)")
 	if err := fs.Parse(args); err != nil {
@@ -76,11 +86,14 @@ func parse(args []string, getenv func(string) string) (options, error) {
 			o.only[id] = true
 		}
 	}
-	if o.workers < 1 || o.storm < 1 {
-		return o, fmt.Errorf("-workers and -storm must be positive")
+	if o.workers < 1 || o.storm < 1 || o.hosts < 1 || o.slots < 1 || o.riverJobs < 1 {
+		return o, fmt.Errorf("-workers, -hosts, -slots, -river-jobs and -storm must be positive")
 	}
 	if o.quick && o.storm == 100_000 {
 		o.storm = 500
+	}
+	if o.quick && o.hosts == 64 && o.slots == 16 {
+		o.hosts, o.slots = 4, 4
 	}
 	return o, nil
 }
@@ -90,6 +103,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		fmt.Fprintln(stderr, "bench: "+err.Error())
 		return 2
+	}
+	if o.profiles != "" {
+		if err := os.MkdirAll(o.profiles, 0o755); err != nil {
+			fmt.Fprintln(stderr, "bench: "+err.Error())
+			return 1
+		}
 	}
 	rep := newReport(o)
 	start := time.Now()
@@ -126,6 +145,14 @@ type bench struct {
 	rep    *report
 	log    io.Writer
 	failed bool // a benchmark failed: the status is 1
+
+	// River beside B2 on PostgreSQL (b2.go).
+	riverBin   string       // the built tools/riverbench; "" when there is none
+	riverWhy   string       // why riverBin is ""
+	riverDir   string       // the temporary directory holding riverBin
+	riverRes   *riverResult // River's figures of this run; nil: not run
+	compare    []row        // B2 rows whose ratio to River's jobs/s is added at the end
+	compareWAL row          // B2's WAL bytes per turn on PostgreSQL, compared with River's per job
 }
 
 func (b *bench) want(id string) bool { return len(b.o.only) == 0 || b.o.only[id] }
@@ -141,11 +168,20 @@ func (b *bench) all(ctx context.Context) {
 	stores := []storeKind{sqliteFull}
 	if b.o.postgres != "" {
 		stores = append(stores, postgres)
+		if b.want("B2") {
+			b.riverBin, b.riverWhy = b.buildRiver(ctx)
+			if b.riverDir != "" {
+				defer os.RemoveAll(b.riverDir)
+			}
+		}
 	}
 	for _, k := range stores {
 		b.one(ctx, "B1", k, func() error { return b.b1(ctx, k) })
 		b.one(ctx, "B2", k, func() error { return b.b2(ctx, k) })
 		b.one(ctx, "B6", k, func() error { return b.b6(ctx, k) })
+	}
+	if b.want("B2") {
+		b.ratios()
 	}
 	b.one(ctx, "B3", sqliteFull, func() error { return b.b3(ctx) })
 	b.one(ctx, "B4", sqliteFull, func() error { return b.b4(ctx, sandbox.BackendProcess) })

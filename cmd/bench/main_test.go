@@ -46,7 +46,9 @@ func TestQuickRun(t *testing.T) {
 	defer cancel()
 	js := filepath.Join(dir, "bench.json")
 	var stdout, stderr bytes.Buffer
-	code := run(ctx, []string{"-quick", "-bin", bin, "-doc", doc, "-json", js}, os.Getenv, &stdout, &stderr)
+	// River's bench module (its own go.mod) is built and run beside B2
+	// when PostgreSQL is there, so that it cannot rot either.
+	code := run(ctx, []string{"-quick", "-bin", bin, "-doc", doc, "-json", js, "-river", filepath.Join(root, "tools", "riverbench")}, os.Getenv, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("bench -quick = %d\n%s", code, stderr.String())
 	}
@@ -63,15 +65,18 @@ func TestQuickRun(t *testing.T) {
 	if os.Getenv("RUNNERD_TEST_POSTGRES") != "" {
 		stores = 2
 	}
-	// Rows per benchmark: B1 three per store, B2 two per store, one of
-	// SQLite's group commit and three of PostgreSQL round trips, B3 one
+	// Rows per benchmark: B1 three per store, B2 two per store (claim →
+	// finish, token lookups), one of SQLite's group commit and, on
+	// PostgreSQL, WAL per turn, River, the whole protocol turn and its WAL,
+	// three of round trips and four ratios to River (SQLite's claim →
+	// finish, PostgreSQL's, the whole turn, the WAL), B3 one
 	// (SQLite), B4 two per backend (SQLite; the Docker pair when an engine
 	// answers), B5 two, B6 two per store.
 	backends := 1
 	if dockerAnswers(ctx) {
 		backends = 2
 	}
-	want := map[string]int{"B1": 3 * stores, "B2": 2*stores + 1 + 3*(stores-1), "B3": 1, "B4": 2 * backends, "B5": 2, "B6": 2 * stores}
+	want := map[string]int{"B1": 3 * stores, "B2": 2*stores + 1 + (4+3+4)*(stores-1), "B3": 1, "B4": 2 * backends, "B5": 2, "B6": 2 * stores}
 	got := map[string]int{}
 	for _, r := range rep.Rows {
 		got[r.ID]++
@@ -80,6 +85,17 @@ func TestQuickRun(t *testing.T) {
 		}
 		if r.NotRun != "" && r.Value != 0 {
 			t.Errorf("row %+v is not run but has a figure", r)
+		}
+	}
+	if stores == 2 {
+		river := 0
+		for _, r := range rep.Rows {
+			if strings.HasPrefix(r.What, "River v") && r.Store == postgres && r.Unit == "jobs/s" && r.Value > 0 && r.NotRun == "" {
+				river++
+			}
+		}
+		if river != 1 {
+			t.Errorf("%d rows of River's jobs/s on PostgreSQL, want 1 (%v)", river, rep.Rows)
 		}
 	}
 	for id, n := range want {
@@ -99,7 +115,7 @@ func TestQuickRun(t *testing.T) {
 	if strings.Contains(s, "old figures") || !strings.HasPrefix(s, "# Performance\n\nbefore\n\n"+beginMarker+"\n") || !strings.HasSuffix(s, endMarker+"\n\nafter\n") {
 		t.Errorf("generated section not replaced in place:\n%s", s)
 	}
-	if !strings.Contains(s, "| B2 | HTTP claim → finish, 16 workers | sqlite | **") {
+	if !strings.Contains(s, "| B2 | HTTP claim → finish, 4 hosts × 4 slots | sqlite | **") {
 		t.Errorf("document lacks the B2 row:\n%s", s)
 	}
 }

@@ -36,6 +36,8 @@ type settings struct {
 	SQLiteSynchronous string `json:"sqlite_synchronous"`
 	Postgres          bool   `json:"postgres"`
 	Workers           int    `json:"workers"`
+	Hosts             int    `json:"hosts"`
+	Slots             int    `json:"slots"`
 	StormLeases       int    `json:"storm_leases"`
 }
 
@@ -59,7 +61,7 @@ func newReport(o options) *report {
 		Machine: machine{Cores: runtime.NumCPU(), CPU: cpuModel(), MemoryGiB: memory(), OS: runtime.GOOS + "/" + runtime.GOARCH},
 		Go:      runtime.Version(),
 		Settings: settings{Quick: o.quick, SQLiteSynchronous: "FULL", Postgres: o.postgres != "",
-			Workers: o.workers, StormLeases: o.storm},
+			Workers: o.workers, Hosts: o.hosts, Slots: o.slots, StormLeases: o.storm},
 		LoadBefore: loadAverage(),
 	}
 }
@@ -90,8 +92,8 @@ func (r *report) markdown() string {
 	if r.Settings.Postgres {
 		pg = "local, default settings"
 	}
-	fmt.Fprintf(&b, "Settings: SQLite synchronous=%s; PostgreSQL %s; %d workers (B1, B2); storm of %d leases (B6)",
-		r.Settings.SQLiteSynchronous, pg, r.Settings.Workers, r.Settings.StormLeases)
+	fmt.Fprintf(&b, "Settings: SQLite synchronous=%s; PostgreSQL %s; %d workers (B1); %d hosts × %d slots (B2); storm of %d leases (B6)",
+		r.Settings.SQLiteSynchronous, pg, r.Settings.Workers, r.Settings.Hosts, r.Settings.Slots, r.Settings.StormLeases)
 	if r.Settings.Quick {
 		b.WriteString("; **-quick** (token sizes: not figures to compare)")
 	}
