@@ -11,7 +11,9 @@
 // it as it did. A caller whose context ends while its call is queued is
 // taken out of the queue, never sent, and gets its context's error; once
 // sent, it gets that error at once, as an HTTP timeout does, and the
-// batch goes on for the others.
+// batch goes on for the others; that job's calls then go on their own
+// until one is answered, so that a job stuck at the control plane holds
+// no other job's calls behind it.
 //
 // A control plane that answers the batch path 404 or 405 predates it:
 // from then on every call is sent per call, as before. The transport sits
@@ -55,9 +57,14 @@ type Transport struct {
 	// batches counts the batch requests sent (tests and figures).
 	batches atomic.Int64
 
-	// mu guards lanes and each lane's queue and sending.
+	// mu guards lanes, each lane's queue and sending, and suspect.
 	mu    sync.Mutex
 	lanes map[string]*lane // by the batch URL (one per replica address)
+	// suspect holds the jobs a call of which was sent in a batch and got
+	// no answer within its caller's time: their calls go on their own
+	// until one is answered, so that one stuck job cannot hold the
+	// batches, and with them every other attempt's calls, behind it.
+	suspect map[string]bool
 }
 
 // lane is the calls bound for one batch URL.
@@ -88,7 +95,7 @@ func New(base http.RoundTripper, hostToken func() string) *Transport {
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &Transport{base: base, hostToken: hostToken, lanes: map[string]*lane{}}
+	return &Transport{base: base, hostToken: hostToken, lanes: map[string]*lane{}, suspect: map[string]bool{}}
 }
 
 // Batches is the number of batch requests sent so far.
@@ -135,6 +142,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !ok || t.perCall.Load() {
 		return t.base.RoundTrip(req)
 	}
+	t.mu.Lock()
+	alone := t.suspect[item.JobID]
+	t.mu.Unlock()
+	if alone {
+		resp, err := t.base.RoundTrip(req)
+		if err == nil {
+			t.mu.Lock()
+			delete(t.suspect, item.JobID)
+			t.mu.Unlock()
+		}
+		return resp, err
+	}
 	body, err := io.ReadAll(io.LimitReader(req.Body, wire.MaxBodyBytes+1))
 	req.Body.Close()
 	if err != nil {
@@ -166,6 +185,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		t.mu.Lock()
 		if i := slices.Index(l.queue, c); i >= 0 {
 			l.queue = slices.Delete(l.queue, i, i+1) // never sent
+		} else {
+			t.suspect[item.JobID] = true // sent, and no answer in time
 		}
 		t.mu.Unlock()
 		return nil, req.Context().Err()

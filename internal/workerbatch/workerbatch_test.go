@@ -334,3 +334,44 @@ func TestBatchesFollowFailover(t *testing.T) {
 	})
 }
 
+
+// A job whose call was sent in a batch and got no answer in its caller's
+// time goes on its own from then on, until it is answered: a job stuck at
+// the control plane holds the other jobs' calls behind it once at most.
+func TestStuckJobGoesAlone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		stuck := make(chan struct{})
+		w := newWorld(t, &plane{batches: true, hold: map[string]chan struct{}{"stuck": stuck}})
+		try := func() map[string]error {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			return w.renewAll(ctx, "stuck", "j1", "j2")()
+		}
+		if errs := try(); errs["stuck"] == nil {
+			t.Fatalf("the stuck job was answered: %v", errs)
+		}
+		start := time.Now()
+		errs := try()
+		if errs["j1"] != nil || errs["j2"] != nil || errs["stuck"] == nil {
+			t.Fatalf("second try: %v, want j1 and j2 answered past the stuck job", errs)
+		}
+		if d := time.Since(start); d != 10*time.Second {
+			t.Fatalf("second try took %v (the stuck job's own limit)", d)
+		}
+		for _, r := range w.p.seen()[len(w.p.seen())-3:] {
+			if strings.Contains(r, "stuck") && r != "call:stuck/renew" {
+				t.Fatalf("requests %v: the stuck job went in a batch again", w.p.seen())
+			}
+		}
+		close(stuck)
+		if _, err := w.renew(t.Context(), "stuck"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.renew(t.Context(), "stuck"); err != nil {
+			t.Fatal(err)
+		}
+		if s := w.p.seen(); s[len(s)-2] != "call:stuck/renew" || s[len(s)-1] != "batch:stuck" {
+			t.Fatalf("requests %v: once answered on its own, the job's next call goes in a batch again", s)
+		}
+	})
+}
