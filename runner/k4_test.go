@@ -13,8 +13,8 @@ import (
 	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
-	"github.com/runnerd/runnerd/wire"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // K4, through the daemon's own claim loop: the real control plane holds

@@ -334,7 +334,6 @@ func TestBatchesFollowFailover(t *testing.T) {
 	})
 }
 
-
 // A job whose call was sent in a batch and got no answer in its caller's
 // time goes on its own from then on, until it is answered: a job stuck at
 // the control plane holds the other jobs' calls behind it once at most.
