@@ -89,6 +89,8 @@ type Server struct {
 	cop *http.CrossOriginProtection
 	// hosts remembers host tokens the store accepted (HostTokenCache).
 	hosts hostCache
+	// owners remembers which host holds a batch item's attempt (workerbatch.go).
+	owners ownerCache
 }
 
 // New returns a server for cfg with its defaults filled in.

@@ -14,7 +14,7 @@ import (
 // store at once: enough for the store's coalescers to gather many into
 // one statement, few enough that one request cannot hold every
 // connection of the pool.
-const maxBatchJobsAtOnce = 32
+const maxBatchJobsAtOnce = 64
 
 // errOtherHost refuses a batch item whose worker token is a real one of
 // an attempt another host holds.
@@ -132,8 +132,47 @@ func (s *Server) handleWorkerBatch(w http.ResponseWriter, r *http.Request) {
 // map to an attempt of the job is left to the item's own handler, which
 // refuses it as the per-call endpoint does.
 func (s *Server) hostsAttempt(ctx context.Context, hostID string, it wire.BatchItem) bool {
-	a, err := s.cfg.Store.AuthorizeAttempt(ctx, it.JobID, HashToken(it.WorkerToken))
-	return err != nil || a.HostID == hostID
+	hash := HashToken(it.WorkerToken)
+	key := it.JobID + "\x00" + string(hash)
+	if owner, ok := s.owners.get(key); ok {
+		return owner == hostID
+	}
+	a, err := s.cfg.Store.AuthorizeAttempt(ctx, it.JobID, hash)
+	if err != nil {
+		return true
+	}
+	s.owners.put(key, a.HostID)
+	return a.HostID == hostID
+}
+
+// maxOwners bounds ownerCache; it starts again empty when full.
+const maxOwners = 1 << 16
+
+// ownerCache remembers which host holds the attempt of a (job, worker
+// token hash): a fact that never changes once the claim made it, so a
+// renewal every interval asks the store once per attempt, not per batch.
+// Whether the attempt still holds its lease is the item's own handler's
+// question, asked every time.
+type ownerCache struct {
+	// mu guards m.
+	mu sync.Mutex
+	m  map[string]string // job id NUL token hash → host id
+}
+
+func (c *ownerCache) get(key string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	h, ok := c.m[key]
+	return h, ok
+}
+
+func (c *ownerCache) put(key, hostID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxOwners {
+		c.m = make(map[string]string)
+	}
+	c.m[key] = hostID
 }
 
 // dispatch hands the item to the per-call handler as the request it
