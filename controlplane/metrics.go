@@ -31,6 +31,8 @@ type Metrics struct {
 	staleReports *prometheus.CounterVec   // op
 	reaped       *prometheus.CounterVec   // what
 	storeTx      *prometheus.HistogramVec // result
+	batches      prometheus.Counter
+	batchItems   *prometheus.CounterVec // op, status
 
 	server atomic.Pointer[Server] // the server whose store the gauges read; set by New
 }
@@ -86,9 +88,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of the store's write transactions (with the wait for SQLite's single writer), by result.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 14),
 		}, []string{"result"}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "controlplane_worker_batches_total", Help: "Worker batch requests (POST " + wire.PathWorkerBatch + ") answered item by item.",
+		}),
+		batchItems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "controlplane_worker_batch_items_total", Help: "Items of worker batch requests, by operation and the item's own status.",
+		}, []string{"op", "status"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.claims, m.claimedTurns, m.claimPolls, m.claimWakes, m.renewals, m.finishes, m.releases, m.staleReports, m.reaped, m.storeTx, storeCollector{m})
+		reg.MustRegister(m.requests, m.claims, m.claimedTurns, m.claimPolls, m.claimWakes, m.renewals, m.finishes, m.releases, m.staleReports, m.reaped, m.storeTx,
+			m.batches, m.batchItems, storeCollector{m})
 	}
 	return m
 }
@@ -137,19 +146,26 @@ func (m *Metrics) instrument(next http.Handler) http.Handler {
 			route = "unmatched" // refused before the mux, as a path it does not serve
 		}
 		m.requests.WithLabelValues(route, code).Observe(time.Since(start).Seconds())
-		switch route {
-		case routeClaim:
-			m.claims.WithLabelValues(claimResult(status)).Inc()
-		case routeRenew:
-			m.renewals.WithLabelValues(code).Inc()
-		case routeFinish:
-			m.finishes.WithLabelValues(wire.OpFinish, code).Inc()
-		case routeAbandon:
-			m.finishes.WithLabelValues(wire.OpAbandon, code).Inc()
-		case routeRelease:
-			m.releases.WithLabelValues(code).Inc()
-		}
+		m.countAnswer(route, status)
 	})
+}
+
+// countAnswer counts a worker API answer of route, the per-call request's
+// or a batch item's.
+func (m *Metrics) countAnswer(route string, status int) {
+	code := strconv.Itoa(status)
+	switch route {
+	case routeClaim:
+		m.claims.WithLabelValues(claimResult(status)).Inc()
+	case routeRenew:
+		m.renewals.WithLabelValues(code).Inc()
+	case routeFinish:
+		m.finishes.WithLabelValues(wire.OpFinish, code).Inc()
+	case routeAbandon:
+		m.finishes.WithLabelValues(wire.OpAbandon, code).Inc()
+	case routeRelease:
+		m.releases.WithLabelValues(code).Inc()
+	}
 }
 
 func claimResult(status int) string {

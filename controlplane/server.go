@@ -89,6 +89,8 @@ type Server struct {
 	cop *http.CrossOriginProtection
 	// hosts remembers host tokens the store accepted (HostTokenCache).
 	hosts hostCache
+	// owners remembers which host holds a batch item's attempt (workerbatch.go).
+	owners ownerCache
 }
 
 // New returns a server for cfg with its defaults filled in.
@@ -145,16 +147,12 @@ func (s *Server) Handler() http.Handler {
 
 	// Worker API, attempt scope.
 	job := func(op string) string { return "POST " + wire.AttemptPath("{job}", op) }
-	mux.HandleFunc(job(wire.OpRenew), s.handleRenew)
-	mux.HandleFunc(job(wire.OpEvents), s.handleEvents)
-	mux.HandleFunc(job(wire.OpContainer), s.handleContainer)
-	mux.HandleFunc(job(wire.OpAdmission), s.handleAdmission)
-	mux.HandleFunc(job(wire.OpSettlement), s.handleSettlement)
-	mux.HandleFunc(job(wire.OpNotices), s.handleNotice)
-	mux.HandleFunc(job(wire.OpAbandon), s.handleAbandon)
-	mux.HandleFunc(job(wire.OpRelease), s.handleRelease)
-	mux.HandleFunc(job(wire.OpFinish), s.handleFinish)
+	for op, h := range s.attemptHandlers() {
+		mux.HandleFunc(job(op), h)
+	}
 	mux.HandleFunc(job(wire.OpPermissions), s.handlePermissionAnswer)
+	// Many of the above of one host's attempts in one request (workerbatch.go).
+	mux.HandleFunc("POST "+wire.PathWorkerBatch, s.handleWorkerBatch)
 
 	// User API.
 	mux.HandleFunc("POST /v1/conversations", s.user(s.handleCreateConversation))

@@ -1,11 +1,13 @@
 package heartbeat_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
 	"github.com/runnerd/runnerd/internal/memnet"
+	"github.com/runnerd/runnerd/internal/workerbatch"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -65,8 +68,8 @@ type endpoint struct {
 
 func (e *endpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	at := time.Since(e.t0)
-	var job string
-	for _, j := range []string{jobID, "job-2"} {
+	var job string // jobID, job-2, or one of job-b1…job-b9
+	for _, j := range []string{jobID, "job-2", "job-b1", "job-b2", "job-b3", "job-b4", "job-b5", "job-b6", "job-b7", "job-b8", "job-b9"} {
 		if r.URL.Path == wire.AttemptPath(j, wire.OpRenew) {
 			job = j
 		}
@@ -261,4 +264,48 @@ func (c *capture) names() []string {
 		out = append(out, r.Msg)
 	}
 	return out
+}
+
+// batchedEnv is newEnv with the daemon's batching transport in the
+// renewal client's path, the endpoint behind a worker batch path that
+// hands each item to it as the per-call request it stands for.
+func batchedEnv(t *testing.T, p policy) (*env, *workerbatch.Transport) {
+	e := newEnv(t, p)
+	e.srv.Handler = unbatch{e.ep}
+	tr := workerbatch.New(e.hc.Transport, func() string { return "host-token" })
+	e.hc.Transport = tr
+	return e, tr
+}
+
+// unbatch serves wire.PathWorkerBatch by handing every item to next as
+// its per-call request, all at once, and answering their answers.
+type unbatch struct{ next http.Handler }
+
+func (u unbatch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != wire.PathWorkerBatch {
+		u.next.ServeHTTP(w, r)
+		return
+	}
+	var req wire.WorkerBatch
+	if r.Header.Get("Authorization") != "Bearer host-token" || json.NewDecoder(r.Body).Decode(&req) != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	out := make([]wire.BatchResult, len(req.Items))
+	var wg sync.WaitGroup
+	for i, it := range req.Items {
+		wg.Go(func() {
+			ir := httptest.NewRequestWithContext(r.Context(), http.MethodPost, wire.AttemptPath(it.JobID, it.Op), bytes.NewReader(it.Body))
+			ir.Header.Set("Authorization", "Bearer "+it.WorkerToken)
+			rec := httptest.NewRecorder()
+			u.next.ServeHTTP(rec, ir)
+			out[i] = wire.BatchResult{Status: rec.Code, RetryAfter: rec.Header().Get("Retry-After"), Body: bytes.TrimSpace(rec.Body.Bytes())}
+		})
+	}
+	wg.Wait()
+	if r.Context().Err() != nil {
+		return // the daemon gave up on this batch
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(wire.WorkerBatchResponse{Results: out})
 }

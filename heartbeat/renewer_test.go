@@ -13,6 +13,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/workerbatch"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -54,12 +55,31 @@ func aliveAfter(t *testing.T, r *heartbeat.Renewer, d time.Duration) {
 // R14, R2, R4, R10: with every read timing out, renewals go at 30, 45, 60,
 // 75, 90 and 105 s and the lease is given up locally at exactly 120 s, with
 // one control failure and retry records carrying the changing count.
+// The same holds with the daemon's batching transport in the path: the
+// first try is a batch of one, the later ones go alone once it timed out,
+// each with the renewer's timeout as before.
 func TestR14CadenceAllReadsTimeOut(t *testing.T) {
+	t.Run("per_call", func(t *testing.T) { testAllReadsTimeOut(t, false) })
+	t.Run("batched", func(t *testing.T) { testAllReadsTimeOut(t, true) })
+}
+
+func testAllReadsTimeOut(t *testing.T, batched bool) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, hangFrom(0))
+		var e *env
+		var tr *workerbatch.Transport
+		if batched {
+			e, tr = batchedEnv(t, hangFrom(0))
+		} else {
+			e = newEnv(t, hangFrom(0))
+		}
 		r := e.start(e.config(), e.attempt(jobID))
 		v := expectVerdict(t, e, r, heartbeat.Expired, 120*time.Second)
 		assertSends(t, e, jobID, secs(30, 45, 60, 75, 90, 105))
+		if batched && tr.Batches() != 1 {
+			// The first try timed out in a batch; the job's later tries go
+			// on their own until one is answered (workerbatch's suspect).
+			t.Fatalf("%d batch requests for 6 tries, want the first only", tr.Batches())
+		}
 		if !errors.Is(v.Err(), heartbeat.ErrLeaseExpired) || v.Renewals != 0 || v.LastAckSent != e.at(0) {
 			t.Fatalf("verdict %+v", v)
 		}
@@ -87,6 +107,38 @@ func TestR14CadenceAllReadsTimeOut(t *testing.T) {
 		if ex[diagnostics.KeyConsecutive] != int64(6) || ex[diagnostics.KeySinceAck] != int64(120_000) || ex[diagnostics.KeyClass] != diagnostics.ClassTimeout {
 			t.Fatalf("expiry record %v", ex)
 		}
+	})
+}
+
+// R14 with the batching transport: eight attempts of one host renew on
+// their own cadence (every 30 s, each answer its own), in fewer requests
+// than renewals.
+func TestR14BatchedRenewalsKeepTheirCadence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e, tr := batchedEnv(t, ok)
+		var rs []*heartbeat.Renewer
+		for i := range 8 {
+			a := e.attempt(jobID)
+			if i > 0 {
+				a = e.attempt(fmt.Sprintf("job-b%d", i))
+			}
+			rs = append(rs, e.start(e.config(), a))
+		}
+		aliveAfter(t, rs[0], 6*time.Minute)
+		for i, r := range rs {
+			job := jobID
+			if i > 0 {
+				job = fmt.Sprintf("job-b%d", i)
+			}
+			assertSends(t, e, job, secs(every(30, 30, 360)...))
+			if got, want := r.Lease().Deadline, e.at(360*time.Second+120*time.Second); got != want {
+				t.Fatalf("%s: deadline %v after claim, want 480s", job, got.Sub(e.at(0)))
+			}
+		}
+		if n := tr.Batches(); n >= 8*12 {
+			t.Fatalf("%d batch requests for %d renewals: nothing went together", n, 8*12)
+		}
+		t.Logf("%d renewals in %d batch requests", 8*12, tr.Batches())
 	})
 }
 

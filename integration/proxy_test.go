@@ -173,6 +173,10 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 	rp.Transport = tr
 	f := &faultProxy{closed: make(chan struct{})}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == wire.PathWorkerBatch {
+			f.serveBatch(w, r, target, tr)
+			return
+		}
 		job, op := attemptCall(r.URL.Path)
 		f.mu.Lock()
 		refuse := op != "" && op == f.op
@@ -202,6 +206,64 @@ func startFaultProxy(t *testing.T, target string) *faultProxy {
 		tr.CloseIdleConnections()
 	})
 	return f
+}
+
+// serveBatch treats each item of a daemon's worker batch as the per-call
+// request it stands for: seen as its job's op, refused on its own, a hung
+// op holding the whole batch; the rest go on, as one batch, to target.
+func (f *faultProxy) serveBatch(w http.ResponseWriter, r *http.Request, target string, tr http.RoundTripper) {
+	var req wire.WorkerBatch
+	if err := json.NewDecoder(io.LimitReader(r.Body, wire.MaxBatchBodyBytes)).Decode(&req); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	results := make([]wire.BatchResult, len(req.Items))
+	var pass wire.WorkerBatch
+	var passed []int
+	hang := false
+	f.mu.Lock()
+	for i, it := range req.Items {
+		refuse := it.Op == f.op
+		hang = hang || it.Op == f.hangOp
+		f.seen = append(f.seen, proxied{at: time.Now(), job: it.JobID, op: it.Op, refused: refuse})
+		if refuse {
+			body, _ := json.Marshal(wire.ErrorBody{Code: codeOf(f.status), Message: "refused by the test's proxy"})
+			results[i] = wire.BatchResult{Status: f.status, Body: body}
+			continue
+		}
+		pass.Items = append(pass.Items, it)
+		passed = append(passed, i)
+	}
+	f.mu.Unlock()
+	if hang {
+		select {
+		case <-r.Context().Done():
+		case <-f.closed:
+		}
+		return
+	}
+	if len(pass.Items) > 0 {
+		b, _ := json.Marshal(pass)
+		fwd, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, strings.TrimRight(target, "/")+wire.PathWorkerBatch, strings.NewReader(string(b)))
+		fwd.Header.Set("Authorization", r.Header.Get("Authorization"))
+		fwd.Header.Set("Content-Type", "application/json")
+		resp, err := tr.RoundTrip(fwd)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		var out wire.WorkerBatchResponse
+		if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.Results) != len(passed) {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		for j, i := range passed {
+			results[i] = out.Results[j]
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(wire.WorkerBatchResponse{Results: results})
 }
 
 // hang makes the proxy answer no call of op from now on: each waits until

@@ -129,6 +129,12 @@ type Config struct {
 	// boottime.Since(time.Now()), which runs on the bubble's fake time.
 	// Deadlines handed to a child are converted to CLOCK_BOOTTIME.
 	Clock boottime.Clock
+	// NoBatchRequests sends every renewal and report on its own request.
+	// By default the daemon batches them per host (internal/workerbatch):
+	// one sent at once while nothing is in flight, those made meanwhile
+	// together in POST /v1/agent/worker/batch as soon as it returns; a
+	// control plane without that path gets them one by one.
+	NoBatchRequests bool
 	// RenewHTTP configures the renewal client's transport (its request
 	// timeout is Timings.RequestTimeout). Tests set DialContext.
 	RenewHTTP heartbeat.HTTPConfig

@@ -17,6 +17,7 @@ import (
 
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
+	"github.com/runnerd/runnerd/internal/workerbatch"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -88,11 +89,21 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	// Claims, heartbeats, reports and renewals share one view of which
 	// replica answers: a failure seen by one moves them all.
+	// Under the endpoints, each client's attempt-scoped calls go in the
+	// host's batches (internal/workerbatch): renewals in their own, on
+	// their own pool (R3), reports in the control client's.
 	ep := cfg.endpoints
-	cfg.Transport = ep.Transport(cfg.Transport)
+	var d *Daemon
+	batched := func(base http.RoundTripper) http.RoundTripper {
+		if cfg.NoBatchRequests {
+			return base
+		}
+		return workerbatch.New(base, func() string { return d.hostToken() })
+	}
+	cfg.Transport = ep.Transport(batched(cfg.Transport))
 	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
-	renewHTTP.Transport = countRenewals{base: ep.Transport(renewHTTP.Transport), m: cfg.Metrics}
-	d := &Daemon{
+	renewHTTP.Transport = countRenewals{base: ep.Transport(batched(renewHTTP.Transport)), m: cfg.Metrics}
+	d = &Daemon{
 		cfg:         cfg,
 		log:         cfg.Logger,
 		rec:         diagnostics.NewRecorder(cfg.Logger),

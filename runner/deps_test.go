@@ -24,7 +24,7 @@ var moduleImports = map[string][]string{
 	"cmd":         nil,
 	"integration": nil,
 
-	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "runner/turn", "sandbox", "settlement", "wire"},
+	"runner": {"diagnostics", "handover", "heartbeat", "internal/atomicfile", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "internal/workerbatch", "runner/turn", "sandbox", "settlement", "wire"},
 	// Not sandbox/docker: the process backend's lean child (cmd/runnerd-child) runs turn.
 	"runner/turn": {"diagnostics", "handover", "internal/boottime", "internal/failover", "internal/retry", "internal/tlsfiles", "sandbox", "sandbox/process", "settlement", "wire"},
 
@@ -54,11 +54,12 @@ var moduleImports = map[string][]string{
 	"internal/fleet":            {"wire"}, // the process harness of integration and cmd/demo
 	"internal/memnet":           {},
 	"internal/retry":            {"wire"},
-	"internal/sdscope":          {}, // systemd scopes: cmd/runnerd alone imports it
-	"internal/syncbuf":          {}, // tests only
-	"internal/tlsfiles":         {}, // the TLS flags' PEM files: the daemon, the turn child, the control plane's commands
-	"internal/tlsfiles/tlstest": {}, // tests only: certificates made in the test
-	"internal/tools":            {}, // pins go.mod's requirements (build tag tools)
+	"internal/sdscope":          {},       // systemd scopes: cmd/runnerd alone imports it
+	"internal/syncbuf":          {},       // tests only
+	"internal/tlsfiles":         {},       // the TLS flags' PEM files: the daemon, the turn child, the control plane's commands
+	"internal/tlsfiles/tlstest": {},       // tests only: certificates made in the test
+	"internal/tools":            {},       // pins go.mod's requirements (build tag tools)
+	"internal/workerbatch":      {"wire"}, // the daemon's per-host batching of attempt-scoped calls
 
 	"internal/bench/held":     {"internal/fleet", "wire"}, // a whole host's cost per held turn
 	"internal/bench/held/cmd": nil,                        // its command

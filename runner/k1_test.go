@@ -55,9 +55,10 @@ type faultProxy struct {
 	tries  map[string][]time.Duration
 }
 
-func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	op := path.Base(r.URL.Path)
+// pick records a try of op and returns its planned answer, if any.
+func (p *faultProxy) pick(op string) (answer, bool) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.tries[op] = append(p.tries[op], time.Since(p.start))
 	a, planned := answer{}, false
 	if q := p.plan[op]; len(q) > 0 {
@@ -65,7 +66,15 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	} else if al, ok := p.always[op]; ok {
 		a, planned = al, true
 	}
-	p.mu.Unlock()
+	return a, planned
+}
+
+func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == wire.PathWorkerBatch {
+		p.serveBatch(w, r)
+		return
+	}
+	a, planned := p.pick(path.Base(r.URL.Path))
 	switch {
 	case planned && a.hang:
 		io.Copy(io.Discard, r.Body) // then the server notices the client leaving
@@ -89,6 +98,60 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(a.status)
 	json.NewEncoder(w).Encode(wire.ErrorBody{Code: "injected", Message: "injected by the test's proxy"})
+}
+
+// serveBatch plans each item of a worker batch as the per-call request
+// it stands for: a planned status is that item's answer, a hang holds
+// the whole batch (no item of it is answered), a delay holds the answer,
+// and the rest go on, as one batch, to the control plane.
+func (p *faultProxy) serveBatch(w http.ResponseWriter, r *http.Request) {
+	var req wire.WorkerBatch
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		return
+	}
+	results := make([]wire.BatchResult, len(req.Items))
+	var pass wire.WorkerBatch
+	var passed []int
+	hang, delay := false, time.Duration(0)
+	for i, it := range req.Items {
+		a, planned := p.pick(it.Op)
+		switch {
+		case planned && a.hang:
+			hang = true
+		case !planned || a.status == 0 || a.delay > 0:
+			delay = max(delay, a.delay)
+			pass.Items = append(pass.Items, it)
+			passed = append(passed, i)
+		default:
+			body, _ := json.Marshal(wire.ErrorBody{Code: "injected", Message: "injected by the test's proxy"})
+			results[i] = wire.BatchResult{Status: a.status, RetryAfter: a.retryAfter, Body: body}
+		}
+	}
+	if hang {
+		<-r.Context().Done()
+		return
+	}
+	if len(pass.Items) > 0 {
+		b, _ := json.Marshal(pass)
+		fwd := httptest.NewRequestWithContext(r.Context(), http.MethodPost, wire.PathWorkerBatch, strings.NewReader(string(b)))
+		fwd.Header.Set("Authorization", r.Header.Get("Authorization"))
+		rec := httptest.NewRecorder()
+		p.next.ServeHTTP(rec, fwd)
+		var out wire.WorkerBatchResponse
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &out) != nil || len(out.Results) != len(passed) {
+			maps.Copy(w.Header(), rec.Header())
+			w.WriteHeader(rec.Code)
+			w.Write(rec.Body.Bytes())
+			return
+		}
+		for j, i := range passed {
+			results[i] = out.Results[j]
+		}
+	}
+	time.Sleep(delay)
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(wire.WorkerBatchResponse{Results: results})
 }
 
 func (p *faultProxy) set(op string, plan []answer, always *answer) {

@@ -14,6 +14,7 @@ import (
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/heartbeat"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // K4, through the daemon's own claim loop: the real control plane holds
@@ -30,7 +31,9 @@ func TestK4ClaimLoopLeaseCountsHeld(t *testing.T) {
 		const ttl, heldFor = 6 * time.Second, 20 * time.Second
 		silent := func(h http.Handler) http.Handler {
 			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if strings.HasSuffix(r.URL.Path, "/renew") || strings.HasSuffix(r.URL.Path, "/release") {
+				// A worker batch carries only these here (the launch fails:
+				// no report but the release); 503 is each item's answer.
+				if strings.HasSuffix(r.URL.Path, "/renew") || strings.HasSuffix(r.URL.Path, "/release") || r.URL.Path == wire.PathWorkerBatch {
 					w.WriteHeader(http.StatusServiceUnavailable)
 					return
 				}

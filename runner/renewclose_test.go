@@ -18,6 +18,10 @@ func TestRenewalClientClosesIdleConnections(t *testing.T) {
 	closed := make(chan struct{}, 1)
 	hs := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == wire.PathWorkerBatch {
+			w.WriteHeader(http.StatusNotFound) // an older control plane: renewals go per call
+			return
+		}
 		w.Write([]byte(`{}`))
 	}))
 	hs.Config.ConnState = func(_ net.Conn, s http.ConnState) {

@@ -968,3 +968,50 @@ type FinishResponse struct {
 
 // Empty is the body of answers that carry nothing but their status.
 type Empty struct{}
+
+// ---- the worker batch ----
+
+// PathWorkerBatch is POST of a WorkerBatch with the host token: many
+// attempt-scoped calls of the host's attempts in one request, each
+// authorized by its own worker token and answered on its own.
+const PathWorkerBatch = "/v1/agent/worker/batch"
+
+// Bounds of a WorkerBatch: at most MaxBatchItems items, the whole body at
+// most MaxBatchBodyBytes, each item's body at most MaxBodyBytes (as the
+// per-call request's).
+const (
+	MaxBatchItems     = 256
+	MaxBatchBodyBytes = 8 * MaxBodyBytes
+)
+
+// BatchOps are the operations a WorkerBatch item may carry: every
+// attempt-scoped call but the permission answer's long poll.
+var BatchOps = []string{OpRenew, OpEvents, OpContainer, OpAdmission, OpSettlement, OpNotices, OpAbandon, OpRelease, OpFinish}
+
+// WorkerBatch is the body of POST PathWorkerBatch.
+type WorkerBatch struct {
+	Items []BatchItem `json:"items"`
+}
+
+// BatchItem is one attempt-scoped call: what POST AttemptPath(JobID, Op)
+// with "Authorization: Bearer WorkerToken" and Body would send.
+type BatchItem struct {
+	Op          string          `json:"op"`
+	JobID       string          `json:"job_id"`
+	WorkerToken string          `json:"worker_token"`
+	Body        json.RawMessage `json:"body"`
+}
+
+// WorkerBatchResponse answers a WorkerBatch: one result per item, in the
+// items' order.
+type WorkerBatchResponse struct {
+	Results []BatchResult `json:"results"`
+}
+
+// BatchResult is one item's answer: the status and body the per-call
+// endpoint would have answered, and its Retry-After header if it had one.
+type BatchResult struct {
+	Status     int             `json:"status"`
+	RetryAfter string          `json:"retry_after,omitempty"`
+	Body       json.RawMessage `json:"body"`
+}
