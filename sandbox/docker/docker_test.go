@@ -915,6 +915,59 @@ func TestDockerConversationsListsOnlyOurs(t *testing.T) {
 	}
 }
 
+// K8 per sandbox: a sandbox records the cluster of the turn that created
+// it on its workspace volume and its container (LabelCluster), and Listed
+// gives it — from a fresh Backend too, the engine's labels being the
+// record. A later Ensure granted by another cluster changes nothing; a
+// container made anew over the workspace is still listed under the
+// volume's cluster; one made with no cluster lists none.
+func TestDockerListedNamesTheClusterCreatedUnder(t *testing.T) {
+	a, cfgA := newBackend(t, nil)
+	ctx := testCtx(t)
+	underA, recreated, none := newSpec(imgTestAgent), newSpec(imgTestAgent), newSpec(imgTestAgent)
+	underA.Cluster, recreated.Cluster = "cluster_a", "cluster_a"
+	for _, sp := range []sandbox.Spec{underA, recreated, none} {
+		if _, err := a.Ensure(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := underA
+	again.Cluster = "cluster_b"
+	sb, err := a.Ensure(ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := env.engine.ContainerInspect(ctx, sb.ID); err != nil || info.Config.Labels[docker.LabelCluster] != "cluster_a" {
+		t.Fatalf("container labels %v (%v), want %s=cluster_a", info.Config, err, docker.LabelCluster)
+	}
+	// The container gone, a turn granted by B makes it anew over A's workspace.
+	rsb, err := a.Ensure(ctx, recreated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.ContainerRemove(ctx, rsb.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	recreated.Cluster = "cluster_b"
+	if _, err := a.Ensure(ctx, recreated); err != nil {
+		t.Fatal(err)
+	}
+
+	want := []sandbox.Listed{
+		{ConversationID: underA.ConversationID, Cluster: "cluster_a"},
+		{ConversationID: recreated.ConversationID, Cluster: "cluster_a"},
+		{ConversationID: none.ConversationID},
+	}
+	slices.SortFunc(want, func(x, y sandbox.Listed) int { return strings.Compare(x.ConversationID, y.ConversationID) })
+	fresh, err := docker.New(cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := fresh.Listed(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("listed %v (%v), want %v", got, err, want)
+	}
+}
+
 // Limits: a conversation's limits are applied to its container as the engine
 // reports it: each where it is lower than the host's (or the host sets
 // none), the host's where the conversation asks more — a sandbox never gets
