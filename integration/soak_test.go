@@ -145,8 +145,10 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 // conversations, one turn each, run soakCapacity at a time on one host
 // with --sandbox-idle 2s. Once every sandbox is evicted, (1) the host's
 // memory — the resident memory of all this test's processes: daemon, turn
-// children, supervisors, agents — is back to its idle baseline, measured
-// before the first conversation, within soakMemorySlack of it (a ratio);
+// children, supervisors, agents — is back to its idle baseline within
+// soakMemorySlack of it (a ratio); the baseline is the idle host after a
+// warm-up of 2×soakCapacity conversations, evicted, so what is judged is
+// whether soakConversations idle conversations cost more than a few;
 // (2) no supervisor runs and no turn is held. Every conversation's second
 // turn then wakes its sandbox and resumes its native session: the agent's
 // transcript shows the first prompt and then the second, at native turns
