@@ -21,7 +21,6 @@ const opSweep = "conversation_states"
 // each with the cluster identity it was created under. sandbox/process
 // and sandbox/docker implement it.
 type sandboxLister interface {
-	Conversations(ctx context.Context) ([]string, error)
 	Listed(ctx context.Context) ([]sandbox.Listed, error)
 }
 
