@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -169,6 +170,125 @@ func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesProcess(t *testing.T) {
 	}
 	if _, ok := e.supervisorOf(kept.ID); !ok {
 		t.Error("B's usable conversation lost its supervisor")
+	}
+	if n := strings.Count(d.Output(), `"msg":"runnerd_sandbox_swept"`); n != 1 {
+		t.Errorf("%d sweep records on B, want 1", n)
+	}
+}
+
+// waitTurnOn sends prompt to conv on the control plane of user u and waits
+// for its turn to succeed.
+func (e *env) waitTurnOn(u *fleet.User, convID, prompt string) {
+	e.t.Helper()
+	j, err := u.Send(e.ctx, convID, prompt)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := e.waitCtx()
+	defer cancel()
+	j, err = u.WaitJob(ctx, j.ID, tick, "to end", func(j wire.Job) bool { return fleet.Ended(j.State) })
+	if err != nil || j.State != wire.JobSucceeded {
+		e.t.Fatalf("turn of %s: %v %s", convID, err, describeJob(j))
+	}
+}
+
+// containerCluster is the cluster label of the conversation's one
+// container, and its id and whether it runs.
+func (e *dockerEnv) containerCluster(convID string) (cluster, id string, running bool) {
+	e.t.Helper()
+	ids := e.containers(convID)
+	if len(ids) != 1 {
+		e.t.Fatalf("conversation %s has containers %v, want one", convID, ids)
+	}
+	info, err := e.eng.ContainerInspect(e.ctx, ids[0])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.Config.Labels[docker.LabelCluster], info.ID, info.State != nil && info.State.Running
+}
+
+// K8 per sandbox, S3, end to end on the Docker backend against the real
+// engine: TestK8NewDatabaseSweepsOnlyItsOwnSandboxesProcess with
+// containers. A's two conversations' containers carry A's identity
+// (runnerd.cluster, the pinned one); moved to a new, empty database B,
+// the host's container for B's deleted conversation is removed with its
+// workspace volume, while A's containers — the same ids, still running —
+// and their volumes stay on B's "unknown", and B's usable one keeps its.
+func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesDocker(t *testing.T) {
+	t.Parallel()
+	e := newDockerEnv(t, envOpts{}, "")
+	dockerSweep := func(c *fleet.DaemonConfig) {
+		c.Sandbox = "docker"
+		c.Args = append(c.Args, "--sandbox-sweep", "200ms")
+	}
+	d := e.startDaemon(dockerSweep)
+	var onA []wire.Conversation
+	for _, title := range []string{"a-one", "a-two"} {
+		c := e.conversation(title)
+		e.waitTurnOn(e.user, c.ID, "hello from A")
+		onA = append(onA, c)
+	}
+	pinned, err := os.ReadFile(filepath.Join(e.stateDir, "cluster-id"))
+	if err != nil {
+		t.Fatalf("the host pinned no cluster: %v", err)
+	}
+	clusterA := strings.TrimSpace(string(pinned))
+	idsA := map[string]string{}
+	for _, c := range onA {
+		cl, id, _ := e.containerCluster(c.ID)
+		if cl != clusterA {
+			t.Fatalf("the container of %s carries cluster %q, want A's %q", c.ID, cl, clusterA)
+		}
+		idsA[c.ID] = id
+	}
+
+	d.Signal(syscall.SIGUSR1)
+	if err := d.Wait(20 * time.Second); err != nil {
+		t.Fatalf("the daemon did not drain: %v", err)
+	}
+	cpB, tokenB := e.freshControlPlane("cp-b")
+	d = e.startDaemon(func(c *fleet.DaemonConfig) {
+		dockerSweep(c)
+		c.ControlPlaneURL, c.HostTokenFile = cpB.URL, tokenB
+	})
+	mark := d.Mark()
+	var onB []wire.Conversation
+	for _, title := range []string{"b-kept", "b-deleted"} {
+		c, err := cpB.User.Create(e.ctx, wire.CreateConversationRequest{Title: title, Image: e.tag, AgentCommand: []string{"/demoagent"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.waitTurnOn(cpB.User, c.ID, "hello from B")
+		onB = append(onB, c)
+	}
+	kept, deleted := onB[0], onB[1]
+	clusterB, _, _ := e.containerCluster(kept.ID)
+	if cl, _, _ := e.containerCluster(deleted.ID); clusterB == "" || clusterB == clusterA || cl != clusterB {
+		t.Fatalf("B's containers carry clusters %q and %q; want B's, not A's %q", clusterB, cl, clusterA)
+	}
+
+	if cv, err := cpB.User.Delete(e.ctx, deleted.ID); err != nil || cv.State != wire.ConversationDeleted {
+		t.Fatalf("delete on B: %+v, %v", cv, err)
+	}
+	swept := regexp.MustCompile(`"msg":"runnerd_sandbox_swept".*"conversation_id":"` + regexp.QuoteMeta(deleted.ID) + `".*"reason":"deleted"`)
+	if _, err := d.AwaitOutput(mark, swept, waitFor); err != nil {
+		t.Fatalf("B's deleted conversation was not swept: %v\n%s", err, d.Output())
+	}
+	if ids, vols := e.containers(deleted.ID), e.volumes(deleted.ID); len(ids) != 0 || len(vols) != 0 {
+		t.Errorf("B's deleted conversation still has containers %v and volumes %v", ids, vols)
+	}
+	other := regexp.MustCompile(`"msg":"runnerd_sandbox_sweep_other_cluster","cluster_id":"` + regexp.QuoteMeta(clusterB) + `","kept":2`)
+	if _, err := d.AwaitOutput(mark, other, waitFor); err != nil {
+		t.Fatalf("no record of the sandboxes B may not judge: %v\n%s", err, d.Output())
+	}
+	for _, c := range onA {
+		cl, id, running := e.containerCluster(c.ID)
+		if id != idsA[c.ID] || !running || cl != clusterA || len(e.volumes(c.ID)) != 1 {
+			t.Errorf("A's conversation %s: container %s (running %v, cluster %q), volumes %v; want %s running, its volume", c.ID, id, running, cl, e.volumes(c.ID), idsA[c.ID])
+		}
+	}
+	if ids, vols := e.containers(kept.ID), e.volumes(kept.ID); len(ids) != 1 || len(vols) != 1 {
+		t.Errorf("B's usable conversation has containers %v and volumes %v, want one of each", ids, vols)
 	}
 	if n := strings.Count(d.Output(), `"msg":"runnerd_sandbox_swept"`); n != 1 {
 		t.Errorf("%d sweep records on B, want 1", n)

@@ -12,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -238,4 +242,106 @@ func TestS1SoakIdleEvictionProcess(t *testing.T) {
 	e.allEvicted()
 	within("after the second turns' eviction")
 	t.Logf("the soak: %d conversations, two turns each, in %v", soakConversations, time.Since(began).Round(time.Second))
+}
+
+// runningContainers counts this host's sandbox containers the engine
+// reports running.
+func (e *dockerEnv) runningContainers() int {
+	e.t.Helper()
+	list, err := e.eng.ContainerList(e.ctx, container.ListOptions{Filters: filters.NewArgs(
+		filters.Arg("label", docker.LabelHost+"="+e.host),
+		filters.Arg("status", "running"),
+	)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(list)
+}
+
+// The soak's smaller Docker variant: soakDockerConversations
+// conversations, one turn each, soakDockerCapacity at a time, with
+// --sandbox-idle 2s, against the real engine. After eviction no container
+// of this host runs (a stopped container holds no memory: its processes
+// are gone, as the engine reports) and the host's own processes — the
+// daemon and its turn children — are back within soakMemorySlack of the
+// warmed idle baseline; every second turn starts the same retained
+// container again and resumes its native session (the agent's transcript
+// in the container holds both prompts once each; native turn 2); after
+// the second round's evictions nothing runs again.
+func TestS1SoakIdleEvictionDocker(t *testing.T) {
+	t.Parallel()
+	const (
+		soakDockerConversations = 24
+		soakDockerCapacity      = 4
+	)
+	began := time.Now()
+	e := newDockerEnv(t, envOpts{leaseTTL: calmLease}, "")
+	e.startDaemon(func(c *fleet.DaemonConfig) {
+		calm(c)
+		c.Sandbox = "docker"
+		c.Capacity = soakDockerCapacity
+		c.Args = append(c.Args, "--sandbox-sweep", "0", "--sandbox-idle="+soakIdle.String())
+	})
+	e.waitServer("to be online", func(s wire.Server) bool { return wire.HostState(s, time.Now()) == wire.HostOnline })
+	evicted := func(round string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Minute)
+		defer cancel()
+		if err := fleet.Poll(ctx, tick, "every container stopped", func(context.Context) (bool, error) {
+			return e.runningContainers() == 0 && e.turnsHeld() == 0, nil
+		}); err != nil {
+			t.Fatalf("%s: %v: %d containers run, %d turns held", round, err, e.runningContainers(), e.turnsHeld())
+		}
+	}
+	warm := make([]wire.Conversation, 2*soakDockerCapacity)
+	for i := range warm {
+		warm[i] = e.conversation(fmt.Sprintf("warm-up %d", i))
+	}
+	e.sendAll(warm, "warm up")
+	evicted("the warm-up")
+	baseline, _, _ := e.hostMemory()
+	within := func(round string) {
+		t.Helper()
+		kib, _, _ := e.hostMemory()
+		ratio := float64(kib) / float64(baseline)
+		t.Logf("%s: the host's own processes %d KiB, %.2f× the idle baseline of %d KiB; no container runs", round, kib, ratio, baseline)
+		if ratio > 1+soakMemorySlack || ratio < 1-soakMemorySlack {
+			t.Errorf("%s: %d KiB is %.2f× the idle baseline %d KiB, want within ±%.0f %%", round, kib, ratio, baseline, soakMemorySlack*100)
+		}
+	}
+
+	convs := make([]wire.Conversation, soakDockerConversations)
+	for i := range convs {
+		convs[i] = e.conversation(fmt.Sprintf("docker soak %d", i))
+	}
+	first, created := e.sendAll(convs, "remember the soak")
+	retained := make([]string, len(convs))
+	for i, j := range first {
+		if j.State != wire.JobSucceeded {
+			t.Fatalf("first turn of %s: %s", convs[i].ID, describeJob(j))
+		}
+		retained[i] = e.conv(convs[i].ID).ContainerID
+	}
+	evicted("after the first turns")
+	within("after the first turns' eviction")
+
+	second, took := e.sendAll(convs, "what did I say?")
+	for i, j := range second {
+		if j.State != wire.JobSucceeded {
+			t.Fatalf("second turn of %s: %s", convs[i].ID, describeJob(j))
+		}
+		cv := e.conv(convs[i].ID)
+		if cv.ContainerID != retained[i] || cv.NativeTurn != 2 || cv.State != wire.ConversationUsable {
+			t.Errorf("conversation %s after its second turn: container %.12s at native turn %d (%s), want the retained %.12s at 2, usable", cv.ID, cv.ContainerID, cv.NativeTurn, cv.State, retained[i])
+		}
+		if got := containerTranscript(t, e.eng, retained[i]); !slices.Equal(got, []string{"remember the soak", "what did I say?"}) {
+			t.Errorf("the agent of %s received %q, want each prompt once", cv.ID, got)
+		}
+	}
+	t.Logf("docker, claim to end, %d turns at a time: first turns (creating the container) p50 %v, p95 %v; second turns (starting it again) p50 %v, p95 %v",
+		soakDockerCapacity, percentile(created, 0.5).Round(time.Millisecond), percentile(created, 0.95).Round(time.Millisecond),
+		percentile(took, 0.5).Round(time.Millisecond), percentile(took, 0.95).Round(time.Millisecond))
+	evicted("after the second turns")
+	within("after the second turns' eviction")
+	t.Logf("the docker soak: %d conversations, two turns each, in %v", soakDockerConversations, time.Since(began).Round(time.Second))
 }
