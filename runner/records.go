@@ -89,6 +89,7 @@ const (
 	keyPinnedCluster = "pinned_cluster_id"
 	keySeenCluster   = "cluster_id"
 	keyKept          = "kept"
+	keySource        = "source"
 	keyRunning       = "running"
 	keyMechanism     = "mechanism"
 	keyCgroup        = "cgroup"

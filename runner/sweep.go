@@ -115,6 +115,7 @@ func (s *sweeper) round(ctx context.Context) {
 		return
 	}
 	s.listFailing = false
+	d.collectTeardowns(ctx, listed) // S6: what the supervisors could not prove
 	var ask []string
 	created := make(map[string]string, len(listed)) // conversation → the cluster its sandbox was created under
 	for _, l := range listed {

@@ -1,6 +1,8 @@
 package docker_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -965,6 +967,51 @@ func TestDockerListedNamesTheClusterCreatedUnder(t *testing.T) {
 	}
 	if got, err := fresh.Listed(ctx); err != nil || !slices.Equal(got, want) {
 		t.Fatalf("listed %v (%v), want %v", got, err, want)
+	}
+}
+
+// S6: a record the supervisor in the container leaves in its state
+// directory (/.runnerd/state, sandbox.TeardownRecordsDir) for a teardown
+// it could not prove is what CollectTeardownRecords returns, from the
+// host's side of the bind mount, once: the file is removed.
+func TestDockerCollectsTheSupervisorsTeardownRecords(t *testing.T) {
+	b, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec(imgTestAgent)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := sandbox.TeardownRecord{Teardown: "fence", Generation: 7, AgentPID: 12, PIDs: []int{34}, BudgetMS: 15000, At: time.Now().UTC().Truncate(time.Second)}
+	body, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	for _, h := range []*tar.Header{
+		{Name: sandbox.TeardownRecordsDir + "/", Typeflag: tar.TypeDir, Mode: 0o700},
+		{Name: sandbox.TeardownRecordsDir + "/7-1.json", Typeflag: tar.TypeReg, Mode: 0o600, Size: int64(len(body))},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tw.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.CopyToContainer(ctx, sb.ID, "/.runnerd/state", &tarball, container.CopyToContainerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.CollectTeardownRecords(ctx, spec.ConversationID)
+	if err != nil || len(got) != 1 || got[0].Teardown != "fence" || !slices.Equal(got[0].PIDs, []int{34}) || !got[0].At.Equal(rec.At) {
+		t.Fatalf("collected %+v (%v), want %+v", got, err, rec)
+	}
+	if again, err := b.CollectTeardownRecords(ctx, spec.ConversationID); err != nil || len(again) != 0 {
+		t.Fatalf("collected again %+v (%v), want none", again, err)
 	}
 }
 

@@ -94,6 +94,18 @@ func (b *Backend) Listed(ctx context.Context) ([]sandbox.Listed, error) {
 	return ls, nil
 }
 
+// CollectTeardownRecords returns, and removes, the records of the
+// teardowns of its turns' agent trees the supervisor in the
+// conversation's container could not prove (sandbox.TeardownRecordsDir in
+// its host-side state directory, S6).
+func (b *Backend) CollectTeardownRecords(ctx context.Context, conversationID string) ([]sandbox.TeardownRecord, error) {
+	recs, err := sandbox.CollectTeardownRecords(b.stateDir(conversationID))
+	if err != nil {
+		return recs, fmt.Errorf("collect teardown records: %w", err)
+	}
+	return recs, ctx.Err()
+}
+
 // conversations lists, sorted, the conversations that have a container or
 // a workspace volume of this host.
 func (b *Backend) conversations(ctx context.Context) ([]string, error) {

@@ -450,6 +450,20 @@ func (b *Backend) Listed(ctx context.Context) ([]sandbox.Listed, error) {
 	return out, ctx.Err()
 }
 
+// CollectTeardownRecords returns, and removes, the records of the
+// teardowns of its turns' agent trees the conversation's supervisor could
+// not prove (sandbox.TeardownRecordsDir, S6).
+func (b *Backend) CollectTeardownRecords(ctx context.Context, conversationID string) ([]sandbox.TeardownRecord, error) {
+	if err := checkConversation(conversationID); err != nil {
+		return nil, err
+	}
+	recs, err := sandbox.CollectTeardownRecords(b.StateDir(conversationID))
+	if err != nil {
+		return recs, fmt.Errorf("collect teardown records: %w", err)
+	}
+	return recs, ctx.Err()
+}
+
 // clusterFile is, in a sandbox directory, the cluster identity it was
 // created under.
 const clusterFile = "cluster-id"
