@@ -161,6 +161,7 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 // sandbox before and after eviction, the soak's duration, the second
 // turns' send-to-end times — are logged, not asserted.
 func TestS1SoakIdleEvictionProcess(t *testing.T) {
+	t.Parallel() // it measures only its own processes, and overlaps the package's other tests within make test's bound
 	began := time.Now()
 	e := newEnv(t, envOpts{leaseTTL: calmLease})
 	e.startDaemon(func(c *fleet.DaemonConfig) {
