@@ -33,6 +33,15 @@ const (
 	soakMemorySlack = 0.10
 )
 
+// soakCalm is the soak's daemon beyond calm's lease: receipt tries and
+// control calls given seconds, not the harness's scaled-down half second,
+// so that a turn among many on a loaded machine is not failed by a slow
+// receipt answer — the soak judges memory and sessions, not R24's retry.
+func soakCalm(c *fleet.DaemonConfig) {
+	calm(c)
+	c.ReceiptTimeout, c.ReceiptRetry, c.ControlTimeout = 5*time.Second, 200*time.Millisecond, 5*time.Second
+}
+
 // hostMemory is what the soak measures of the host: the resident memory
 // (VmRSS) summed over every live process of this test — the daemon, its
 // turn children, the supervisors and their agents (procs) — and, of
@@ -165,7 +174,7 @@ func TestS1SoakIdleEvictionProcess(t *testing.T) {
 	began := time.Now()
 	e := newEnv(t, envOpts{leaseTTL: calmLease})
 	e.startDaemon(func(c *fleet.DaemonConfig) {
-		calm(c)
+		soakCalm(c)
 		c.Capacity = soakCapacity
 		c.Args = append(c.Args, "--sandbox-idle="+soakIdle.String())
 	})
@@ -278,7 +287,7 @@ func TestS1SoakIdleEvictionDocker(t *testing.T) {
 	began := time.Now()
 	e := newDockerEnv(t, envOpts{leaseTTL: calmLease}, "")
 	e.startDaemon(func(c *fleet.DaemonConfig) {
-		calm(c)
+		soakCalm(c)
 		c.Sandbox = "docker"
 		c.Capacity = soakDockerCapacity
 		c.Args = append(c.Args, "--sandbox-sweep", "0", "--sandbox-idle="+soakIdle.String())
