@@ -202,8 +202,9 @@ func TestConversationStatesStoreFailureIsNotUnknown(t *testing.T) {
 }
 
 // K8: the host calls that decide about sandboxes carry the database's
-// cluster identity: the host heartbeat's answer (first contact) and the
-// conversation states' answer.
+// cluster identity: the host heartbeat's answer (first contact), the
+// conversation states' answer, and each claim (the host records it with
+// a sandbox it creates for the turn: K8 per sandbox).
 func TestK8HostCallsCarryClusterIdentity(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
@@ -218,5 +219,9 @@ func TestK8HostCallsCarryClusterIdentity(t *testing.T) {
 	st, err := f.wc.ConversationStates(ctx, f.hostToken, wire.ConversationStatesRequest{ConversationIDs: []string{"conv_x"}})
 	if err != nil || st.ClusterID != want || len(st.Conversations) != 1 || st.Conversations[0].State != wire.ConversationUnknown {
 		t.Fatalf("conversation states answer %+v, %v; want cluster %q", st, err, want)
+	}
+	f.send(f.newConversation().ID, "hello")
+	if cl := f.claim(); cl.ClusterID != want {
+		t.Fatalf("claim carries cluster %q, want %q", cl.ClusterID, want)
 	}
 }

@@ -121,6 +121,14 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	if key := req.IdempotencyKey; key != "" {
 		p.KeyHash = HashToken(key)
 	}
+	// The identity of the database that grants the claims (K8): the host
+	// records it with a sandbox it creates for one. Read before claiming,
+	// so a failure here leaves nothing claimed.
+	cluster, err := s.cfg.Store.ClusterID(r.Context())
+	if err != nil {
+		s.fail(w, r, op, err)
+		return
+	}
 	var claims []wire.Claim
 	found, err := s.waitForWork(r.Context(), wait, func(ctx context.Context) (bool, error) {
 		p.Held = time.Since(arrived)
@@ -150,6 +158,7 @@ func (s *Server) handleClaim(w http.ResponseWriter, r *http.Request) {
 	for i := range claims {
 		c := &claims[i]
 		c.WorkerToken = tokens[i]
+		c.ClusterID = cluster
 		if c.Replayed {
 			// The first answer's attempt: its token, its hold (the store
 			// kept it, rounded down like this one: a hair early, never late).

@@ -15,7 +15,7 @@ import (
 // host's sandboxes and stop one without deleting it. sandbox/process and
 // sandbox/docker implement it.
 type sandboxStopper interface {
-	sandboxLister
+	Conversations(ctx context.Context) ([]string, error)
 	sandbox.Stopper
 }
 

@@ -126,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
 		}, []string{"teardown"}),
 		SandboxTeardownIncomplete: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "runnerd_sandbox_teardown_incomplete_total", Help: "Sandbox teardowns that did not prove the sandbox's processes gone within --teardown-budget (sandbox_teardown_incomplete), by reason: the teardown (idle, pressure, delete).",
+			Name: "runnerd_sandbox_teardown_incomplete_total", Help: "Sandbox teardowns that did not prove the sandbox's processes gone within --teardown-budget (sandbox_teardown_incomplete), by reason: the teardown (idle, pressure, delete; a turn's cancel or fence, as its supervisor recorded it).",
 		}, []string{"reason"}),
 		SpareChildren: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_spare_children_total", Help: "Spare turn children (started before a claim, no slot of --capacity), by how their wait ended: handed a claim's payload, or discarded unused (exited, outdated, assign_failed, stopped).",

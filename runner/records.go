@@ -35,14 +35,19 @@ const (
 	MsgSandboxSwept      = "runnerd_sandbox_swept"        // the sweep removed a sandbox: reason lost, deleted, or recorded_elsewhere (sandbox_host)
 	MsgSweepFailed       = "runnerd_sandbox_sweep_failed" // the backend could not list its sandboxes; once per run of failures
 	MsgSweepOff          = "runnerd_sandbox_sweep_off"    // the sweep cannot work here (backend, or until the control plane has the call), and why
-	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox is removed on its word (K8)
-	MsgControlRecovered  = "runnerd_control_recovered"    // claims or host heartbeats answer again
-	MsgDrainStarted      = "runnerd_drain_started"        // claiming stopped to take the host out of service: running, limit_ms
-	MsgDrainTimeout      = "runnerd_drain_timeout"        // the drain's limit passed: the turns still running are stopped
-	MsgDrainEnded        = "runnerd_drain_ended"          // a second drain request: the turns still running are stopped now
-	MsgHandoverStarted   = "runnerd_handover_started"     // SIGTERM: claiming stopped, every running turn is left for the next start (P5)
-	MsgTurnHandedOver    = "runnerd_turn_handed_over"     // one accepted turn left running, its child waiting to be re-attached: pid
-	MsgStopped           = "runnerd_stopped"              // the end: handover, handed_over (turns), unanswered (launches not answered in time)
+	MsgClusterChanged    = "runnerd_cluster_changed"      // the control plane is not the cluster pinned at first contact: no sandbox that recorded no cluster of its own is removed on its word (K8)
+	// MsgSweepOtherCluster: the sweep's control plane (cluster_id) may not
+	// judge kept of this host's sandboxes — created under another cluster,
+	// which alone may remove them, or recording none and the host pinned
+	// another (K8 per sandbox); once per cluster and count.
+	MsgSweepOtherCluster = "runnerd_sandbox_sweep_other_cluster"
+	MsgControlRecovered  = "runnerd_control_recovered" // claims or host heartbeats answer again
+	MsgDrainStarted      = "runnerd_drain_started"     // claiming stopped to take the host out of service: running, limit_ms
+	MsgDrainTimeout      = "runnerd_drain_timeout"     // the drain's limit passed: the turns still running are stopped
+	MsgDrainEnded        = "runnerd_drain_ended"       // a second drain request: the turns still running are stopped now
+	MsgHandoverStarted   = "runnerd_handover_started"  // SIGTERM: claiming stopped, every running turn is left for the next start (P5)
+	MsgTurnHandedOver    = "runnerd_turn_handed_over"  // one accepted turn left running, its child waiting to be re-attached: pid
+	MsgStopped           = "runnerd_stopped"           // the end: handover, handed_over (turns), unanswered (launches not answered in time)
 	MsgWatchdogUnhealthy = "runnerd_watchdog_unhealthy"
 	MsgNotifyFailed      = "runnerd_notify_failed"
 	MsgMetricsListening  = "runnerd_metrics_listening"  // /metrics is served: address
@@ -83,6 +88,8 @@ const (
 	keySandboxHost   = "sandbox_host"
 	keyPinnedCluster = "pinned_cluster_id"
 	keySeenCluster   = "cluster_id"
+	keyKept          = "kept"
+	keySource        = "source"
 	keyRunning       = "running"
 	keyMechanism     = "mechanism"
 	keyCgroup        = "cgroup"

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/runnerd/runnerd/diagnostics"
+	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -15,20 +17,27 @@ import (
 const opSweep = "conversation_states"
 
 // sandboxLister is what the sweep needs of a backend beyond
-// sandbox.Backend: the conversations it holds sandboxes for on this host.
-// sandbox/process and sandbox/docker implement it.
+// sandbox.Backend: the conversations it holds sandboxes for on this host,
+// each with the cluster identity it was created under. sandbox/process
+// and sandbox/docker implement it.
 type sandboxLister interface {
-	Conversations(ctx context.Context) ([]string, error)
+	Listed(ctx context.Context) ([]sandbox.Listed, error)
 }
 
 // sweepLoop removes the retained sandboxes of conversations that will
 // never run here again — LOST (R31: never cleared), deleted by their owner
 // (S3), or recorded on another host (sweepReason) — once at start, after
 // the restart decisions, and every Config.SandboxSweep (issues 6, 7). Only
-// a positive tombstone removes (K8): a LOST or deleted answer from the cluster this
-// host pinned at first contact (cluster.go). "Unknown" removes nothing: a
-// control plane on a new, restored or wrongly configured database knows
-// nothing of the host's conversations, and its silence is no evidence. Finish removes a sandbox
+// a positive tombstone removes (K8): a LOST or deleted answer from the
+// cluster the sandbox was created under, as its backend recorded it
+// (sandbox.Listed.Cluster), or — for a sandbox that recorded none, made
+// by an earlier release — from the cluster this host pinned at first
+// contact (cluster.go). So a host moved to a new database sweeps the new
+// cluster's sandboxes on its word and never the old cluster's: "unknown"
+// removes nothing, and an answer of another cluster than the sandbox's is
+// not asked to judge it at all — a control plane on a new, restored or
+// wrongly configured database knows nothing of the host's other
+// conversations, and its silence is no evidence. Finish removes a sandbox
 // when its own report learns the conversation is LOST; the sweep catches
 // every other way there: the daemon stopped the turn on lease loss and the
 // reaper decided later, a restart found the lease already gone, or any
@@ -79,19 +88,23 @@ type sweeper struct {
 	// statesRefused: the control plane refused sandbox_states (400
 	// unknown_field, older than the field); the sweep asks without them.
 	statesRefused bool
+	// otherCluster is the last MsgSweepOtherCluster recorded (the
+	// answering cluster and how many sandboxes it could not judge), so
+	// each is recorded once while it holds.
+	otherCluster string
 }
 
 // round is one sweep: list, leave out the conversations with a turn on
-// this host, ask the control plane, remove the lost if it is the pinned
-// cluster. A failure or another cluster ends the round; the next one tries
-// again.
+// this host, ask the control plane, remove each lost one whose sandbox
+// that control plane's cluster may judge (judges). A failure ends the
+// round; the next one tries again.
 func (s *sweeper) round(ctx context.Context) {
 	d := s.d
 	if d.isHostRefused() {
 		return
 	}
 	lctx, cancel := context.WithTimeout(ctx, d.cfg.ControlTimeout)
-	convs, err := s.lister.Conversations(lctx)
+	listed, err := s.lister.Listed(lctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && !s.listFailing {
@@ -102,12 +115,17 @@ func (s *sweeper) round(ctx context.Context) {
 		return
 	}
 	s.listFailing = false
+	d.collectTeardowns(ctx, listed) // S6: what the supervisors could not prove
 	var ask []string
-	for _, c := range convs {
-		if !d.turnRunsIn(c) {
-			ask = append(ask, c)
+	created := make(map[string]string, len(listed)) // conversation → the cluster its sandbox was created under
+	for _, l := range listed {
+		if !d.turnRunsIn(l.ConversationID) {
+			ask = append(ask, l.ConversationID)
+			created[l.ConversationID] = l.Cluster
 		}
 	}
+	others := 0 // sandboxes the answering cluster may not judge
+	answering := ""
 	for len(ask) > 0 && ctx.Err() == nil {
 		batch := ask[:min(len(ask), wire.MaxConversationIDs)]
 		ask = ask[len(batch):]
@@ -116,15 +134,30 @@ func (s *sweeper) round(ctx context.Context) {
 			req.SandboxStates = d.sandboxStates(batch) // S1: the control plane shows a stopped sandbox
 		}
 		resp, ok := s.ask(ctx, req)
-		if !ok || !d.trustCluster(resp.ClusterID) {
+		if !ok {
 			return
 		}
+		// The host's pin judges the sandboxes that recorded no cluster;
+		// asked (and pinned at first contact) only if one of them is here.
+		pinned := false
+		for _, c := range batch {
+			if created[c] == "" {
+				pinned = d.trustCluster(resp.ClusterID)
+				break
+			}
+		}
+		answering = resp.ClusterID
 		asked := make(map[string]bool, len(batch))
 		for _, c := range batch {
 			asked[c] = true
 		}
 		for _, st := range resp.Conversations {
 			if !asked[st.ID] || ctx.Err() != nil {
+				continue
+			}
+			delete(asked, st.ID) // one answer per id
+			if !judges(created[st.ID], resp.ClusterID, pinned) {
+				others++
 				continue
 			}
 			// A turn claimed meanwhile keeps its sandbox. (None can be: a
@@ -134,6 +167,39 @@ func (s *sweeper) round(ctx context.Context) {
 				s.remove(st, why)
 			}
 		}
+	}
+	s.noteOtherCluster(answering, others)
+}
+
+// judges reports whether the answer of cluster answering may remove a
+// sandbox created under cluster created (K8 per sandbox): only the
+// sandbox's own cluster judges it; one that recorded none (an earlier
+// release's) is judged under the host's pin, pinned saying whether
+// answering is the pinned cluster. A control plane that sends no identity
+// judges nothing.
+func judges(created, answering string, pinned bool) bool {
+	if created == "" {
+		return pinned
+	}
+	return answering != "" && created == answering
+}
+
+// noteOtherCluster records, once for each cluster and count, that the
+// answering cluster may not judge n of this host's sandboxes: created
+// under another cluster, which alone may remove them, or recording none
+// while the host pinned another.
+func (s *sweeper) noteOtherCluster(answering string, n int) {
+	key := ""
+	if n > 0 {
+		key = answering + " " + strconv.Itoa(n)
+	}
+	if key == s.otherCluster {
+		return
+	}
+	s.otherCluster = key
+	if n > 0 {
+		s.d.log.LogAttrs(context.Background(), slog.LevelInfo, MsgSweepOtherCluster,
+			slog.String(keySeenCluster, answering), slog.Int(keyKept, n))
 	}
 }
 
@@ -145,7 +211,7 @@ const (
 )
 
 // sweepReason says why the sweep removes the local sandbox of the
-// conversation the pinned cluster answered st for, or "" to keep it. Only
+// conversation its own cluster (judges) answered st for, or "" to keep it. Only
 // positive evidence removes (K8): LOST (R31: never usable again), deleted
 // by its owner (S3: it takes no message again, and a deleted conversation
 // is never usable again either), or the

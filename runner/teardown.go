@@ -52,3 +52,44 @@ func (d *Daemon) teardownEnded(which, conv string, began time.Time, err error) (
 	d.log.LogAttrs(context.Background(), slog.LevelError, diagnostics.MsgSandboxTeardownIncomplete, attrs...)
 	return true
 }
+
+// teardownCollector is a backend whose supervisors leave a record of each
+// teardown of a turn's agent tree they could not prove (a cancel, a
+// fence: sandbox.TeardownRecordsDir). sandbox/process and sandbox/docker
+// implement it.
+type teardownCollector interface {
+	CollectTeardownRecords(ctx context.Context, conversationID string) ([]sandbox.TeardownRecord, error)
+}
+
+// collectTeardowns takes the supervisors' records of teardowns they could
+// not prove for each listed sandbox, and counts each in
+// runnerd_sandbox_teardown_incomplete_total by its teardown, with one
+// daemon record (source supervisor) naming what survived (S6). The sweep
+// calls it every round; a sandbox whose records cannot be read now is
+// tried again the next.
+func (d *Daemon) collectTeardowns(ctx context.Context, listed []sandbox.Listed) {
+	c, ok := d.cfg.Backend.(teardownCollector)
+	if !ok {
+		return
+	}
+	for _, l := range listed {
+		if ctx.Err() != nil {
+			return
+		}
+		recs, _ := c.CollectTeardownRecords(ctx, l.ConversationID)
+		for _, r := range recs {
+			d.m.SandboxTeardownIncomplete.WithLabelValues(r.Teardown).Inc()
+			attrs := []slog.Attr{slog.String(keyConversation, l.ConversationID), slog.String(keyBackend, d.cfg.Backend.Name()),
+				slog.String(diagnostics.KeyTeardown, r.Teardown), slog.Int64(diagnostics.KeyBudget, r.BudgetMS),
+				slog.String(keySource, sourceSupervisor)}
+			if len(r.PIDs) > 0 {
+				attrs = append(attrs, slog.Any(diagnostics.KeyPIDs, r.PIDs))
+			}
+			d.log.LogAttrs(context.Background(), slog.LevelError, diagnostics.MsgSandboxTeardownIncomplete, attrs...)
+		}
+	}
+}
+
+// sourceSupervisor is the source of a teardown record the supervisor left
+// (collectTeardowns); the daemon's own teardowns' records carry none.
+const sourceSupervisor = "supervisor"

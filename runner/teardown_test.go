@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -121,5 +122,56 @@ func TestS6TeardownIncompleteRecordedAndCounted(t *testing.T) {
 	}
 	if !alive(evicted) || !alive(deleted) {
 		t.Errorf("a process named as surviving is gone")
+	}
+}
+
+// S6: the teardowns a supervisor could not prove at a turn's cancel or
+// fence — the records it leaves in its state directory beside its own
+// log record (sandbox.WriteTeardownRecord, as supervisor's
+// TestS6CancelNamesEscapedProcess proves it writes them) — reach the
+// daemon's metric: one sweep round over the real process backend counts
+// each in runnerd_sandbox_teardown_incomplete_total by its teardown,
+// writes one sandbox_teardown_incomplete record (source supervisor)
+// naming what survived, and removes the file, so the next round counts
+// nothing again.
+func TestS6SupervisorTeardownRecordsReachTheMetric(t *testing.T) {
+	c := newCP(t)
+	state := t.TempDir()
+	b := newProcessBackend(t, state)
+	d, logs := newTestDaemon(t, c, func(cfg *Config) { cfg.StateDir = state; cfg.Backend = b })
+	conv := c.usableConversation()
+	ensureSandbox(t, b, conv)
+	for _, r := range []sandbox.TeardownRecord{
+		{Teardown: "cancel", Generation: 2, AgentPID: 100, PIDs: []int{4242}, BudgetMS: 15000, At: time.Now()},
+		{Teardown: "fence", Generation: 3, AgentPID: 101, PIDs: []int{4343, 4344}, BudgetMS: 15000, At: time.Now()},
+	} {
+		if err := sandbox.WriteTeardownRecord(b.StateDir(conv), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := sweeper{d: d, lister: b}
+	for range 2 {
+		s.round(context.Background())
+	}
+	recs := logs.records(t, diagnostics.MsgSandboxTeardownIncomplete)
+	if len(recs) != 2 {
+		t.Fatalf("%s records %v, want two", diagnostics.MsgSandboxTeardownIncomplete, recs)
+	}
+	for i, want := range []struct {
+		teardown string
+		pids     int
+	}{{"cancel", 1}, {"fence", 2}} {
+		r := recs[i]
+		pids, _ := r[diagnostics.KeyPIDs].([]any)
+		if r["conversation_id"] != conv || r[diagnostics.KeyTeardown] != want.teardown || r["source"] != sourceSupervisor || len(pids) != want.pids {
+			t.Errorf("record %v, want the supervisor's %s teardown of %s naming %d pids", r, want.teardown, conv, want.pids)
+		}
+		var m dto.Metric
+		if err := d.m.SandboxTeardownIncomplete.WithLabelValues(want.teardown).Write(&m); err != nil || m.GetCounter().GetValue() != 1 {
+			t.Errorf("runnerd_sandbox_teardown_incomplete_total{reason=%s} = %v, want 1", want.teardown, m.GetCounter().GetValue())
+		}
+	}
+	if left, err := os.ReadDir(filepath.Join(b.StateDir(conv), sandbox.TeardownRecordsDir)); err != nil || len(left) != 0 {
+		t.Errorf("records left in the supervisor's state: %v (%v), want none", left, err)
 	}
 }

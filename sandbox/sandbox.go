@@ -15,7 +15,7 @@
 // A turn child uses them in this order (architecture, steps 3–7; error
 // handling left out):
 //
-//	spec := sandbox.SpecFromTurn(payload.Turn)
+//	spec := sandbox.SpecFromClaim(payload.Claim)
 //	err := b.Preflight(ctx, spec)   // before ACCEPT; starts, creates, changes nothing
 //	sb, err := b.Ensure(ctx, spec)  // after ACCEPT: find or create; the supervisor answers
 //	sess.RecordContainer(ctx, sb.Backend, sb.ID) // before admission (R29)
@@ -66,7 +66,7 @@ const (
 type Limits = wire.Limits
 
 // Spec is what a backend needs to know about a conversation's sandbox. It
-// comes from the claimed turn (SpecFromTurn).
+// comes from the claimed turn (SpecFromClaim).
 type Spec struct {
 	ConversationID string
 	// Image is the container image (docker); the process backend ignores it.
@@ -85,16 +85,40 @@ type Spec struct {
 	// cannot apply one that is set refuses it in Preflight
 	// (ClassLimitsUnsupported): a sandbox is never silently unlimited.
 	Limits Limits
+	// Cluster is the identity of the control plane's cluster that granted
+	// the turn (wire.Claim.ClusterID), "" from a control plane that sends
+	// none. A backend records it, durably, with a sandbox it creates and
+	// never changes it after: the sweep judges that sandbox only by this
+	// cluster's answer (K8 per sandbox).
+	Cluster string
 }
 
-// SpecFromTurn builds the Spec of a claimed turn.
-func SpecFromTurn(t wire.Turn) Spec {
+// Listed is one retained sandbox as a backend lists it for the sweep.
+type Listed struct {
+	ConversationID string
+	// Cluster is the cluster identity the sandbox was created under
+	// (Spec.Cluster), "" for a sandbox created before the backend recorded
+	// one, or from a control plane that sent none: the sweep judges those
+	// under the host's pinned cluster.
+	Cluster string
+}
+
+// ClusterUnreadable is the Cluster a backend lists for a sandbox whose
+// recorded cluster cannot be read. It holds a "/", which no cluster
+// identity a backend records does, so no control plane's answer matches it
+// and nothing removes that sandbox.
+const ClusterUnreadable = "unreadable/"
+
+// SpecFromClaim builds the Spec of a claimed turn.
+func SpecFromClaim(c wire.Claim) Spec {
+	t := c.Turn
 	return Spec{
 		ConversationID: t.ConversationID,
 		Image:          t.Image,
 		AgentCommand:   append([]string(nil), t.AgentCommand...),
 		RecordedID:     t.ContainerID,
 		Limits:         t.Limits,
+		Cluster:        c.ClusterID,
 	}
 }
 

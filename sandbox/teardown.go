@@ -1,11 +1,17 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/runnerd/runnerd/internal/atomicfile"
 )
 
 // DefaultTeardownBudget is how long a teardown (an idle or pressure
@@ -54,3 +60,74 @@ func (e *TeardownIncomplete) Error() string {
 }
 
 func (e *TeardownIncomplete) Unwrap() error { return ErrTeardownIncomplete }
+
+// TeardownRecordsDir is, in a supervisor's state directory, where the
+// supervisor leaves one file for each teardown of a stopped turn's agent
+// tree (a cancel, a fence) it could not prove within its budget (S6),
+// beside its own sandbox_teardown_incomplete record. The daemon collects
+// and removes them (CollectTeardownRecords), so that its
+// runnerd_sandbox_teardown_incomplete_total counts them too.
+const TeardownRecordsDir = "teardown-incomplete"
+
+// TeardownRecord is one such file: what the supervisor's record said.
+type TeardownRecord struct {
+	Teardown   string    `json:"teardown"` // cancel or fence, or the stop's own reason
+	Generation uint64    `json:"generation"`
+	AgentPID   int       `json:"agent_pid"`
+	PIDs       []int     `json:"pids"` // what still ran at the budget's end
+	BudgetMS   int64     `json:"budget_ms"`
+	At         time.Time `json:"at"`
+}
+
+// WriteTeardownRecord leaves r in stateDir for the daemon, durably.
+func WriteTeardownRecord(stateDir string, r TeardownRecord) error {
+	dir := filepath.Join(stateDir, TeardownRecordsDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("%d-%d.json", r.Generation, r.At.UnixNano())
+	return atomicfile.Write(filepath.Join(dir, name), b, 0o600)
+}
+
+// CollectTeardownRecords returns the records the supervisor of stateDir
+// left and removes each one returned, so each is collected once. A file
+// that cannot be read as a record (a write cut short leaves only a
+// temporary file, never listed) is removed and counted as one whose
+// teardown is "unknown". None is not an error.
+func CollectTeardownRecords(stateDir string) ([]TeardownRecord, error) {
+	dir := filepath.Join(stateDir, TeardownRecordsDir)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []TeardownRecord
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		path := filepath.Join(dir, e.Name())
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var r TeardownRecord
+		if json.Unmarshal(raw, &r) != nil || r.Teardown == "" {
+			r = TeardownRecord{Teardown: "unknown"}
+		}
+		if err := os.Remove(path); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out, errors.Join(errs...)
+}

@@ -615,7 +615,12 @@ type Claim struct {
 	// attempt, generation, expiry, hold and worker token.
 	Replayed    bool   `json:"replayed,omitempty"`
 	WorkerToken string `json:"worker_token"` // this attempt only; never logged
-	Turn        Turn   `json:"turn"`
+	// ClusterID is the cluster identity of the control plane that granted
+	// the claim (K8): the host records it with a sandbox it creates for
+	// the turn, and judges that sandbox only by this cluster's answers.
+	// "" from a control plane older than the field.
+	ClusterID string `json:"cluster_id,omitempty"`
+	Turn      Turn   `json:"turn"`
 }
 
 // Held is HeldMS as a duration; a negative value counts as zero.

@@ -129,7 +129,7 @@ func Main(ctx context.Context, stderr io.Writer, open Opener) int {
 		_ = ch.Decline(ClassSandboxConfig)
 		return 1
 	}
-	spec := sandbox.SpecFromTurn(p.Claim.Turn)
+	spec := sandbox.SpecFromClaim(p.Claim)
 	// A preflight that a stop or a deadline cut short proves nothing about
 	// the sandbox: the child takes the turn and ends it as that stop says,
 	// never a decline (K6, R34).

@@ -129,7 +129,7 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 		return sandbox.Sandbox{}, err
 	}
 	if !found2 {
-		vol, _, err = b.ensureVolume(ctx, conv)
+		vol, _, err = b.ensureVolume(ctx, conv, spec.Cluster)
 		if err != nil {
 			return sandbox.Sandbox{}, err
 		}
@@ -138,7 +138,7 @@ func (b *Backend) ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}
-	id, err := b.createContainer(ctx, conv, spec.Image, vol, instance, spec.Limits)
+	id, err := b.createContainer(ctx, conv, spec.Image, vol, instance, spec.Cluster, spec.Limits)
 	if err != nil {
 		return sandbox.Sandbox{}, err
 	}

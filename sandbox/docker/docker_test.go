@@ -1,6 +1,8 @@
 package docker_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -912,6 +914,104 @@ func TestDockerConversationsListsOnlyOurs(t *testing.T) {
 	}
 	if got, err := a.Conversations(ctx); err != nil || !slices.Equal(got, []string{running.ConversationID}) {
 		t.Fatalf("after remove: %v (%v)", got, err)
+	}
+}
+
+// K8 per sandbox: a sandbox records the cluster of the turn that created
+// it on its workspace volume and its container (LabelCluster), and Listed
+// gives it — from a fresh Backend too, the engine's labels being the
+// record. A later Ensure granted by another cluster changes nothing; a
+// container made anew over the workspace is still listed under the
+// volume's cluster; one made with no cluster lists none.
+func TestDockerListedNamesTheClusterCreatedUnder(t *testing.T) {
+	a, cfgA := newBackend(t, nil)
+	ctx := testCtx(t)
+	underA, recreated, none := newSpec(imgTestAgent), newSpec(imgTestAgent), newSpec(imgTestAgent)
+	underA.Cluster, recreated.Cluster = "cluster_a", "cluster_a"
+	for _, sp := range []sandbox.Spec{underA, recreated, none} {
+		if _, err := a.Ensure(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := underA
+	again.Cluster = "cluster_b"
+	sb, err := a.Ensure(ctx, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := env.engine.ContainerInspect(ctx, sb.ID); err != nil || info.Config.Labels[docker.LabelCluster] != "cluster_a" {
+		t.Fatalf("container labels %v (%v), want %s=cluster_a", info.Config, err, docker.LabelCluster)
+	}
+	// The container gone, a turn granted by B makes it anew over A's workspace.
+	rsb, err := a.Ensure(ctx, recreated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.ContainerRemove(ctx, rsb.ID, container.RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	recreated.Cluster = "cluster_b"
+	if _, err := a.Ensure(ctx, recreated); err != nil {
+		t.Fatal(err)
+	}
+
+	want := []sandbox.Listed{
+		{ConversationID: underA.ConversationID, Cluster: "cluster_a"},
+		{ConversationID: recreated.ConversationID, Cluster: "cluster_a"},
+		{ConversationID: none.ConversationID},
+	}
+	slices.SortFunc(want, func(x, y sandbox.Listed) int { return strings.Compare(x.ConversationID, y.ConversationID) })
+	fresh, err := docker.New(cfgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := fresh.Listed(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("listed %v (%v), want %v", got, err, want)
+	}
+}
+
+// S6: a record the supervisor in the container leaves in its state
+// directory (/.runnerd/state, sandbox.TeardownRecordsDir) for a teardown
+// it could not prove is what CollectTeardownRecords returns, from the
+// host's side of the bind mount, once: the file is removed.
+func TestDockerCollectsTheSupervisorsTeardownRecords(t *testing.T) {
+	b, _ := newBackend(t, nil)
+	ctx := testCtx(t)
+	spec := newSpec(imgTestAgent)
+	sb, err := b.Ensure(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := sandbox.TeardownRecord{Teardown: "fence", Generation: 7, AgentPID: 12, PIDs: []int{34}, BudgetMS: 15000, At: time.Now().UTC().Truncate(time.Second)}
+	body, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	for _, h := range []*tar.Header{
+		{Name: sandbox.TeardownRecordsDir + "/", Typeflag: tar.TypeDir, Mode: 0o700},
+		{Name: sandbox.TeardownRecordsDir + "/7-1.json", Typeflag: tar.TypeReg, Mode: 0o600, Size: int64(len(body))},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := tw.Write(body); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.engine.CopyToContainer(ctx, sb.ID, "/.runnerd/state", &tarball, container.CopyToContainerOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.CollectTeardownRecords(ctx, spec.ConversationID)
+	if err != nil || len(got) != 1 || got[0].Teardown != "fence" || !slices.Equal(got[0].PIDs, []int{34}) || !got[0].At.Equal(rec.At) {
+		t.Fatalf("collected %+v (%v), want %+v", got, err, rec)
+	}
+	if again, err := b.CollectTeardownRecords(ctx, spec.ConversationID); err != nil || len(again) != 0 {
+		t.Fatalf("collected again %+v (%v), want none", again, err)
 	}
 }
 

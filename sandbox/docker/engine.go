@@ -32,6 +32,12 @@ const (
 	// supervisor's --agent-user), on containers whose supervisor runs as
 	// root; absent when the agents run as the container's own user.
 	LabelAgentUser = "runnerd.agent_user"
+	// LabelCluster is the cluster identity a sandbox was created under
+	// (sandbox.Spec.Cluster), on its workspace volume and its container;
+	// absent on objects of an earlier release, or made for a control
+	// plane that sent none. Labels never change, so it stays the cluster
+	// of the turn that made the object (K8 per sandbox).
+	LabelCluster = "runnerd.cluster"
 )
 
 const (
@@ -245,14 +251,18 @@ func (b *Backend) findVolume(ctx context.Context, conversationID string) (string
 }
 
 // ensureVolume finds or creates the workspace volume.
-func (b *Backend) ensureVolume(ctx context.Context, conversationID string) (name string, created bool, err error) {
+func (b *Backend) ensureVolume(ctx context.Context, conversationID, cluster string) (name string, created bool, err error) {
 	name, ok, err := b.findVolume(ctx, conversationID)
 	if err != nil || ok {
 		return name, false, err
 	}
+	labels := b.labels(conversationID, roleWorkspace)
+	if cluster != "" {
+		labels[LabelCluster] = cluster
+	}
 	v, err := b.cfg.Engine.VolumeCreate(ctx, volume.CreateOptions{
 		Name:   b.volumeName(conversationID),
-		Labels: b.labels(conversationID, roleWorkspace),
+		Labels: labels,
 	})
 	if err != nil {
 		return "", false, fmt.Errorf("create workspace volume: %w", err)
@@ -363,7 +373,7 @@ func (b *Backend) superviseArgv(instance string) []string {
 // createContainer creates (does not start) the conversation's container.
 // A native turn boundary the previous release kept in the workspace volume
 // moves to the state directory first.
-func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance string, limits sandbox.Limits) (string, error) {
+func (b *Backend) createContainer(ctx context.Context, conversationID, image, volumeName, instance, cluster string, limits sandbox.Limits) (string, error) {
 	if err := b.prepareRunDir(conversationID); err != nil {
 		return "", err
 	}
@@ -388,6 +398,9 @@ func (b *Backend) createContainer(ctx context.Context, conversationID, image, vo
 		return "", err
 	}
 	cc, hc := b.containerSpec(conversationID, image, volumeName, instance, agentUser, limits)
+	if cluster != "" {
+		cc.Labels[LabelCluster] = cluster
+	}
 	resp, err := b.cfg.Engine.ContainerCreate(ctx, cc, hc, nil, nil, b.containerName(conversationID))
 	if err != nil {
 		return "", fmt.Errorf("create container: %w", err)

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/volume"
+
+	"github.com/runnerd/runnerd/sandbox"
 )
 
 // SweepResult says what one sweep did.
@@ -77,17 +80,57 @@ func (b *Backend) Conversations(ctx context.Context) ([]string, error) {
 	return convs, nil
 }
 
+// Listed lists, sorted, the conversations this host holds a sandbox for
+// (as Conversations) with the cluster identity each was created under
+// (LabelCluster), "" when it carries none. The workspace volume's label
+// wins over the container's: the volume holds the native session, and a
+// container may have been made anew over it. The runner's sandbox sweep
+// judges each only by that cluster's answer.
+func (b *Backend) Listed(ctx context.Context) ([]sandbox.Listed, error) {
+	ls, err := b.listed(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list docker sandboxes: %w", err)
+	}
+	return ls, nil
+}
+
+// CollectTeardownRecords returns, and removes, the records of the
+// teardowns of its turns' agent trees the supervisor in the
+// conversation's container could not prove (sandbox.TeardownRecordsDir in
+// its host-side state directory, S6).
+func (b *Backend) CollectTeardownRecords(ctx context.Context, conversationID string) ([]sandbox.TeardownRecord, error) {
+	recs, err := sandbox.CollectTeardownRecords(b.stateDir(conversationID))
+	if err != nil {
+		return recs, fmt.Errorf("collect teardown records: %w", err)
+	}
+	return recs, ctx.Err()
+}
+
 // conversations lists, sorted, the conversations that have a container or
 // a workspace volume of this host.
 func (b *Backend) conversations(ctx context.Context) ([]string, error) {
-	seen := map[string]bool{}
+	ls, err := b.listed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.ConversationID
+	}
+	return out, nil
+}
+
+// listed lists, sorted by conversation, this host's sandboxes and the
+// cluster each was created under.
+func (b *Backend) listed(ctx context.Context) ([]sandbox.Listed, error) {
+	cluster := map[string]string{}
 	cs, err := b.cfg.Engine.ContainerList(ctx, container.ListOptions{All: true, Filters: b.filter("", roleSandbox)})
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
 	for _, c := range cs {
-		if b.ours(c.Labels) && c.Labels[LabelConversation] != "" {
-			seen[c.Labels[LabelConversation]] = true
+		if conv := c.Labels[LabelConversation]; b.ours(c.Labels) && conv != "" {
+			cluster[conv] = c.Labels[LabelCluster]
 		}
 	}
 	vs, err := b.cfg.Engine.VolumeList(ctx, volume.ListOptions{Filters: b.filter("", roleWorkspace)})
@@ -95,15 +138,17 @@ func (b *Backend) conversations(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list volumes: %w", err)
 	}
 	for _, v := range vs.Volumes {
-		if b.ours(v.Labels) && v.Labels[LabelConversation] != "" {
-			seen[v.Labels[LabelConversation]] = true
+		if conv := v.Labels[LabelConversation]; b.ours(v.Labels) && conv != "" {
+			if c, ok := v.Labels[LabelCluster]; ok || cluster[conv] == "" {
+				cluster[conv] = c
+			}
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for c := range seen {
-		out = append(out, c)
+	out := make([]sandbox.Listed, 0, len(cluster))
+	for conv, c := range cluster {
+		out = append(out, sandbox.Listed{ConversationID: conv, Cluster: c})
 	}
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b sandbox.Listed) int { return strings.Compare(a.ConversationID, b.ConversationID) })
 	return out, nil
 }
 

@@ -29,7 +29,9 @@ func TestS7SandboxFilesAreDurable(t *testing.T) {
 			return err
 		}
 		ctx := context.Background()
-		sb, err := b.Ensure(ctx, spec("conv-a"))
+		sp := spec("conv-a")
+		sp.Cluster = "cluster_s7" // recorded with the new sandbox (K8 per sandbox)
+		sb, err := b.Ensure(ctx, sp)
 		if err != nil {
 			return err
 		}

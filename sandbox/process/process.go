@@ -17,6 +17,7 @@
 //
 //	STATE/sandboxes/<conversation>/
 //	    id               the sandbox identity, recorded with the control plane
+//	    cluster-id       the cluster identity it was created under (K8), written before id
 //	    workspace/       the agent's working directory and native session
 //	    supervisor-state/ the supervisor's durable state (0700)
 //	    supervisor.sock  the supervisor's socket
@@ -255,7 +256,14 @@ func (b *Backend) Ensure(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbo
 
 	id, err := readID(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		id, err = newID(dir)
+		// A new sandbox: the cluster that granted its first turn is
+		// recorded before its id, so a sandbox with an id made by this
+		// build always names its cluster (K8 per sandbox). One found with
+		// an id keeps what it recorded, or nothing (made by an earlier
+		// release: judged under the host's pin).
+		if err = writeCluster(dir, spec.Cluster); err == nil {
+			id, err = newID(dir)
+		}
 	}
 	if err != nil {
 		return sandbox.Sandbox{}, fmt.Errorf("ensure process sandbox: %w", err)
@@ -423,6 +431,67 @@ func (b *Backend) Conversations(ctx context.Context) ([]string, error) {
 		}
 	}
 	return out, ctx.Err()
+}
+
+// Listed lists, sorted, the conversations that have a sandbox directory
+// (as Conversations) with the cluster identity each was created under, ""
+// when it recorded none. The runner's sandbox sweep judges each only by
+// that cluster's answer. A cluster file that cannot be read lists the
+// sandbox with an identity no control plane has, so nothing removes it.
+func (b *Backend) Listed(ctx context.Context) ([]sandbox.Listed, error) {
+	convs, err := b.Conversations(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]sandbox.Listed, 0, len(convs))
+	for _, c := range convs {
+		out = append(out, sandbox.Listed{ConversationID: c, Cluster: readCluster(b.Dir(c))})
+	}
+	return out, ctx.Err()
+}
+
+// CollectTeardownRecords returns, and removes, the records of the
+// teardowns of its turns' agent trees the conversation's supervisor could
+// not prove (sandbox.TeardownRecordsDir, S6).
+func (b *Backend) CollectTeardownRecords(ctx context.Context, conversationID string) ([]sandbox.TeardownRecord, error) {
+	if err := checkConversation(conversationID); err != nil {
+		return nil, err
+	}
+	recs, err := sandbox.CollectTeardownRecords(b.StateDir(conversationID))
+	if err != nil {
+		return recs, fmt.Errorf("collect teardown records: %w", err)
+	}
+	return recs, ctx.Err()
+}
+
+// clusterFile is, in a sandbox directory, the cluster identity it was
+// created under.
+const clusterFile = "cluster-id"
+
+// writeCluster records cluster in a new sandbox's directory, durably; ""
+// (a control plane that sends none) records nothing.
+func writeCluster(dir, cluster string) error {
+	if cluster == "" {
+		return nil
+	}
+	if strings.ContainsAny(cluster, " \t\n/") {
+		return fmt.Errorf("cluster identity %q cannot be recorded", cluster)
+	}
+	return atomicfile.Write(filepath.Join(dir, clusterFile), []byte(cluster+"\n"), 0o600)
+}
+
+// readCluster is the sandbox's recorded cluster: "" when it recorded
+// none, ClusterUnreadable when the file is there but unusable.
+func readCluster(dir string) string {
+	raw, err := os.ReadFile(filepath.Join(dir, clusterFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return ""
+	}
+	id := strings.TrimSpace(string(raw))
+	if err != nil || id == "" || strings.ContainsAny(id, " \t\n/") {
+		return sandbox.ClusterUnreadable
+	}
+	return id
 }
 
 // start starts a supervisor and waits until it says it listens.

@@ -438,6 +438,54 @@ func TestConversationsListsSandboxDirectories(t *testing.T) {
 	}
 }
 
+// K8 per sandbox: a sandbox records the cluster of the turn that created
+// it (0600, beside its id) and keeps it: a later Ensure granted by another
+// cluster changes nothing, a fresh Backend (a restart) lists the same. A
+// sandbox made with no cluster (a control plane that sends none, or an
+// earlier release) lists none; a record that cannot be read lists
+// sandbox.ClusterUnreadable, which no answer matches.
+func TestListedNamesTheClusterCreatedUnder(t *testing.T) {
+	state := t.TempDir()
+	ctx := context.Background()
+	b := newBackend(t, state)
+	ensure := func(conv, cluster string) {
+		t.Helper()
+		sp := spec(conv)
+		sp.Cluster = cluster
+		if _, err := b.Ensure(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []string{"conv-a", "conv-b", "conv-c"} {
+		cleanup(t, b, c)
+	}
+	ensure("conv-a", "cluster_a")
+	ensure("conv-a", "cluster_b") // found, not created: its cluster stays
+	ensure("conv-b", "")
+	ensure("conv-c", "cluster_b")
+	if fi, err := os.Stat(filepath.Join(b.Dir("conv-a"), clusterFile)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("cluster file %v (%v), want mode 0600", fi, err)
+	}
+	if err := os.WriteFile(filepath.Join(b.Dir("conv-c"), clusterFile), []byte("two words\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := []sandbox.Listed{
+		{ConversationID: "conv-a", Cluster: "cluster_a"},
+		{ConversationID: "conv-b"},
+		{ConversationID: "conv-c", Cluster: sandbox.ClusterUnreadable},
+	}
+	if got, err := newBackend(t, state).Listed(ctx); err != nil || !slices.Equal(got, want) {
+		t.Fatalf("listed %v (%v), want %v", got, err, want)
+	}
+	// An identity that could not be read back is never recorded.
+	sp := spec("conv-d")
+	sp.Cluster = "a/b"
+	cleanup(t, b, "conv-d")
+	if _, err := b.Ensure(ctx, sp); err == nil {
+		t.Fatal("Ensure recorded a cluster identity holding a slash")
+	}
+}
+
 // checkConversation accepts exactly the ids that can name a directory of
 // their own.
 func TestCheckConversation(t *testing.T) {

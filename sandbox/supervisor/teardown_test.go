@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -82,5 +83,16 @@ func TestS6CancelNamesEscapedProcess(t *testing.T) {
 	if testbin.Alive(agent) || !testbin.Alive(escaped) {
 		t.Fatalf("agent alive %v, escaped alive %v; want the agent gone, the escaped one named and running",
 			testbin.Alive(agent), testbin.Alive(escaped))
+	}
+	// The same, left in its state directory for the daemon's metric,
+	// collected once.
+	state := filepath.Join(filepath.Dir(s.ws), "supervisor-state")
+	recs, err := sandbox.CollectTeardownRecords(state)
+	if err != nil || len(recs) != 1 || recs[0].Teardown != "cancel" || !slices.Equal(recs[0].PIDs, []int{escaped}) ||
+		recs[0].AgentPID != agent || recs[0].BudgetMS != budget.Milliseconds() {
+		t.Fatalf("records left for the daemon %+v (%v), want one cancel naming pid %d", recs, err, escaped)
+	}
+	if again, err := sandbox.CollectTeardownRecords(state); err != nil || len(again) != 0 {
+		t.Fatalf("collected again: %+v (%v), want none", again, err)
 	}
 }

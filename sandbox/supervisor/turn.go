@@ -351,6 +351,13 @@ func (s *server) run(ctx context.Context, conn net.Conn, req sandbox.Request) {
 	// The driver has its answer and a newer activation its turn (t.done):
 	// the proof waits for no one.
 	if agent, left := t.proveGone(s.cfg.TeardownBudget); len(left) > 0 {
+		// For the daemon too, whose metric counts it when it collects the
+		// file (sandbox.CollectTeardownRecords): on disk before the record.
+		rec := sandbox.TeardownRecord{Teardown: teardownOf(why), Generation: a.gen, AgentPID: agent, PIDs: left,
+			BudgetMS: s.cfg.TeardownBudget.Milliseconds(), At: time.Now()}
+		if err := sandbox.WriteTeardownRecord(s.cfg.StateDir, rec); err != nil {
+			recordFailed(s.log, "teardown_record_unwritable")
+		}
 		recordTeardownIncomplete(s.log, a.gen, teardownOf(why), agent, left, s.cfg.TeardownBudget)
 	}
 }
