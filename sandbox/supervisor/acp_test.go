@@ -577,3 +577,46 @@ func awaitNoGoroutine(t *testing.T, fn string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// K13, A6: an ACP conversation's supervisor stopped (an idle eviction, a
+// kill) and started again writes records that still carry the kept
+// session id before its agent is prepared again. An activation after the
+// restart that runs nothing (its turn cancelled before prepare) leaves the
+// record the next activation presents: without the session id, a
+// quarantined conversation verified on that record was lost with
+// retained_receipt_mismatch although its session was kept (the chaos
+// campaign's avoidable LOST, seed 741987723: a fenced turn, an idle stop,
+// a cancelled turn, then the verifying one).
+func TestACPRecordsKeepTheSessionAcrossARestart(t *testing.T) {
+	dir := t.TempDir()
+	ws, sock, state := filepath.Join(dir, "ws"), filepath.Join(dir, "s.sock"), filepath.Join(dir, "state")
+	ctx := context.Background()
+	c := &sandbox.Client{Socket: sock}
+	agent := demoACP()
+
+	p := startProc(t, ws, sock, "--state", state)
+	acpRun(t, c, agent, "hello", sandbox.ACPOptions{})
+	kept, err := loadACPSession(state)
+	if err != nil || kept == nil || kept.SessionID == "" {
+		t.Fatalf("kept session %+v, %v", kept, err)
+	}
+	p.kill()
+
+	startProc(t, ws, sock, "--state", state)
+	idle, err := c.Activate(ctx, 0) // its turn is cancelled before prepare: runs nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := c.Activate(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := next.Previous; p == nil || p.Activation != idle.ID || p.Ended != sandbox.EndedNotRun || p.ACPSession != kept.SessionID {
+		t.Fatalf("the record after a restart and an activation that ran nothing: %+v; want it to name %s and carry session %q", p, idle.ID, kept.SessionID)
+	}
+	// And the session goes on: the agent is started again over it.
+	prep, err := c.Prepare(ctx, next.ID, agent)
+	if err != nil || !prep.Loaded {
+		t.Fatalf("prepare after the restart: %+v, %v; want the kept session loaded", prep, err)
+	}
+}

@@ -225,6 +225,17 @@ func Serve(ctx context.Context, cfg Config) error {
 	if s.retained, err = loadRetained(cfg.StateDir); err != nil {
 		return err
 	}
+	// The conversation's ACP session, kept durably before any prompt
+	// reached it, is known from the start, not from the next prepare:
+	// every record carries it, so a record written before the agent is
+	// prepared again (an activation after an idle stop that then runs
+	// nothing) still names the session its turns ran on (K13, A6). A
+	// file that cannot be read is recorded; the next prepare refuses on it.
+	if kept, err := loadACPSession(cfg.StateDir); err != nil {
+		recordStateFailure(s.log, "acp_session_load")
+	} else if kept != nil {
+		s.acpSession = kept.SessionID
+	}
 	if err := s.completeBoundary(); err != nil {
 		return err
 	}
