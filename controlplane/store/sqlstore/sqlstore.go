@@ -34,6 +34,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -179,6 +180,9 @@ type Store struct {
 	// SQLite, by listen on PostgreSQL.
 	work   *signal
 	listen *listener // PostgreSQL only
+
+	clusterMu sync.Mutex // guards cluster
+	cluster   string     // the cluster identity once read (ClusterID); "" before
 }
 
 var _ store.Store = (*Store)(nil)
@@ -424,11 +428,21 @@ func (s *Store) migrate(ctx context.Context) error {
 }
 
 // ClusterID returns the identity created with the database (K8).
+//
+// The identity is written once, with the schema, and never changes, so it
+// is read once and kept: every claim carries it, and a claim costs no
+// round trip for it. A read that fails is not kept.
 func (s *Store) ClusterID(ctx context.Context) (string, error) {
+	s.clusterMu.Lock()
+	defer s.clusterMu.Unlock()
+	if s.cluster != "" {
+		return s.cluster, nil
+	}
 	var id string
 	if err := s.r.QueryRowContext(ctx, `SELECT cluster_id FROM cluster WHERE id = 1`).Scan(&id); err != nil {
 		return "", fmt.Errorf("cluster identity: %w", err)
 	}
+	s.cluster = id
 	return id, nil
 }
 
