@@ -17,13 +17,13 @@ import (
 // freshControlPlane starts a second control plane like the test's own, on
 // a new, empty SQLite database (so a new cluster identity), and registers
 // the test's host name with it; it returns the server and the host's token
-// file for it.
-func (e *env) freshControlPlane(name string) (*fleet.ControlPlane, string) {
+// file for it. Its lease is lease, as the test's own control plane's.
+func (e *env) freshControlPlane(name string, lease time.Duration) (*fleet.ControlPlane, string) {
 	e.t.Helper()
 	cp, err := fleet.StartControlPlane(e.ctx, fleet.ControlPlaneConfig{
 		Bin:            bins.ControlPlane,
 		DataDir:        filepath.Join(e.dir, name),
-		LeaseTTL:       leaseTTL,
+		LeaseTTL:       lease,
 		MinLeaseTTL:    renewEvery + renewTimeout,
 		ReaperInterval: reaperInterval,
 		ReaperGrace:    reaperGrace,
@@ -72,8 +72,13 @@ func (e *env) sandboxCluster(convID string) string {
 // not judge; B's usable conversation keeps its sandbox.
 func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesProcess(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, envOpts{})
-	sweepEvery := func(c *fleet.DaemonConfig) { c.Args = append(c.Args, "--sandbox-sweep", "200ms") }
+	// Nothing here waits for a lease to run out: a calm lease keeps a
+	// loaded machine's slow renewals from failing a turn the test needs.
+	e := newEnv(t, envOpts{leaseTTL: calmLease})
+	sweepEvery := func(c *fleet.DaemonConfig) {
+		calm(c)
+		c.Args = append(c.Args, "--sandbox-sweep", "200ms")
+	}
 	d := e.startDaemon(sweepEvery)
 
 	var onA []wire.Conversation
@@ -106,7 +111,7 @@ func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesProcess(t *testing.T) {
 	if err := d.Wait(20 * time.Second); err != nil {
 		t.Fatalf("the daemon did not drain: %v", err)
 	}
-	cpB, tokenB := e.freshControlPlane("cp-b")
+	cpB, tokenB := e.freshControlPlane("cp-b", calmLease)
 	d = e.startDaemon(func(c *fleet.DaemonConfig) {
 		sweepEvery(c)
 		c.ControlPlaneURL, c.HostTokenFile = cpB.URL, tokenB
@@ -216,8 +221,10 @@ func (e *dockerEnv) containerCluster(convID string) (cluster, id string, running
 // and their volumes stay on B's "unknown", and B's usable one keeps its.
 func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesDocker(t *testing.T) {
 	t.Parallel()
-	e := newDockerEnv(t, envOpts{}, "")
+	// A calm lease, as in the process case.
+	e := newDockerEnv(t, envOpts{leaseTTL: calmLease}, "")
 	dockerSweep := func(c *fleet.DaemonConfig) {
+		calm(c)
 		c.Sandbox = "docker"
 		c.Args = append(c.Args, "--sandbox-sweep", "200ms")
 	}
@@ -246,7 +253,7 @@ func TestK8NewDatabaseSweepsOnlyItsOwnSandboxesDocker(t *testing.T) {
 	if err := d.Wait(20 * time.Second); err != nil {
 		t.Fatalf("the daemon did not drain: %v", err)
 	}
-	cpB, tokenB := e.freshControlPlane("cp-b")
+	cpB, tokenB := e.freshControlPlane("cp-b", calmLease)
 	d = e.startDaemon(func(c *fleet.DaemonConfig) {
 		dockerSweep(c)
 		c.ControlPlaneURL, c.HostTokenFile = cpB.URL, tokenB
