@@ -888,6 +888,9 @@ func (h *history) whyLost(conv string) Finding {
 	avoidable := func(why string, rs ...*Record) Finding {
 		return Finding{LostAvoidable, conv, why, lines(append(rs, c)...)}
 	}
+	// The last such report lost it: a LOST conversation runs no later
+	// turn, and an earlier one did not lose it (a cancel before an
+	// unsure admission says admission_ambiguous and keeps it usable).
 	var cause *Record
 	var facts finishFacts
 	var j *jobInfo
@@ -899,11 +902,7 @@ func (h *history) whyLost(conv string) Finding {
 			var f finishFacts
 			if e.Event.Type == "finished" && json.Unmarshal(e.Event.Data, &f) == nil && (f.Ambiguous || f.Unrecoverable) {
 				cause, facts, j = e, f, cj
-				break
 			}
-		}
-		if cause != nil {
-			break
 		}
 	}
 	if cause == nil {
