@@ -206,7 +206,9 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign, controlPlane stri
 	obsCtx, stopObs := context.WithCancel(ctx)
 	obsDone := make(chan struct{})
 	go func() { defer close(obsDone); w.obs.run(obsCtx, 100*time.Millisecond) }()
-	t.Cleanup(func() { stopObs(); <-obsDone })
+	serversDone := make(chan struct{})
+	go func() { defer close(serversDone); w.obs.watchServers(obsCtx, 200*time.Millisecond) }()
+	t.Cleanup(func() { stopObs(); <-obsDone; <-serversDone })
 	for _, h := range w.hosts {
 		if err := w.startDaemon(h); err != nil {
 			t.Fatal(err)
@@ -256,9 +258,19 @@ func runCampaign(t *testing.T, eng *client.Client, c campaign, controlPlane stri
 	fctx, stopFaults := context.WithCancel(ctx)
 	faultsDone := make(chan struct{})
 	go func() { defer close(faultsDone); f.run(fctx, c.faults, c.minLength, c.maxLength) }()
+	// One replica's loss in every campaign, drawn faults or not (issue
+	// 22): hosts listing both replicas lose nothing by it.
+	lossDone := make(chan struct{})
+	go func() {
+		defer close(lossDone)
+		if c.build == "" {
+			f.replicaLoss(fctx, 10*time.Second, 3*time.Second)
+		}
+	}()
 	wl.run(ctx, c.turns, 3*time.Minute)
 	stopFaults()
 	<-faultsDone
+	<-lossDone
 	t.Logf("chaos: %d turns sent in %v; faults: %s", len(wl.sent), time.Since(started).Round(time.Second), f.mix())
 
 	// Every fault is healed: every turn must end now.

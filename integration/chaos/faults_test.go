@@ -106,29 +106,62 @@ func (f *faults) run(ctx context.Context, maxFaults int, minLength, maxLength ti
 			}
 			pick -= k.weight
 		}
-		rec, heal, ok := k.inject(f, sub, d)
-		if !ok {
+		if !f.apply(ctx, &f.wg, k, sub, d, func() { <-sem }) {
 			<-sem
 			continue
 		}
 		n++
-		f.mu.Lock()
-		f.counts[k.name]++
-		f.mu.Unlock()
-		start := time.Now()
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			defer func() { <-sem }()
-			select {
-			case <-ctx.Done():
-			case <-time.After(d):
-			}
-			heal()
-			end := time.Now()
-			rec.Fault.Start, rec.Fault.End = start, &end
-			_ = f.w.hist.Write(rec)
-		}()
+	}
+}
+
+// apply injects one fault of kind k lasting d and heals it in the
+// background, counted in wg (done runs then); false if it could not be
+// injected now.
+func (f *faults) apply(ctx context.Context, wg *sync.WaitGroup, k faultKind, rng *rand.Rand, d time.Duration, done func()) bool {
+	rec, heal, ok := k.inject(f, rng, d)
+	if !ok {
+		return false
+	}
+	f.mu.Lock()
+	f.counts[k.name]++
+	f.mu.Unlock()
+	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer done()
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		heal()
+		end := time.Now()
+		rec.Fault.Start, rec.Fault.End = start, &end
+		_ = f.w.hist.Write(rec)
+	}()
+	return true
+}
+
+// replicaLoss kills one replica (kill -9) after wait and starts it again
+// d later, beside the drawn faults, so that every campaign, the short one
+// too, judges a replica's loss (checker.ReplicaOffline, ReplicaLease).
+// It waits for the replicas' slot if another fault holds it, and returns
+// once the replica is back (at once when ctx ends).
+func (f *faults) replicaLoss(ctx context.Context, wait, d time.Duration) {
+	k := faultKind{name: "kill_replica", inject: (*faults).killReplica}
+	rng := rand.New(rand.NewPCG(f.w.seed, 0x4e91))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		if f.apply(ctx, &wg, k, rng, d, func() {}) {
+			return
+		}
+		wait = 100 * time.Millisecond
 	}
 }
 

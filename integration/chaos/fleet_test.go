@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -24,8 +23,10 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/rs/zerolog"
 
+	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/integration/chaos/checker"
 	"github.com/runnerd/runnerd/internal/fleet"
+	"github.com/runnerd/runnerd/runner"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -43,6 +44,11 @@ const (
 	reaperInterval = 100 * time.Millisecond
 	claimWait      = 500 * time.Millisecond
 	replicaPort    = 8080
+	// sandboxIdle is every host's --sandbox-idle: a conversation's
+	// sandbox is stopped after this long without a turn and woken (K13's
+	// verification) by its next one, so eviction and wake happen under
+	// the campaign's faults (S1).
+	sandboxIdle = 2 * time.Second
 )
 
 // world is one campaign's fleet.
@@ -62,7 +68,10 @@ type world struct {
 	hosts    []*host
 	users    []*fleet.User // one per replica, through its user recorder
 	dataDir  string        // the replicas' shared data directory (the user token)
-	image    string        // the docker agent's image
+	// regToken is the registration token file every host registers
+	// itself with on its first start (runnerd run --registration-token-file).
+	regToken string
+	image    string // the docker agent's image
 
 	jobsMu sync.Mutex // guards jobs and children
 	jobs   []string   // every job a replica said it enqueued, in order
@@ -77,10 +86,41 @@ type childRef struct{ job, attempt string }
 // which attempt each turn child runs.
 type acceptTap struct {
 	w    *world
+	host string
 	next io.Writer
 }
 
+// kept are the records of a daemon (or its turn children) the history
+// keeps (checker.Daemon): the replica properties' evidence of a lease
+// lost, the idle sandboxes stopped and woken, the moves between replicas.
+var kept = [][]byte{
+	[]byte(`"msg":"` + diagnostics.MsgLeaseExpired + `"`), []byte(`"msg":"` + diagnostics.MsgLeaseLost + `"`),
+	[]byte(`"msg":"` + diagnostics.MsgSandboxEvicted + `"`), []byte(`"msg":"` + diagnostics.MsgSandboxWoken + `"`),
+	[]byte(`"msg":"` + runner.MsgControlPlaneSwitched + `"`),
+}
+
 func (a *acceptTap) Write(b []byte) (int, error) {
+	for line := range bytes.Lines(b) {
+		a.keep(line)
+	}
+	return a.next.Write(b)
+}
+
+// keep notes a turn child's attempt and writes a kept record to the
+// history, with the host's name.
+func (a *acceptTap) keep(b []byte) {
+	if slices.ContainsFunc(kept, func(k []byte) bool { return bytes.Contains(b, k) }) {
+		var r struct {
+			Msg     string `json:"msg"`
+			Job     string `json:"job_id"`
+			Attempt string `json:"attempt_id"`
+			Conv    string `json:"conversation_id"`
+		}
+		if json.Unmarshal(b, &r) == nil {
+			_ = a.w.hist.Write(checker.Record{Host: a.host, JobID: r.Job, AttemptID: r.Attempt, ConversationID: r.Conv,
+				Daemon: &checker.Daemon{Msg: r.Msg}})
+		}
+	}
 	if bytes.Contains(b, []byte(`"runnerd_turn_accepted"`)) {
 		var r struct {
 			Msg     string `json:"msg"`
@@ -97,7 +137,6 @@ func (a *acceptTap) Write(b []byte) (int, error) {
 			a.w.jobsMu.Unlock()
 		}
 	}
-	return a.next.Write(b)
 }
 
 // child is the attempt turn child pid runs, if its daemon said.
@@ -135,9 +174,8 @@ type host struct {
 	sandbox  string // process | docker
 	runnerd  string // its own hard link of runnerd: its processes are told apart by it
 	stateDir string
-	token    string
-	lb       *balancer
-	paths    []*path // one per replica
+	token    string  // its host token file, written by its registration
+	paths    []*path // one per replica, the preferred one first (--control-plane's order)
 
 	mu sync.Mutex // guards d: faults restart the daemon
 	d  *fleet.Daemon
@@ -264,6 +302,10 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		w.users = append(w.users, u)
 	}
 
+	// The hosts register themselves (no host add): one token for all.
+	if w.regToken, err = w.replicas[0].current().RegistrationToken(ctx, "chaos", o.hosts); err != nil {
+		t.Fatal(err)
+	}
 	for i := range o.hosts {
 		n := w.nw.add(fmt.Sprintf("h%d", i+1), 11+i)
 		h := &host{name: "chaos-" + n.name, node: n, sandbox: "process"}
@@ -278,29 +320,27 @@ func newWorld(t *testing.T, seed uint64, o fleetOpts) *world {
 		if err := os.Link(bins.Runnerd, h.runnerd); err != nil {
 			t.Fatal(err)
 		}
-		if h.token, err = w.replicas[0].current().AddHost(ctx, h.name); err != nil {
-			t.Fatal(err)
-		}
-		var ups []string
-		for j, r := range w.replicas {
+		h.token = filepath.Join(h.stateDir, "host-token")
+		// Every host is given both replicas' addresses, each host
+		// preferring another one, so that a replica's loss hits some
+		// hosts' preferred address and others' second.
+		for k := range w.replicas {
+			j := (i + k) % len(w.replicas)
+			r := w.replicas[j]
 			rec, err := startRecorder(h.name, r.name, r.url, w.hist, seed+uint64(10*i+j))
 			if err != nil {
 				t.Fatal(err)
 			}
 			rec.onJob = w.enqueued
 			t.Cleanup(rec.close)
-			px := toxiproxy.NewProxy(w.toxi, n.name+"-"+r.name, "127.0.0.1:0", rec.addr())
+			// On the bridge's gateway: the hosts' namespaces reach it.
+			px := toxiproxy.NewProxy(w.toxi, n.name+"-"+r.name, w.nw.gw+":0", rec.addr())
 			if err := px.Start(); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(px.Stop)
 			h.paths = append(h.paths, &path{host: h, replica: r, proxy: px, rec: rec})
-			ups = append(ups, px.Listen)
 		}
-		if h.lb, err = startBalancer(w.nw.gw+":0", ups, seed+uint64(1000+i)); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(h.lb.close)
 		w.hosts = append(w.hosts, h)
 	}
 	return w
@@ -399,9 +439,13 @@ func (w *world) stopReplica(r *replica, sig syscall.Signal) {
 
 // startDaemon starts (or starts again) host h's daemon.
 func (w *world) startDaemon(h *host) error {
+	var urls []string
+	for _, p := range h.paths {
+		urls = append(urls, "http://"+p.proxy.Listen)
+	}
 	cfg := fleet.DaemonConfig{
 		Bin: h.runnerd, Wrap: h.node.wrap(),
-		ControlPlaneURL: "http://" + h.lb.addr(), HostTokenFile: h.token, HostName: h.name, StateDir: h.stateDir,
+		ControlPlaneURL: strings.Join(urls, ","), HostTokenFile: h.token, HostName: h.name, StateDir: h.stateDir,
 		Capacity: 4, Sandbox: h.sandbox,
 		LeaseTTL: leaseTTL, RenewInterval: renewEvery, RenewTimeout: renewTimeout, RenewRetry: renewRetry,
 		ReceiptTimeout: 600 * time.Millisecond, ReceiptRetry: 50 * time.Millisecond,
@@ -412,8 +456,9 @@ func (w *world) startDaemon(h *host) error {
 		// before recording once another host records the conversation's:
 		// every second, so that one is gone long before the campaign
 		// judges what is left (the default minute outlasts a short run).
-		Args: []string{"--sandbox-sweep", time.Second.String()},
-		Log:  &acceptTap{w: w, next: w.log.prefixed(h.node.name)},
+		Args: []string{"--sandbox-sweep", time.Second.String(), "--sandbox-idle", sandboxIdle.String(),
+			"--registration-token-file", w.regToken},
+		Log: &acceptTap{w: w, host: h.name, next: w.log.prefixed(h.node.name)},
 	}
 	if h.sandbox == "docker" {
 		cfg.StopGrace = 2 * time.Second // a container's supervisor answers slower
@@ -490,85 +535,4 @@ func (w *world) userOnce(ctx context.Context, f func(*fleet.User) error) (ambigu
 		return errors.As(err, &te) || errors.As(err, &se) && se.Status >= 500, err
 	}
 	return false, err
-}
-
-// ---- balancer ----
-
-// balancer is a host's view of "the control plane": one address that
-// spreads the host's connections over the replicas' paths, at random per
-// connection, as a load balancer in front of the replicas would.
-type balancer struct {
-	ln  net.Listener
-	ups []string
-
-	mu    sync.Mutex // guards rng and conns
-	rng   *rand.Rand
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-func startBalancer(listen string, ups []string, seed uint64) (*balancer, error) {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return nil, err
-	}
-	b := &balancer{ln: ln, ups: ups, rng: rand.New(rand.NewPCG(seed, 0xba1)), conns: map[net.Conn]struct{}{}}
-	b.wg.Add(1)
-	go b.accept()
-	return b, nil
-}
-
-func (b *balancer) addr() string { return b.ln.Addr().String() }
-
-func (b *balancer) accept() {
-	defer b.wg.Done()
-	for {
-		c, err := b.ln.Accept()
-		if err != nil {
-			return
-		}
-		b.mu.Lock()
-		i := b.rng.IntN(len(b.ups))
-		b.conns[c] = struct{}{}
-		b.mu.Unlock()
-		b.wg.Add(1)
-		go b.pipe(c, b.ups[i])
-	}
-}
-
-func (b *balancer) pipe(c net.Conn, up string) {
-	defer b.wg.Done()
-	defer func() {
-		b.mu.Lock()
-		delete(b.conns, c)
-		b.mu.Unlock()
-		c.Close()
-	}()
-	u, err := net.DialTimeout("tcp", up, time.Second)
-	if err != nil {
-		return
-	}
-	b.mu.Lock()
-	b.conns[u] = struct{}{}
-	b.mu.Unlock()
-	defer func() {
-		b.mu.Lock()
-		delete(b.conns, u)
-		b.mu.Unlock()
-		u.Close()
-	}()
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-	<-done
-}
-
-func (b *balancer) close() {
-	b.ln.Close()
-	b.mu.Lock()
-	for c := range b.conns {
-		c.Close()
-	}
-	b.mu.Unlock()
-	b.wg.Wait()
 }

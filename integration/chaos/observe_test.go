@@ -21,8 +21,10 @@ import (
 
 	"github.com/runnerd/runnerd/integration/chaos/checker"
 	"github.com/runnerd/runnerd/internal/boottime"
+	"github.com/runnerd/runnerd/internal/fleet"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/sandbox/supervisor"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // The docker backend's paths inside a container.
@@ -45,14 +47,21 @@ type observer struct {
 	lines map[string]int       // transcript file → complete lines recorded
 	boxes map[string]dockerBox // container id → its conversation, init pid and log file
 	// logs: supervisor log file (by inode, so a rotated file is read to
-	// its end) → bytes read. The supervisors' records of their agents'
+	// its end, and its first line) → bytes read. The supervisors' records of their agents'
 	// starts and exits, read as they are written, are what the checker
 	// judges overlap on: a /proc scan misses short agents.
-	logs map[uint64]int64
+	logs map[uint64]logPos
 	// boot0 and wall0: CLOCK_BOOTTIME and the wall clock read together,
 	// to place the records' boottime_ns on the history's clock.
 	boot0 boottime.Instant
 	wall0 time.Time
+}
+
+// logPos is how far a log file was read, and its first line, which tells
+// it from a later file with the same inode.
+type logPos struct {
+	off  int64
+	head string
 }
 
 type observed struct {
@@ -68,7 +77,7 @@ type dockerBox struct {
 
 func newObserver(w *world, eng *client.Client) *observer {
 	return &observer{w: w, eng: eng, live: map[int]observed{}, lines: map[string]int{}, boxes: map[string]dockerBox{},
-		logs: map[uint64]int64{}, boot0: boottime.Now(), wall0: time.Now()}
+		logs: map[uint64]logPos{}, boot0: boottime.Now(), wall0: time.Now()}
 }
 
 // run scans every period until ctx ends.
@@ -223,17 +232,33 @@ func (o *observer) readLog(host, conv, file string, dockerJSON bool) {
 		return
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok || fi.Size() <= o.logs[st.Ino] {
+	if !ok {
 		return
 	}
-	b := make([]byte, fi.Size()-o.logs[st.Ino])
-	n, _ := f.ReadAt(b, o.logs[st.Ino])
+	pos := o.logs[st.Ino]
+	if pos.off > 0 {
+		// An inode freed (a rotated log removed) is soon another log's:
+		// a file whose first line is not the one read is a new file.
+		head := make([]byte, len(pos.head))
+		if n, _ := f.ReadAt(head, 0); n != len(head) || string(head) != pos.head {
+			pos = logPos{}
+		}
+	}
+	if fi.Size() <= pos.off {
+		return
+	}
+	b := make([]byte, fi.Size()-pos.off)
+	n, _ := f.ReadAt(b, pos.off)
 	b = b[:n]
 	end := bytes.LastIndexByte(b, '\n')
 	if end < 0 {
 		return
 	}
-	o.logs[st.Ino] += int64(end + 1)
+	if pos.off == 0 {
+		pos.head = string(b[:bytes.IndexByte(b, '\n')+1])
+	}
+	pos.off += int64(end + 1)
+	o.logs[st.Ino] = pos
 	for _, line := range bytes.Split(b[:end], []byte("\n")) {
 		if dockerJSON {
 			var d struct {
@@ -444,6 +469,37 @@ func (o *observer) leftovers(ctx context.Context) {
 			}
 			_ = o.w.hist.Write(checker.Record{Host: h.name, ConversationID: box.conv,
 				Leftover: &checker.Leftover{What: checker.LeftoverSandbox, Role: checker.RoleSandbox, ContainerID: id}})
+		}
+	}
+}
+
+// watchServers reads Admin → Servers every period until ctx ends and
+// records each host's state when it changed (checker.Server): the
+// replica properties' direct evidence of a host gone offline. Each read
+// is bounded by a second, so that a stopped replica only delays it; the
+// user calls move to the other replica when one is down.
+func (o *observer) watchServers(ctx context.Context, period time.Duration) {
+	last := map[string]string{} // host → state last recorded; this loop's own
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		var ss []wire.Server
+		err := o.w.user(rctx, func(u *fleet.User) error { var err error; ss, err = u.Servers(rctx); return err })
+		cancel()
+		if err == nil {
+			for _, s := range ss {
+				if last[s.Name] != s.State {
+					last[s.Name] = s.State
+					_ = o.w.hist.Write(checker.Record{Host: s.Name,
+						Server: &checker.Server{State: s.State, HeartbeatIntervalMS: s.HeartbeatIntervalMS}})
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }

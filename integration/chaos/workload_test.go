@@ -154,7 +154,18 @@ func (wl *workload) converse(ctx context.Context, ci int, c conv, n int, rng *ra
 			if ambiguous {
 				wl.w.t.Logf("conversation %s: the send of turn %d got no answer (%v); going on in a new conversation", id, k, err)
 			}
-			nc, err := wl.open(ctx, c.spec)
+			// A replica or the database may be down right now (503): try
+			// again for a while rather than end this conversation's share
+			// of the turns. (A create whose answer was lost leaves an
+			// empty conversation: nothing to judge.)
+			var nc wire.Conversation
+			octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := fleet.Poll(octx, 500*time.Millisecond, "a new conversation", func(ctx context.Context) (bool, error) {
+				var err error
+				nc, err = wl.open(ctx, c.spec)
+				return err == nil, err
+			})
+			cancel()
 			if err != nil {
 				wl.w.t.Logf("after conversation %s was lost: %v", id, err)
 				return

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -112,6 +113,25 @@ func (c *ControlPlane) AddHost(ctx context.Context, name string) (tokenFile stri
 	cmd.Env = cleanEnv(nil)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("controlplane host add %s: %w\n%s", name, err, out)
+	}
+	return tokenFile, nil
+}
+
+// RegistrationToken makes a registration token with `controlplane
+// registration-token create` on the same database, for maxUses hosts (0:
+// no limit), and returns the path of its new file (0600): what a daemon
+// registers itself with (runnerd run --registration-token-file).
+func (c *ControlPlane) RegistrationToken(ctx context.Context, name string, maxUses int) (tokenFile string, err error) {
+	tokenFile = filepath.Join(c.cfg.DataDir, "registration-"+name+".token")
+	args := []string{"registration-token", "create", name, "--data-dir", c.cfg.DataDir, "--token-file", tokenFile,
+		"--max-uses", strconv.Itoa(maxUses)}
+	if c.cfg.DB != "" {
+		args = append(args, "--db", c.cfg.DB)
+	}
+	cmd := exec.CommandContext(ctx, c.cfg.Bin, args...)
+	cmd.Env = cleanEnv(nil)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("controlplane registration-token create %s: %w\n%s", name, err, out)
 	}
 	return tokenFile, nil
 }

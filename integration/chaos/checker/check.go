@@ -48,6 +48,12 @@ const (
 	// LostAvoidable: a conversation LOST without the evidence the rules
 	// demand for it (R30, R31, K13).
 	LostAvoidable Property = "lost_avoidable"
+	// ReplicaOffline: a host went offline while a replica it lists was
+	// killed or restarted, no other fault touching it (issue 22).
+	ReplicaOffline Property = "replica_loss_host_offline"
+	// ReplicaLease: a host lost a lease while a replica it lists was
+	// killed or restarted, no other fault touching it (issue 22).
+	ReplicaLease Property = "replica_loss_lease_lost"
 	// LostJustified: a conversation LOST on the evidence the rules demand:
 	// its admission answer lost on every try (R30), or its retained
 	// sandbox or session gone or failing K13's verification. Not a
@@ -69,6 +75,8 @@ var properties = []struct {
 	{Leak, "processes or sandboxes leaked"},
 	{Unexplained, "turns ended without a positive record"},
 	{LostAvoidable, "conversations LOST, avoidable"},
+	{ReplicaOffline, "hosts offline through a replica's kill or restart"},
+	{ReplicaLease, "leases lost through a replica's kill or restart"},
 	{LostJustified, "conversations LOST, justified (not a violation)"},
 }
 
@@ -105,6 +113,18 @@ type Totals struct {
 	// Unjudged finding.
 	AgentsRan, AgentsJudged int
 	Faults                  map[string]int // injected faults by kind
+	// ReplicaLosses counts the replica kills and restarts, ReplicaJudged
+	// the (loss, host) pairs the replica properties judged, and
+	// ReplicaExcused the costs found there and set aside because another
+	// fault that can cause them touched the host then.
+	ReplicaLosses, ReplicaJudged, ReplicaExcused int
+	// FailoverGaps are the judged renewal gaps across a replica's loss,
+	// shortest first: from the last renewal answered through the lost
+	// replica to the next one answered through another.
+	FailoverGaps []time.Duration
+	// SandboxesEvicted and SandboxesWoken count the daemons' records of
+	// idle sandboxes stopped and started again (S1).
+	SandboxesEvicted, SandboxesWoken int
 }
 
 // Report is what Check found: the totals and every finding.
@@ -299,12 +319,16 @@ func Check(recs []Record) Report {
 	out = append(out, h.leaks()...)
 	out = append(out, h.unexplained()...)
 	out = append(out, h.lost()...)
+	var excused int
+	out = append(out, h.replicaCosts(&excused)...)
 	order := map[Property]int{}
 	for i, p := range properties {
 		order[p.p] = i
 	}
 	sort.SliceStable(out, func(a, b int) bool { return order[out[a].Property] < order[out[b].Property] })
-	return Report{Totals: h.totals(), Findings: out}
+	t := h.totals()
+	t.ReplicaExcused = excused
+	return Report{Totals: t, Findings: out}
 }
 
 func (h *history) totals() Totals {
@@ -333,7 +357,13 @@ func (h *history) totals() Totals {
 	t.AgentsRan, t.AgentsJudged = h.agentsRan, h.agentsJudged
 	for _, f := range h.faults {
 		t.Faults[f.Fault.Kind]++
+		if replicaLoss(f) {
+			t.ReplicaLosses++
+		}
 	}
+	t.ReplicaJudged = len(h.replicaPairs())
+	t.FailoverGaps = h.failoverGaps()
+	t.SandboxesEvicted, t.SandboxesWoken = h.sandboxCounts()
 	return t
 }
 
@@ -858,6 +888,9 @@ func (h *history) whyLost(conv string) Finding {
 	avoidable := func(why string, rs ...*Record) Finding {
 		return Finding{LostAvoidable, conv, why, lines(append(rs, c)...)}
 	}
+	// The last such report lost it: a LOST conversation runs no later
+	// turn, and an earlier one did not lose it (a cancel before an
+	// unsure admission says admission_ambiguous and keeps it usable).
 	var cause *Record
 	var facts finishFacts
 	var j *jobInfo
@@ -869,11 +902,7 @@ func (h *history) whyLost(conv string) Finding {
 			var f finishFacts
 			if e.Event.Type == "finished" && json.Unmarshal(e.Event.Data, &f) == nil && (f.Ambiguous || f.Unrecoverable) {
 				cause, facts, j = e, f, cj
-				break
 			}
-		}
-		if cause != nil {
-			break
 		}
 	}
 	if cause == nil {

@@ -488,6 +488,18 @@ func TestLostConversations(t *testing.T) {
 		want  Property
 	}{
 		{"R30: every admission answer lost", func(h *hist) { lostTurn(h, []int{0, 0, 0}, ambiguous) }, LostJustified},
+		{"the last report lost it, not an earlier cancel that kept it usable", func(h *hist) {
+			// seed 741987723: a turn cancelled before an unsure admission
+			// says admission_ambiguous (the conversation stays usable); a
+			// later turn's retained_receipt_mismatch lost it.
+			h.send(60, "c4", "j39").call(61, "h3", CallClaim, "j39", "a39", 1, 200).event("j39", "a39", "claimed", nil)
+			h.call(61.5, "", CallCancelJob, "j39", "", 0, 202)
+			h.call(62, "h3", wire.OpAdmission, "j39", "a39", 1, 0)
+			h.event("j39", "a39", "finished", wire.FinishRequest{AttemptRef: wire.AttemptRef{AttemptID: "a39", LeaseGeneration: 1},
+				Outcome: wire.OutcomeCancelled, Class: "cancelled", Ambiguous: true})
+			h.job("c4", "j39", wire.JobCancelled)
+			lostTurn(h, []int{200}, wire.FinishRequest{Outcome: wire.OutcomeFailed, Class: "retained_receipt_mismatch", Unrecoverable: true})
+		}, LostAvoidable},
 		{"R30: one withheld, two refused by 503", func(h *hist) {
 			lostTurn(h, []int{200, 503, 503}, ambiguous)
 			for i := range h.recs {

@@ -46,6 +46,8 @@ const (
 	KindConversation Kind = "conversation" // a conversation as the user API showed it at the end (Record.Conversation)
 	KindLeftover     Kind = "leftover"     // a process or sandbox still there at the end (Record.Leftover)
 	KindFault        Kind = "fault"        // a fault the campaign injected (Record.Fault)
+	KindDaemon       Kind = "daemon"       // a record a daemon or its turn child wrote (Record.Daemon)
+	KindServer       Kind = "server"       // a host's state on Admin → Servers, when it changed (Record.Server)
 )
 
 // Record is one line of the history. The common fields say who and what it
@@ -72,6 +74,8 @@ type Record struct {
 	Conversation *wire.Conversation `json:"conversation,omitempty"`
 	Leftover     *Leftover          `json:"leftover,omitempty"`
 	Fault        *Fault             `json:"fault,omitempty"`
+	Daemon       *Daemon            `json:"daemon,omitempty"`
+	Server       *Server            `json:"server,omitempty"`
 
 	// Line is the record's line in the history, from 1, set by Read; the
 	// evidence of a violation cites it.
@@ -275,13 +279,32 @@ type Fault struct {
 	Detail string `json:"detail,omitempty"`
 }
 
+// Daemon is one of the records of a host's daemon or turn child the
+// campaign keeps (its msg: diagnostics.MsgLeaseExpired, MsgLeaseLost,
+// MsgSandboxEvicted, MsgSandboxWoken, runner.MsgControlPlaneSwitched),
+// with the Record's host, job, attempt and conversation from its keys.
+type Daemon struct {
+	Msg string `json:"msg"`
+}
+
+// Server is a host's row on Admin → Servers as the campaign's user read
+// it: recorded when its state changed (wire.HostState).
+type Server struct {
+	State string `json:"state"`
+	// HeartbeatIntervalMS is the interval the host announced: the
+	// control plane calls it offline after wire.OfflineAfterIntervals
+	// of them without a heartbeat.
+	HeartbeatIntervalMS int64 `json:"heartbeat_interval_ms,omitempty"`
+}
+
 // payloads says which payloads r has set, by kind.
 func (r Record) payloads() []Kind {
 	var ks []Kind
 	for k, set := range map[Kind]bool{
 		KindHTTP: r.HTTP != nil, KindProcess: r.Process != nil, KindPrompt: r.Prompt != nil,
 		KindEvent: r.Event != nil, KindJob: r.Job != nil, KindConversation: r.Conversation != nil,
-		KindLeftover: r.Leftover != nil, KindFault: r.Fault != nil,
+		KindLeftover: r.Leftover != nil, KindFault: r.Fault != nil, KindDaemon: r.Daemon != nil,
+		KindServer: r.Server != nil,
 	} {
 		if set {
 			ks = append(ks, k)

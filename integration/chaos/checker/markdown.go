@@ -68,6 +68,8 @@ func (r Report) Markdown(run Run) string {
 	for _, p := range properties {
 		fmt.Fprintf(&b, "| %s | %d |\n", p.title, r.Count(p.p))
 	}
+	fmt.Fprintf(&b, "\nReplica kills and restarts: %d; (loss, host) pairs judged: %d, costs set aside for another fault on the host then: %d; %s. Idle sandboxes stopped: %d, woken: %d.\n",
+		t.ReplicaLosses, t.ReplicaJudged, t.ReplicaExcused, gapsLine(t.FailoverGaps), t.SandboxesEvicted, t.SandboxesWoken)
 	b.WriteString("\nFault mix: ")
 	if len(t.Faults) == 0 {
 		b.WriteString("none")
@@ -166,4 +168,13 @@ func UpdateSection(path, name, body string) error {
 		return fmt.Errorf("update %s: %w", path, err)
 	}
 	return os.WriteFile(path, out, 0o644)
+}
+
+// gapsLine renders the failover renewal gaps: how many, p50 and max.
+func gapsLine(gaps []time.Duration) string {
+	if len(gaps) == 0 {
+		return "no renewal gap measured across a replica's loss"
+	}
+	return fmt.Sprintf("renewal gap across a replica's loss (last renewal through it to the next through the other): %d measured, p50 %v, max %v",
+		len(gaps), gaps[len(gaps)/2].Round(time.Millisecond), gaps[len(gaps)-1].Round(time.Millisecond))
 }
