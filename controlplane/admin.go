@@ -505,6 +505,7 @@ var conversationsPage = adminPage(`{{define "title"}}Conversations{{end}}{{defin
 <td>{{stamp .CreatedAt}}</td>
 <td>{{if and (ne .State "lost") (ne .State "deleted")}}<form class="inline" method="post" action="/admin/conversations/{{.ID}}/lose">
 <input type="hidden" name="csrf" value="{{$.CSRF}}">
+<input type="text" name="reason" required maxlength="1024" placeholder="why (the audit records it)" aria-label="reason">
 <button type="submit" title="For when the host holding its sandbox is gone for good">Mark lost</button>
 </form>{{end}}</td>
 </tr>
@@ -595,14 +596,18 @@ func (s *Server) handleLoseConversationForm(w http.ResponseWriter, r *http.Reque
 	if !ok {
 		return
 	}
-	_, err := s.loseConversation(r, now)
+	if e := checkReason(r.PostFormValue("reason"), true); e != nil {
+		s.formDone(w, r, "lose_conversation_form", "/admin/conversations", e)
+		return
+	}
+	_, err := s.loseConversation(r, r.PostFormValue("reason"), now)
 	s.formDone(w, r, "lose_conversation_form", "/admin/conversations", err)
 }
 
 // loseConversation marks the path's conversation LOST on an operator's
-// word and records it.
-func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversation, error) {
-	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), now)
+// word and records it, in the audit with the reason.
+func (s *Server) loseConversation(r *http.Request, reason string, now time.Time) (wire.Conversation, error) {
+	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), audit(r, reason), now)
 	if err != nil || c.State == wire.ConversationDeleted {
 		return c, err // a deleted conversation stays deleted: nothing was marked
 	}
@@ -614,13 +619,25 @@ func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversa
 // handleLoseConversation marks a conversation LOST for an operator whose
 // host holding its sandbox is gone for good: its waiting turns fail in
 // plain words instead of waiting for that host for ever. Refused (400)
-// while a turn of it runs; a LOST conversation is answered as it is.
+// without a reason ({"reason": …}, which the audit records) and while a
+// turn of it runs; a LOST conversation is answered as it is.
 func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) {
 	now, ok := s.now(w, r, "lose_conversation")
 	if !ok {
 		return
 	}
-	c, err := s.loseConversation(r, now)
+	var req wire.LoseRequest
+	if r.ContentLength != 0 {
+		if e := decode(w, r, &req); e != nil {
+			writeError(w, e)
+			return
+		}
+	}
+	if e := checkReason(req.Reason, true); e != nil {
+		writeError(w, e)
+		return
+	}
+	c, err := s.loseConversation(r, req.Reason, now)
 	if err != nil {
 		s.fail(w, r, "lose_conversation", err)
 		return

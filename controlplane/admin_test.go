@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"net/http"
 	"net/url"
@@ -90,7 +91,7 @@ func TestAdminFormsRefuseCrossSitePosts(t *testing.T) {
 	}
 	token := csrfOf(t, page)
 	other := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := f.st.CreateUserToken(context.Background(), "other", controlplane.HashToken(other), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateUserToken(context.Background(), "other", controlplane.HashToken(other), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	_, otherPage, _ := f.admin(adminRequest{method: "GET", path: jobPath, token: other})

@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,7 +23,7 @@ func TestAuditRecordsAdminActionsWithActorAndReason(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	const opToken = "rdu_audit-operator-token-0123456789"
-	if _, err := f.st.CreateUserToken(ctx, "alice", controlplane.HashToken(opToken), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateUserToken(ctx, "alice", controlplane.HashToken(opToken), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatalf("create token: %v", err)
 	}
 	f.addHost("host-b")

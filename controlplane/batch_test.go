@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -195,10 +196,10 @@ func TestClaimWakesOnAnotherReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	hostToken := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := stA.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := stA.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stA.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), now); err != nil {
+	if _, err := stA.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	wa := &wire.Client{BaseURL: a.URL, HTTP: a.Client()}

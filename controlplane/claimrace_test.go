@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -31,7 +32,7 @@ func TestPostgresKeyedClaimRacesItsRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	const rounds = 100

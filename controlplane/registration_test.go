@@ -29,7 +29,7 @@ func TestRegisterOverHTTP(t *testing.T) {
 			t.Helper()
 			tok := controlplane.NewToken(controlplane.RegistrationTokenPrefix)
 			rt.Name = name
-			got, err := f.st.CreateRegistrationToken(ctx, rt, controlplane.HashToken(tok), f.clock.Now())
+			got, err := f.st.CreateRegistrationToken(ctx, rt, controlplane.HashToken(tok), store.Audit{Actor: "test"}, f.clock.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +106,7 @@ func TestRegisterOverHTTP(t *testing.T) {
 			}
 		}
 
-		if _, err := f.st.RevokeRegistrationToken(ctx, fleetRow.ID, f.clock.Now()); err != nil {
+		if _, err := f.st.RevokeRegistrationToken(ctx, fleetRow.ID, store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if code, e, _ := reg(fleet, `{"name":"r2"}`); code != http.StatusUnauthorized {

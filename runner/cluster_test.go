@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -56,7 +57,7 @@ func TestK8FreshDatabaseRemovesNothing(t *testing.T) {
 	ctx := context.Background()
 	pinned, fresh := newCP(t), newCP(t)
 	// The fresh database accepts the host's token: the dangerous case.
-	if _, err := fresh.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(pinned.hostToken), fresh.now()); err != nil {
+	if _, err := fresh.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(pinned.hostToken), store.Audit{Actor: "test"}, fresh.now()); err != nil {
 		t.Fatal(err)
 	}
 	sw := &switchboard{}

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"net/http"
 	"strings"
@@ -27,7 +28,7 @@ func TestHostTokenInUse(t *testing.T) {
 	c := newCP(t)
 	ctx := context.Background()
 	userTok := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), c.now()); err != nil {
+	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	servers := func() wire.Server {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"log/slog"
 	"net"
@@ -39,7 +40,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	token := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(context.Background(), "host-sd", controlplane.HashToken(token), time.Now()); err != nil {
+	if _, err := st.CreateHost(context.Background(), "host-sd", controlplane.HashToken(token), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 
