@@ -154,6 +154,7 @@ button { font: inherit; cursor: pointer; white-space: nowrap; }
 <a href="/admin/servers"{{if eq .Nav "servers"}} class="here"{{end}}>Servers</a>
 <a href="/admin/jobs"{{if eq .Nav "jobs"}} class="here"{{end}}>Jobs</a>
 <a href="/admin/conversations"{{if eq .Nav "conversations"}} class="here"{{end}}>Conversations</a>
+<a href="/admin/audit"{{if eq .Nav "audit"}} class="here"{{end}}>Audit</a>
 </nav>
 {{template "content" .}}
 <p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock{{with .Skew}}; this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}; this page reloads every {{.Refresh}} s.</p>
