@@ -2,7 +2,6 @@ package controlplane_test
 
 import (
 	"context"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"net/http"
 	"net/url"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 

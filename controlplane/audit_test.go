@@ -3,13 +3,13 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 

@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 

@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -11,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
 )

@@ -2,7 +2,6 @@ package controlplane_test
 
 import (
 	"context"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/wire"
 )

@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"context"
 	"encoding/json"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"net/http"
 	"strings"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 

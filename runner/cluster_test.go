@@ -3,7 +3,6 @@ package runner
 import (
 	"context"
 	"encoding/json"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 )
 
 // switchboard serves whichever control plane is plugged in: two databases

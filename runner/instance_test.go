@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"github.com/runnerd/runnerd/controlplane/store"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
