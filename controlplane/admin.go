@@ -177,6 +177,7 @@ button { font: inherit; cursor: pointer; white-space: nowrap; }
 <a href="/admin/servers"{{if eq .Nav "servers"}} class="here"{{end}}>Servers</a>
 <a href="/admin/jobs"{{if eq .Nav "jobs"}} class="here"{{end}}>Jobs</a>
 <a href="/admin/conversations"{{if eq .Nav "conversations"}} class="here"{{end}}>Conversations</a>
+<a href="/admin/audit"{{if eq .Nav "audit"}} class="here"{{end}}>Audit</a>
 </nav>
 {{template "content" .}}
 <p class="note">As of <time datetime="{{iso .Now}}">{{stamp .Now}}</time> on the store's clock{{with .Skew}}; this replica's own clock is {{.}} off the store's, on which leases are judged{{end}}{{if .Refresh}}; this page reloads every {{.Refresh}} s{{end}}.</p>
@@ -869,6 +870,8 @@ var confirmLosePage = adminPage(`{{define "title"}}Mark lost?{{end}}{{define "co
 <input type="hidden" name="csrf" value="{{$.CSRF}}">
 <label>Type the conversation's id, <code>{{.ID}}</code>, to confirm:<br>
 <input class="confirm" type="text" name="confirm" autocomplete="off" spellcheck="false" aria-label="the conversation's id"></label>
+<p><label>Why (the audit records it):<br>
+<input type="text" name="reason" required maxlength="1024" aria-label="reason"></label></p>
 <p><button type="submit" id="confirm-lose">Mark {{.ID}} lost</button> <a href="/admin/conversations">Keep it</a></p>
 </form>
 {{end}}{{end}}`)
@@ -913,14 +916,18 @@ func (s *Server) handleLoseConversationForm(w http.ResponseWriter, r *http.Reque
 	if !ok {
 		return
 	}
-	_, err := s.loseConversation(r, now)
+	if e := checkReason(r.PostFormValue("reason"), true); e != nil {
+		s.formDone(w, r, "lose_conversation_form", "/admin/conversations", e)
+		return
+	}
+	_, err := s.loseConversation(r, r.PostFormValue("reason"), now)
 	s.formDone(w, r, "lose_conversation_form", "/admin/conversations", err)
 }
 
 // loseConversation marks the path's conversation LOST on an operator's
-// word and records it.
-func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversation, error) {
-	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), now)
+// word and records it, in the audit with the reason.
+func (s *Server) loseConversation(r *http.Request, reason string, now time.Time) (wire.Conversation, error) {
+	c, err := s.cfg.Store.LoseConversation(r.Context(), r.PathValue("id"), audit(r, reason), now)
 	if err != nil || c.State == wire.ConversationDeleted {
 		return c, err // a deleted conversation stays deleted: nothing was marked
 	}
@@ -932,13 +939,25 @@ func (s *Server) loseConversation(r *http.Request, now time.Time) (wire.Conversa
 // handleLoseConversation marks a conversation LOST for an operator whose
 // host holding its sandbox is gone for good: its waiting turns fail in
 // plain words instead of waiting for that host for ever. Refused (400)
-// while a turn of it runs; a LOST conversation is answered as it is.
+// without a reason ({"reason": …}, which the audit records) and while a
+// turn of it runs; a LOST conversation is answered as it is.
 func (s *Server) handleLoseConversation(w http.ResponseWriter, r *http.Request) {
 	now, ok := s.now(w, r, "lose_conversation")
 	if !ok {
 		return
 	}
-	c, err := s.loseConversation(r, now)
+	var req wire.LoseRequest
+	if r.ContentLength != 0 {
+		if e := decode(w, r, &req); e != nil {
+			writeError(w, e)
+			return
+		}
+	}
+	if e := checkReason(req.Reason, true); e != nil {
+		writeError(w, e)
+		return
+	}
+	c, err := s.loseConversation(r, req.Reason, now)
 	if err != nil {
 		s.fail(w, r, "lose_conversation", err)
 		return

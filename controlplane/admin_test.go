@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -91,7 +92,7 @@ func TestAdminFormsRefuseCrossSitePosts(t *testing.T) {
 	}
 	token := csrfOf(t, page)
 	other := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := f.st.CreateUserToken(context.Background(), "other", controlplane.HashToken(other), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateUserToken(context.Background(), "other", controlplane.HashToken(other), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	_, otherPage, _ := f.admin(adminRequest{method: "GET", path: jobPath, token: other})
@@ -278,7 +279,15 @@ func TestAdminMarkLostConfirmation(t *testing.T) {
 			form: url.Values{"csrf": {token}, "confirm": {c.ID}}, header: sameOrigin}); status != http.StatusBadRequest {
 			t.Fatalf("Mark lost of %s confirmed with %s's id: %d, want 400", other.ID, c.ID, status)
 		}
-		status, _, h = f.admin(adminRequest{method: "POST", path: confirmPath, form: url.Values{"csrf": {token}, "confirm": {c.ID}}, header: sameOrigin})
+		// Confirmed, but no reason for the audit: refused, nothing changed.
+		if status, body, _ := f.admin(adminRequest{method: "POST", path: confirmPath, form: url.Values{"csrf": {token}, "confirm": {c.ID}}, header: sameOrigin}); status != http.StatusBadRequest ||
+			!strings.Contains(body, "reason is required") {
+			t.Fatalf("Mark lost confirmed without a reason: %d, want 400 naming the reason:\n%s", status, body)
+		}
+		if got, _ := f.st.GetConversation(context.Background(), c.ID); got.State != wire.ConversationUsable {
+			t.Fatalf("Mark lost without a reason marked the conversation %s", got.State)
+		}
+		status, _, h = f.admin(adminRequest{method: "POST", path: confirmPath, form: url.Values{"csrf": {token}, "confirm": {c.ID}, "reason": {"its host is gone"}}, header: sameOrigin})
 		if status != http.StatusSeeOther || h.Get("Location") != "/admin/conversations" {
 			t.Fatalf("Mark lost with its id typed: %d to %q", status, h.Get("Location"))
 		}

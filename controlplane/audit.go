@@ -12,7 +12,7 @@ import (
 )
 
 // PathAdminAudit is the admin audit: who did what, when, to
-// which host, and why.
+// which host, conversation or token, and why.
 const PathAdminAudit = "/v1/admin/audit"
 
 // auditPage is GET /v1/admin/audit's limit when the request names none;
@@ -25,9 +25,6 @@ const (
 // auditParams are the query parameters GET /v1/admin/audit takes; any
 // other is refused by name, as GET /v1/jobs refuses one.
 var auditParams = []string{"target", "action", "since", "limit", "cursor"}
-
-// auditActions are the actions the audit records.
-var auditActions = []string{wire.AuditHostPause, wire.AuditHostResume, wire.AuditHostRotateToken, wire.AuditHostRemove}
 
 // auditCursorPrefix marks an audit cursor, otherwise a row id: opaque to
 // clients, stable across new rows.
@@ -73,12 +70,14 @@ func auditFilter(r *http.Request) (store.AuditFilter, *apiError) {
 	}
 	f := store.AuditFilter{Target: q.Get("target"), Action: q.Get("action"), Limit: auditPage}
 	if f.Target != "" {
+		// A host's name, a conversation's or a token's id: each of the
+		// host names' letters.
 		if msg := checkHostName(f.Target); msg != "" {
-			return f, invalid("target: %s", msg)
+			return f, invalid("target (a host's name, a conversation's or a token's id): %s", msg)
 		}
 	}
-	if f.Action != "" && !slices.Contains(auditActions, f.Action) {
-		return f, invalid("action must be one of %s.", strings.Join(auditActions, ", "))
+	if f.Action != "" && !slices.Contains(wire.AuditActions, f.Action) {
+		return f, invalid("action must be one of %s.", strings.Join(wire.AuditActions, ", "))
 	}
 	if v := q.Get("since"); v != "" {
 		t, err := time.Parse(time.RFC3339Nano, v)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -22,14 +23,16 @@ func TestAuditRecordsAdminActionsWithActorAndReason(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	const opToken = "rdu_audit-operator-token-0123456789"
-	if _, err := f.st.CreateUserToken(ctx, "alice", controlplane.HashToken(opToken), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateUserToken(ctx, "alice", controlplane.HashToken(opToken), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatalf("create token: %v", err)
 	}
 	f.addHost("host-b")
 	hostPath := func(name, action string) string {
 		return strings.ReplaceAll(controlplane.PathAdminHost, "{name}", name) + action
 	}
+	f.clock.Advance(time.Second) // the fixture's own rows (its hosts, tokens) are older than t0
 	t0 := f.clock.Now()
+	since := "since=" + t0.Format(time.RFC3339Nano)
 	f.expect(http.MethodPost, hostPath("host-a", "pause"), opToken, `{"reason":"kernel upgrade"}`, http.StatusOK, "")
 	f.clock.Advance(time.Second)
 	f.expect(http.MethodPost, hostPath("host-a", "resume"), userToken, "", http.StatusOK, "")
@@ -50,7 +53,7 @@ func TestAuditRecordsAdminActionsWithActorAndReason(t *testing.T) {
 	list := func(query string) wire.AuditList {
 		t.Helper()
 		var l wire.AuditList
-		f.user(http.MethodGet, controlplane.PathAdminAudit+query, nil, &l)
+		f.user(http.MethodGet, controlplane.PathAdminAudit+"?"+since+query, nil, &l)
 		return l
 	}
 	all := list("")
@@ -79,18 +82,20 @@ func TestAuditRecordsAdminActionsWithActorAndReason(t *testing.T) {
 		}
 	}
 
-	if l := list("?target=host-a"); len(l.Entries) != 2 || l.Entries[0].Action != wire.AuditHostResume {
+	if l := list("&target=host-a"); len(l.Entries) != 2 || l.Entries[0].Action != wire.AuditHostResume {
 		t.Errorf("target=host-a = %+v", l)
 	}
-	if l := list("?action=" + wire.AuditHostPause); len(l.Entries) != 1 || l.Entries[0].Reason != "kernel upgrade" {
+	if l := list("&action=" + wire.AuditHostPause); len(l.Entries) != 1 || l.Entries[0].Reason != "kernel upgrade" {
 		t.Errorf("action=host.pause = %+v", l)
 	}
-	if l := list("?since=" + t0.Add(2*time.Second).Format(time.RFC3339Nano)); len(l.Entries) != 2 {
-		t.Errorf("since = %+v, want the rotation and the removal", l)
+	var later wire.AuditList
+	f.user(http.MethodGet, controlplane.PathAdminAudit+"?since="+t0.Add(2*time.Second).Format(time.RFC3339Nano), nil, &later)
+	if len(later.Entries) != 2 {
+		t.Errorf("since = %+v, want the rotation and the removal", later)
 	}
 
 	// Pages of 3, then 1; a row written meanwhile does not shift page 2.
-	p1 := list("?limit=3")
+	p1 := list("&limit=3")
 	if len(p1.Entries) != 3 || p1.NextCursor == "" {
 		t.Fatalf("page 1 = %+v", p1)
 	}
@@ -103,7 +108,7 @@ func TestAuditRecordsAdminActionsWithActorAndReason(t *testing.T) {
 	if !strings.Contains(page, `<span class="paused-by">by alice</span>`) || !strings.Contains(page, `<span class="pause-reason">disk &lt;full&gt;</span>`) {
 		t.Fatalf("Admin → Servers does not show who paused host-a and why:\n%s", page)
 	}
-	p2 := list("?limit=3&cursor=" + p1.NextCursor)
+	p2 := list("&limit=3&cursor=" + p1.NextCursor)
 	if len(p2.Entries) != 1 || p2.Entries[0].ID != all.Entries[3].ID || p2.NextCursor != "" {
 		t.Fatalf("page 2 = %+v, want the first pause alone", p2)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -195,10 +196,10 @@ func TestClaimWakesOnAnotherReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	hostToken := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := stA.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := stA.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stA.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), now); err != nil {
+	if _, err := stA.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	wa := &wire.Client{BaseURL: a.URL, HTTP: a.Client()}

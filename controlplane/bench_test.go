@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -39,7 +40,7 @@ func BenchmarkClaimFinishHTTP(b *testing.B) {
 				hosts := make([]string, workers/batch)
 				for i := range hosts {
 					hosts[i] = controlplane.NewToken(controlplane.HostTokenPrefix)
-					if _, err := st.CreateHost(ctx, fmt.Sprintf("host-%d", i), controlplane.HashToken(hosts[i]), now); err != nil {
+					if _, err := st.CreateHost(ctx, fmt.Sprintf("host-%d", i), controlplane.HashToken(hosts[i]), store.Audit{Actor: "test"}, now); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -583,7 +583,9 @@ func TestBrowserAdminAtAGlance(t *testing.T) {
 			t.Fatal("the Mark lost confirmation reloads itself, clearing what is typed")
 		}
 		shot("mark-lost")
+		giveReason := chromedp.SendKeys(chromedp.CSS(`input[name="reason"]`), "host-d was decommissioned")
 		for _, typed := range []string{"", g.login.ID} {
+			run(t, tab, "give the reason", giveReason) // required: the browser sends no form without it
 			if typed != "" { // the page's field starts empty
 				run(t, tab, "type "+typed, chromedp.SendKeys(chromedp.CSS(`input[name="confirm"]`), typed))
 			}
@@ -599,7 +601,7 @@ func TestBrowserAdminAtAGlance(t *testing.T) {
 			}
 			run(t, tab, "go back", chromedp.Click(chromedp.CSS(`a#back`)), chromedp.WaitVisible(chromedp.CSS(`#lose`)))
 		}
-		run(t, tab, "type the id", chromedp.SendKeys(chromedp.CSS(`input[name="confirm"]`), g.spare.ID))
+		run(t, tab, "type the id", giveReason, chromedp.SendKeys(chromedp.CSS(`input[name="confirm"]`), g.spare.ID))
 		if resp := click(t, tab, `#confirm-lose`); resp.Status != http.StatusOK || !strings.HasSuffix(resp.URL, "/admin/conversations") {
 			t.Fatalf("Mark lost with its id typed: %d %s, want Conversations again", resp.Status, resp.URL)
 		}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -31,7 +32,7 @@ func TestPostgresKeyedClaimRacesItsRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	const rounds = 100

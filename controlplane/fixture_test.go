@@ -128,7 +128,7 @@ func newFixtureOn(t *testing.T, db database) *fixture {
 		logs:  &syncbuf.Buffer{},
 	}
 	f.start()
-	if _, err := f.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatalf("create the user token: %v", err)
 	}
 	f.hostToken = f.addHost("host-a")
@@ -166,7 +166,7 @@ func (f *fixture) restart() {
 func (f *fixture) addHost(name string) string {
 	f.t.Helper()
 	tok := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := f.st.CreateHost(context.Background(), name, controlplane.HashToken(tok), f.clock.Now()); err != nil {
+	if _, err := f.st.CreateHost(context.Background(), name, controlplane.HashToken(tok), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		f.t.Fatalf("create host %s: %v", name, err)
 	}
 	return tok

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -174,10 +175,10 @@ func TestK3ReplicasWithSkewedClocks(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := st.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), now); err != nil {
+				if _, err := st.CreateUserToken(ctx, "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, now); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -287,7 +288,7 @@ func TestK3ClaimLeaseOnTheStoresClock(t *testing.T) {
 			wc := &wire.Client{BaseURL: hs.URL, HTTP: hs.Client()}
 			if i == 0 {
 				hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
-				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), storeNow); err != nil {
+				if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, storeNow); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -45,11 +45,11 @@ func newBubble(t *testing.T, opts ...sqlstore.Option) *bubble {
 	t.Cleanup(tr.CloseIdleConnections)
 	b := &bubble{st: st, srv: srv, wc: &wire.Client{BaseURL: "http://cp.test", HTTP: &http.Client{Transport: tr}}}
 	b.hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(b.hostToken), time.Now()); err != nil {
+	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(b.hostToken), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	b.userToken = controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(b.userToken), time.Now()); err != nil {
+	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(b.userToken), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -302,7 +302,7 @@ func TestCancelsLongPoll(t *testing.T) {
 		}
 		// Another host knows nothing of these attempts.
 		other := controlplane.NewToken(controlplane.HostTokenPrefix)
-		if _, err := b.st.CreateHost(ctx, "host-b", controlplane.HashToken(other), time.Now()); err != nil {
+		if _, err := b.st.CreateHost(ctx, "host-b", controlplane.HashToken(other), store.Audit{Actor: "test"}, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if ids, err := b.wc.Cancels(ctx, other, wire.CancelsRequest{AttemptIDs: []string{c2.AttemptID}}); err != nil || len(ids) != 0 {

@@ -66,7 +66,7 @@ func metricsFixture(t *testing.T) (*fixture, string) {
 	f.st = st
 	f.srv = controlplane.New(controlplane.Config{Store: st, Logger: slog.New(slog.DiscardHandler), Now: f.clock.Now,
 		Metrics: m, MinLeaseTTL: time.Second})
-	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), f.clock.Now()); err != nil {
+	if _, err := st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()

@@ -29,7 +29,7 @@ func TestRegisterOverHTTP(t *testing.T) {
 			t.Helper()
 			tok := controlplane.NewToken(controlplane.RegistrationTokenPrefix)
 			rt.Name = name
-			got, err := f.st.CreateRegistrationToken(ctx, rt, controlplane.HashToken(tok), f.clock.Now())
+			got, err := f.st.CreateRegistrationToken(ctx, rt, controlplane.HashToken(tok), store.Audit{Actor: "test"}, f.clock.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -59,6 +59,14 @@ func TestRegisterOverHTTP(t *testing.T) {
 		code, _, r1 := reg(fleet, `{"name":"r1","labels":{"pool":"a"},"version":"1.2.3"}`)
 		if code != http.StatusOK || r1.Name != "r1" || !strings.HasPrefix(r1.HostToken, controlplane.HostTokenPrefix) {
 			t.Fatalf("register = %d %+v", code, r1)
+		}
+		// The registration is audited, its actor the registration token's
+		// name and id, never a token.
+		var audit wire.AuditList
+		f.user(http.MethodGet, controlplane.PathAdminAudit+"?action="+wire.AuditHostRegister, nil, &audit)
+		if len(audit.Entries) != 1 || audit.Entries[0].Target != "r1" || audit.Entries[0].Actor != "registration:fleet/"+fleetRow.ID ||
+			strings.Contains(audit.Entries[0].Actor, fleet) {
+			t.Fatalf("the registration's audit = %+v, want one row: r1 by registration:fleet/%s", audit.Entries, fleetRow.ID)
 		}
 		if _, err := f.wc.HostHeartbeat(ctx, r1.HostToken, wire.HostHeartbeat{Capacity: 1, Labels: wire.Labels{"pool": "a"}}); err != nil {
 			t.Fatalf("the registered host's heartbeat: %v", err)
@@ -106,7 +114,7 @@ func TestRegisterOverHTTP(t *testing.T) {
 			}
 		}
 
-		if _, err := f.st.RevokeRegistrationToken(ctx, fleetRow.ID, f.clock.Now()); err != nil {
+		if _, err := f.st.RevokeRegistrationToken(ctx, fleetRow.ID, store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if code, e, _ := reg(fleet, `{"name":"r2"}`); code != http.StatusUnauthorized {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -33,7 +34,7 @@ func roundTrips(t *testing.T, turns, warm int) map[string][]int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string][]int64{}
@@ -130,7 +131,7 @@ func TestConversationStatesIsOneQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), now); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(hostToken), store.Audit{Actor: "test"}, now); err != nil {
 		t.Fatal(err)
 	}
 	ids := make([]string, wire.MaxConversationIDs)

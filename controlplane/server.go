@@ -179,6 +179,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /admin/jobs/{id}", s.user(s.handleJobPage))
 	mux.HandleFunc("GET /admin/conversations", s.user(s.handleConversationsPage))
 	mux.HandleFunc("GET /admin/conversations/{id}/lose", s.user(s.handleConfirmLosePage))
+	mux.HandleFunc("GET /admin/audit", s.user(s.handleAuditPage))
 	mux.HandleFunc("POST /admin/jobs/{id}/cancel", s.adminForm(s.handleCancelJobForm))
 	mux.HandleFunc("POST /admin/jobs/{id}/permissions/{request}", s.adminForm(s.handlePermitForm))
 	mux.HandleFunc("POST /admin/conversations/{id}/lose", s.adminForm(s.handleLoseConversationForm))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -244,13 +245,13 @@ func TestUserTokensFromTheStore(t *testing.T) {
 			f := newFixtureOn(t, sc.db(t))
 			ctx := context.Background()
 			tok := controlplane.NewToken(controlplane.UserTokenPrefix)
-			ut, err := f.st.CreateUserToken(ctx, "second", controlplane.HashToken(tok), f.clock.Now())
+			ut, err := f.st.CreateUserToken(ctx, "second", controlplane.HashToken(tok), store.Audit{Actor: "test"}, f.clock.Now())
 			if err != nil {
 				t.Fatal(err)
 			}
 			f.expect("GET", "/v1/conversations", tok, "", http.StatusOK, "")
 			f.expect("GET", "/admin/servers", tok, "", http.StatusOK, "")
-			if _, err := f.st.RevokeUserToken(ctx, ut.ID, f.clock.Now()); err != nil {
+			if _, err := f.st.RevokeUserToken(ctx, ut.ID, store.Audit{Actor: "test"}, f.clock.Now()); err != nil {
 				t.Fatal(err)
 			}
 			f.expect("GET", "/v1/conversations", tok, "", http.StatusUnauthorized, wire.CodeUnauthorized)

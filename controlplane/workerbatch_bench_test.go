@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/wire"
 )
 
@@ -35,7 +36,7 @@ func BenchmarkRenewalsPerCallVsBatch(b *testing.B) {
 				b.Fatal(err)
 			}
 			host := controlplane.NewToken(controlplane.HostTokenPrefix)
-			if _, err := st.CreateHost(ctx, "host-bench", controlplane.HashToken(host), now); err != nil {
+			if _, err := st.CreateHost(ctx, "host-bench", controlplane.HashToken(host), store.Audit{Actor: "bench"}, now); err != nil {
 				b.Fatal(err)
 			}
 			for range attempts {

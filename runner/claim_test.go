@@ -277,7 +277,7 @@ func newBubbleCP(t *testing.T, dir string, wrap ...func(http.Handler) http.Handl
 		dial:      l.Dial,
 		hostToken: controlplane.NewToken(controlplane.HostTokenPrefix),
 	}
-	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), time.Now()); err != nil {
+	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/process"
 	"github.com/runnerd/runnerd/wire"
@@ -63,7 +64,7 @@ func TestK8FreshDatabaseRemovesNothing(t *testing.T) {
 	ctx := context.Background()
 	pinned, fresh := newCP(t), newCP(t)
 	// The fresh database accepts the host's token: the dangerous case.
-	if _, err := fresh.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(pinned.hostToken), fresh.now()); err != nil {
+	if _, err := fresh.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(pinned.hostToken), store.Audit{Actor: "test"}, fresh.now()); err != nil {
 		t.Fatal(err)
 	}
 	sw := &switchboard{}
@@ -193,7 +194,7 @@ func ensureSandboxIn(t *testing.T, b *process.Backend, conv, cluster string) int
 func TestK8PerSandboxClusterJudgesOnlyItsOwn(t *testing.T) {
 	ctx := context.Background()
 	a, b := newCP(t), newCP(t)
-	if _, err := b.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(a.hostToken), b.now()); err != nil {
+	if _, err := b.st.CreateHost(ctx, "host-a-again", controlplane.HashToken(a.hostToken), store.Audit{Actor: "test"}, b.now()); err != nil {
 		t.Fatal(err)
 	}
 	idA, errA := a.st.ClusterID(ctx)

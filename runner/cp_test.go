@@ -70,7 +70,7 @@ func newCP(t *testing.T) *cp {
 	c.url = hs.URL
 	c.wc = &wire.Client{BaseURL: hs.URL}
 	c.hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), c.now()); err != nil {
+	if _, err := st.CreateHost(context.Background(), "host-a", controlplane.HashToken(c.hostToken), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/diagnostics"
 	"github.com/runnerd/runnerd/wire"
 )
@@ -27,7 +28,7 @@ func TestHostTokenInUse(t *testing.T) {
 	c := newCP(t)
 	ctx := context.Background()
 	userTok := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), c.now()); err != nil {
+	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	servers := func() wire.Server {

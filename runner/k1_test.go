@@ -206,7 +206,7 @@ func newK1World(t *testing.T) *k1World {
 	tr := &http.Transport{DialContext: direct.Dial}
 	w.wc = &wire.Client{BaseURL: k1URL, HTTP: &http.Client{Transport: tr}}
 	w.hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(w.hostToken), time.Now()); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(w.hostToken), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

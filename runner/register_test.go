@@ -27,12 +27,12 @@ func TestRegisterThenRotateWithAGrace(t *testing.T) {
 	c := newCP(t)
 	ctx := context.Background()
 	regTok := controlplane.NewToken(controlplane.RegistrationTokenPrefix)
-	rt, err := c.st.CreateRegistrationToken(ctx, store.RegistrationToken{Name: "fleet", Labels: wire.Labels{"pool": "a"}, MaxUses: 1}, controlplane.HashToken(regTok), c.now())
+	rt, err := c.st.CreateRegistrationToken(ctx, store.RegistrationToken{Name: "fleet", Labels: wire.Labels{"pool": "a"}, MaxUses: 1}, controlplane.HashToken(regTok), store.Audit{Actor: "test"}, c.now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	userTok := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), c.now()); err != nil {
+	if _, err := c.st.CreateUserToken(ctx, "ops", controlplane.HashToken(userTok), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	stateDir := t.TempDir()
@@ -71,7 +71,7 @@ func TestRegisterThenRotateWithAGrace(t *testing.T) {
 	if attempt.LeaseOwner != "reg-1" {
 		t.Fatalf("the turn runs on %s, not the registered host", attempt.LeaseOwner)
 	}
-	if _, err := c.st.RevokeRegistrationToken(ctx, rt.ID, c.now()); err != nil {
+	if _, err := c.st.RevokeRegistrationToken(ctx, rt.ID, store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 
@@ -129,7 +129,7 @@ func TestRegistrationRefusedEndsRun(t *testing.T) {
 	c := newCP(t)
 	ctx := context.Background()
 	regTok := controlplane.NewToken(controlplane.RegistrationTokenPrefix)
-	if _, err := c.st.CreateRegistrationToken(ctx, store.RegistrationToken{Name: "fleet"}, controlplane.HashToken(regTok), c.now()); err != nil {
+	if _, err := c.st.CreateRegistrationToken(ctx, store.RegistrationToken{Name: "fleet"}, controlplane.HashToken(regTok), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	stateDir := t.TempDir()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/sandbox"
 	"github.com/runnerd/runnerd/sandbox/docker"
 	"github.com/runnerd/runnerd/sandbox/process"
@@ -215,7 +216,7 @@ func TestSandboxSweepRemovesDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	const userToken = "rdu_sweep-test-user-token"
-	if _, err := c.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), c.now()); err != nil {
+	if _, err := c.st.CreateUserToken(context.Background(), "test", controlplane.HashToken(userToken), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("Authorization", "Bearer "+userToken)
@@ -478,7 +479,7 @@ func TestSandboxSweepRemovesRecordedElsewhere(t *testing.T) {
 	d, logs := newTestDaemon(t, c, func(cfg *Config) { cfg.StateDir = state; cfg.Backend = b })
 	ctx := context.Background()
 	tokenB := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := c.st.CreateHost(ctx, "host-b", controlplane.HashToken(tokenB), c.now()); err != nil {
+	if _, err := c.st.CreateHost(ctx, "host-b", controlplane.HashToken(tokenB), store.Audit{Actor: "test"}, c.now()); err != nil {
 		t.Fatal(err)
 	}
 	ref := func(cl wire.Claim) wire.AttemptRef {

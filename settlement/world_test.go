@@ -219,7 +219,7 @@ func newWorld(t *testing.T) *world {
 	w.tr = &http.Transport{DialContext: w.l.Dial}
 	w.wc = &wire.Client{BaseURL: baseURL, HTTP: &http.Client{Transport: w.tr}}
 	w.hostToken = controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(w.hostToken), time.Now()); err != nil {
+	if _, err := st.CreateHost(ctx, "host-a", controlplane.HashToken(w.hostToken), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatalf("create host: %v", err)
 	}
 	t.Cleanup(w.close)

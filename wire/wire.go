@@ -487,6 +487,12 @@ type HostActionRequest struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// LoseRequest is POST /v1/admin/conversations/{id}/lose's body: why the
+// conversation is marked LOST (required; the audit records it).
+type LoseRequest struct {
+	Reason string `json:"reason"`
+}
+
 // MaxAuditReason bounds an audit reason, in bytes.
 const MaxAuditReason = 1024
 
@@ -496,7 +502,23 @@ const (
 	AuditHostResume      = "host.resume"
 	AuditHostRotateToken = "host.rotate_token"
 	AuditHostRemove      = "host.remove"
+	// A host added by hand (controlplane host add) or registered by a
+	// daemon with a registration token (actor "registration:NAME/ID").
+	AuditHostAdd      = "host.add"
+	AuditHostRegister = "host.register"
+	// A conversation marked LOST on an operator's word (reason required).
+	AuditConversationLose = "conversation.lose"
+	// Tokens: the target is the token's id, never the token.
+	AuditUserTokenCreate         = "user_token.create"
+	AuditUserTokenRevoke         = "user_token.revoke"
+	AuditRegistrationTokenCreate = "registration_token.create"
+	AuditRegistrationTokenRevoke = "registration_token.revoke"
 )
+
+// AuditActions are every action the audit records, as GET
+// /v1/admin/audit's action filter takes them.
+var AuditActions = []string{AuditHostAdd, AuditHostRegister, AuditHostPause, AuditHostResume, AuditHostRotateToken, AuditHostRemove,
+	AuditConversationLose, AuditUserTokenCreate, AuditUserTokenRevoke, AuditRegistrationTokenCreate, AuditRegistrationTokenRevoke}
 
 // AuditEntry is one admin action: who (the user token's name, never the
 // token), what, on which target, when, and why.

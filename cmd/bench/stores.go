@@ -126,7 +126,7 @@ func newHost(ctx context.Context, s store.Store, name string) (id, token string,
 	if err != nil {
 		return "", "", err
 	}
-	h, err := s.CreateHost(ctx, name, controlplane.HashToken(token), now)
+	h, err := s.CreateHost(ctx, name, controlplane.HashToken(token), store.Audit{Actor: "test"}, now)
 	return h.ID, token, err
 }
 

@@ -9,6 +9,9 @@
 //	controlplane submit     send a message to a conversation and follow the turn
 //	controlplane conversation delete ID
 //	                        delete a conversation; its host removes the sandbox
+//	controlplane conversation lose ID --reason WHY
+//	                        mark a conversation LOST (its host is gone for good)
+//	controlplane audit list the admin audit, through the admin API
 //
 // docs/protocol.md describes the API it serves. Every flag has an
 // environment variable, CONTROLPLANE_ and the flag's name (--lease-ttl:
@@ -99,6 +102,11 @@ commands:
   conversation delete ID
              delete a conversation (no turn of it may run or wait);
              its host removes the sandbox (user token)
+  conversation lose ID --reason WHY
+             mark a conversation LOST: the host holding its sandbox is
+             gone for good (user token; the audit records the reason)
+  audit list who did what to which host, conversation or token, and why
+             (user token; --output json|table)
   version    print the version
 
 Run "controlplane <command> -h" for a command's flags.
@@ -148,14 +156,24 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "permit":
 		err = permit(ctx, args[1:], getenv, stdout, stderr)
 	case "conversation":
-		name = "conversation delete"
+		name = "conversation"
+		if len(args) > 1 {
+			name += " " + args[1]
+		}
 		err = conversation(ctx, args[1:], getenv, stdout, stderr)
+	case "audit":
+		if len(args) < 2 || args[1] != "list" {
+			err = usagef(`"audit" takes a subcommand: list`)
+			break
+		}
+		name = "audit list"
+		err = auditList(ctx, args[2:], getenv, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, version)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, topUsage)
 	default:
-		err = usagef("unknown command %q (try serve, host add, token, jobs, submit, permit, conversation delete)", name)
+		err = usagef("unknown command %q (try serve, host add, token, jobs, submit, permit, conversation delete, audit list)", name)
 	}
 	var ue *usageError
 	switch {

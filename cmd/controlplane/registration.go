@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -51,25 +50,20 @@ func (l labelList) Set(v string) error {
 }
 
 // registrationTokenCreate makes a registration token and hands it out
-// once: on stdout, or in a new 0600 file with --token-file.
+// once (handOut).
 func registrationTokenCreate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("registration-token create NAME", stderr)
 	d := addDBFlags(f)
-	tokenFile := f.fs.String("token-file", "", "write the token to this new file (0600) instead of printing it")
+	tokenFile := addTokenFileFlag(f)
 	expires := f.fs.Duration("expires", 0, "the token is refused this long after its creation (0: never)")
 	maxUses := f.fs.Int("max-uses", 0, "how many hosts the token may register (0: no limit)")
 	labels := labelList{}
 	f.fs.Var(labels, "label", "name=value: an operator label a host registering with this token may carry (repeat); none given grants none")
-	name, err := oneArg(f, args, "the token's NAME (a label: which fleet or image holds it)")
+	name, st, err := dbCommand(ctx, f, d, args, "the token's NAME (a label: which fleet or image holds it)", checkLabelName)
 	if err != nil {
 		return err
 	}
-	if len(name) > 128 {
-		return usagef("the token's name is longer than 128 characters")
-	}
-	if err := checkText(name); err != nil {
-		return err
-	}
+	defer st.Close()
 	switch {
 	case *expires < 0:
 		return usagef("--expires must not be negative")
@@ -84,15 +78,6 @@ func registrationTokenCreate(ctx context.Context, args []string, stdout, stderr 
 			return usagef("--label: %q is an automatic label, set by each daemon itself", k)
 		}
 	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-
 	now, err := st.Now(ctx)
 	if err != nil {
 		return err
@@ -103,44 +88,17 @@ func registrationTokenCreate(ctx context.Context, args []string, stdout, stderr 
 		t.ExpiresAt = &at
 	}
 	tok := controlplane.NewToken(controlplane.RegistrationTokenPrefix)
-	if *tokenFile != "" {
-		// Written before the token is stored, so that a token that could
-		// not be kept never works; removed again if it cannot be stored.
-		if err := writeSecret(*tokenFile, tok+"\n"); err != nil {
-			return fmt.Errorf("write the token file: %w", err)
-		}
-	}
-	t, err = st.CreateRegistrationToken(ctx, t, controlplane.HashToken(tok), now)
-	if err != nil {
-		if *tokenFile != "" {
-			_ = os.Remove(*tokenFile)
-		}
-		return err
-	}
-	if *tokenFile != "" {
-		fmt.Fprintf(stderr, "registration token %s (%s) created; it is in %s (only its hash is stored)\n", t.ID, name, *tokenFile)
-		return nil
-	}
-	fmt.Fprintln(stdout, tok)
-	fmt.Fprintf(stderr, "registration token %s (%s) created; it is shown above once (only its hash is stored)\n", t.ID, name)
-	return nil
+	return handOut(tok, *tokenFile, stdout, stderr, func() (string, error) {
+		t, err := st.CreateRegistrationToken(ctx, t, controlplane.HashToken(tok), cliAudit(""), now)
+		return fmt.Sprintf("registration token %s (%s) created", t.ID, name), err
+	})
 }
 
 // registrationTokenList prints every registration token's id, name,
 // grants and state; never a token, never a hash.
 func registrationTokenList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	f := newFlags("registration-token list", stderr)
-	d := addDBFlags(f)
-	if err := f.parse(args); err != nil {
-		return err
-	}
-	if f.fs.NArg() > 0 {
-		return usagef("unexpected argument %q", f.fs.Arg(0))
-	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
+	_, st, err := dbCommand(ctx, f, addDBFlags(f), args, "", nil)
 	if err != nil {
 		return err
 	}
@@ -148,12 +106,6 @@ func registrationTokenList(ctx context.Context, args []string, stdout, stderr io
 	ts, err := st.ListRegistrationTokens(ctx)
 	if err != nil {
 		return err
-	}
-	stamp := func(t *time.Time, none string) string {
-		if t == nil {
-			return none
-		}
-		return t.UTC().Format(time.RFC3339)
 	}
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tNAME\tLABELS\tUSES\tEXPIRES\tCREATED\tREVOKED")
@@ -176,18 +128,7 @@ func registrationTokenList(ctx context.Context, args []string, stdout, stderr io
 // hosts it registered keep their own tokens.
 func registrationTokenRevoke(ctx context.Context, args []string, stderr io.Writer) error {
 	f := newFlags("registration-token revoke ID", stderr)
-	d := addDBFlags(f)
-	id, err := oneArg(f, args, "the token's ID (from controlplane registration-token list)")
-	if err != nil {
-		return err
-	}
-	if err := checkText(id); err != nil {
-		return err
-	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
+	id, st, err := dbCommand(ctx, f, addDBFlags(f), args, "the token's ID (from controlplane registration-token list)", nil)
 	if err != nil {
 		return err
 	}
@@ -196,7 +137,7 @@ func registrationTokenRevoke(ctx context.Context, args []string, stderr io.Write
 	if err != nil {
 		return err
 	}
-	t, err := st.RevokeRegistrationToken(ctx, id, now)
+	t, err := st.RevokeRegistrationToken(ctx, id, cliAudit(""), now)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no registration token has the id %q (see controlplane registration-token list)", id)
 	}

@@ -346,7 +346,7 @@ func userTokenFile(ctx context.Context, st store.Store, path string) (note strin
 		if err := writeSecret(path, token+"\n"); err != nil {
 			return "", fmt.Errorf("create the user token: %w", err)
 		}
-		if _, err := st.CreateUserToken(ctx, "first start", controlplane.HashToken(token), time.Now()); err != nil {
+		if _, err := st.CreateUserToken(ctx, "first start", controlplane.HashToken(token), cliAudit("first start: no user token yet"), time.Now()); err != nil {
 			_ = os.Remove(path)
 			return "", fmt.Errorf("create the user token: %w", err)
 		}
@@ -358,7 +358,7 @@ func userTokenFile(ctx context.Context, st store.Store, path string) (note strin
 	t, err := st.UserTokenByHash(ctx, controlplane.HashToken(token))
 	switch {
 	case errors.Is(err, store.ErrUnauthorized):
-		if _, err := st.CreateUserToken(ctx, "file "+path, controlplane.HashToken(token), time.Now()); err != nil && !errors.Is(err, store.ErrExists) {
+		if _, err := st.CreateUserToken(ctx, "file "+path, controlplane.HashToken(token), cliAudit("the token file "+path+" is kept in the database"), time.Now()); err != nil && !errors.Is(err, store.ErrExists) {
 			return "", fmt.Errorf("register the user token of %s: %w", path, err)
 		}
 		return "user API token in " + path + ", now kept in the database too (send it as Authorization: Bearer …)", nil

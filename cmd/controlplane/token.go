@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -31,70 +30,29 @@ func token(ctx context.Context, args []string, getenv func(string) string, stdou
 	return usagef(`"token" takes the subcommand "create", "list" or "revoke", not %q`, args[0])
 }
 
-// tokenCreate makes a user token and hands it out once: on stdout, or in a
-// new 0600 file with --token-file. Only its hash is stored.
+// tokenCreate makes a user token and hands it out once (handOut). Only
+// its hash is stored.
 func tokenCreate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("token create NAME", stderr)
 	d := addDBFlags(f)
-	tokenFile := f.fs.String("token-file", "", "write the token to this new file (0600) instead of printing it")
-	name, err := oneArg(f, args, "the token's NAME (a label: who or what holds it)")
-	if err != nil {
-		return err
-	}
-	if len(name) > 128 {
-		return usagef("the token's name is longer than 128 characters")
-	}
-	if err := checkText(name); err != nil {
-		return err
-	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
+	tokenFile := addTokenFileFlag(f)
+	name, st, err := dbCommand(ctx, f, d, args, "the token's NAME (a label: who or what holds it)", checkLabelName)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-
 	tok := controlplane.NewToken(controlplane.UserTokenPrefix)
-	if *tokenFile != "" {
-		// Written before the token is stored, so that a token that could
-		// not be kept never works; removed again if it cannot be stored.
-		if err := writeSecret(*tokenFile, tok+"\n"); err != nil {
-			return fmt.Errorf("write the token file: %w", err)
-		}
-	}
-	t, err := st.CreateUserToken(ctx, name, controlplane.HashToken(tok), time.Now())
-	if err != nil {
-		if *tokenFile != "" {
-			_ = os.Remove(*tokenFile)
-		}
-		return err
-	}
-	if *tokenFile != "" {
-		fmt.Fprintf(stderr, "user token %s (%s) created; it is in %s (only its hash is stored)\n", t.ID, name, *tokenFile)
-		return nil
-	}
-	fmt.Fprintln(stdout, tok)
-	fmt.Fprintf(stderr, "user token %s (%s) created; it is shown above once (only its hash is stored)\n", t.ID, name)
-	return nil
+	return handOut(tok, *tokenFile, stdout, stderr, func() (string, error) {
+		t, err := st.CreateUserToken(ctx, name, controlplane.HashToken(tok), cliAudit(""), time.Now())
+		return fmt.Sprintf("user token %s (%s) created", t.ID, name), err
+	})
 }
 
 // tokenList prints every user token's id, name, creation and revocation;
 // never a token, never a hash.
 func tokenList(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("token list", stderr)
-	d := addDBFlags(f)
-	if err := f.parse(args); err != nil {
-		return err
-	}
-	if f.fs.NArg() > 0 {
-		return usagef("unexpected argument %q", f.fs.Arg(0))
-	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
+	_, st, err := dbCommand(ctx, f, addDBFlags(f), args, "", nil)
 	if err != nil {
 		return err
 	}
@@ -106,11 +64,7 @@ func tokenList(ctx context.Context, args []string, getenv func(string) string, s
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tNAME\tCREATED\tREVOKED")
 	for _, t := range ts {
-		revoked := "-"
-		if t.RevokedAt != nil {
-			revoked = t.RevokedAt.UTC().Format(time.RFC3339)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.UTC().Format(time.RFC3339), revoked)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", t.ID, t.Name, t.CreatedAt.UTC().Format(time.RFC3339), stamp(t.RevokedAt, "-"))
 	}
 	return w.Flush()
 }
@@ -119,23 +73,12 @@ func tokenList(ctx context.Context, args []string, getenv func(string) string, s
 // look it up on each request).
 func tokenRevoke(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	f := newFlags("token revoke ID", stderr)
-	d := addDBFlags(f)
-	id, err := oneArg(f, args, "the token's ID (from controlplane token list)")
-	if err != nil {
-		return err
-	}
-	if err := checkText(id); err != nil {
-		return err
-	}
-	if err := d.check(); err != nil {
-		return err
-	}
-	st, _, err := d.open(ctx)
+	id, st, err := dbCommand(ctx, f, addDBFlags(f), args, "the token's ID (from controlplane token list)", nil)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	t, err := st.RevokeUserToken(ctx, id, time.Now())
+	t, err := st.RevokeUserToken(ctx, id, cliAudit(""), time.Now())
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("no user token has the id %q (see controlplane token list)", id)
 	}
@@ -144,6 +87,14 @@ func tokenRevoke(ctx context.Context, args []string, getenv func(string) string,
 	}
 	fmt.Fprintf(stderr, "user token %s (%s) revoked at %s\n", t.ID, t.Name, t.RevokedAt.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// stamp is a list's time, none when there is none.
+func stamp(t *time.Time, none string) string {
+	if t == nil {
+		return none
+	}
+	return t.UTC().Format(time.RFC3339)
 }
 
 // checkText refuses an argument no database text can hold.

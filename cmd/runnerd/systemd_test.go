@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/internal/syncbuf"
 	"github.com/runnerd/runnerd/runner"
@@ -39,7 +40,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 	hs := httptest.NewServer(srv.Handler())
 	defer hs.Close()
 	token := controlplane.NewToken(controlplane.HostTokenPrefix)
-	if _, err := st.CreateHost(context.Background(), "host-sd", controlplane.HashToken(token), time.Now()); err != nil {
+	if _, err := st.CreateHost(context.Background(), "host-sd", controlplane.HashToken(token), store.Audit{Actor: "test"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 

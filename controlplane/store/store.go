@@ -143,7 +143,8 @@ type Stats struct {
 }
 
 // Audit is who asked for an admin action and why: Actor is
-// the user token's name (never the token), Reason the operator's words.
+// the user token's name (never the token) for the admin API, "cli:USER"
+// for a command run against the database, Reason the operator's words.
 type Audit struct {
 	Actor  string
 	Reason string
@@ -307,7 +308,9 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 
 	// Hosts.
-	CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (Host, error)
+	// CreateHost adds a host by hand (controlplane host add), writing a's
+	// audit row (host.add) in its transaction.
+	CreateHost(ctx context.Context, name string, tokenHash []byte, a Audit, now time.Time) (Host, error)
 	HostByTokenHash(ctx context.Context, tokenHash []byte) (Host, error) // ErrUnauthorized
 	RecordHostHeartbeat(ctx context.Context, hostID string, hb wire.HostHeartbeat, now time.Time) error
 	// UseHostInstance lets the daemon instance in act for the host, or
@@ -349,9 +352,12 @@ type Store interface {
 	// token: ErrUnauthorized for an unknown or revoked one,
 	// ErrRegistrationExpired, ErrRegistrationUsedUp, ErrLabelNotGranted,
 	// ErrExists for a name a live host has; nothing is written on an error.
-	CreateRegistrationToken(ctx context.Context, t RegistrationToken, tokenHash []byte, now time.Time) (RegistrationToken, error)
+	// Create, revoke and register each write their audit row in their
+	// transaction (a registration's actor: "registration:NAME/ID", the
+	// registration token's); revoking a revoked token writes none.
+	CreateRegistrationToken(ctx context.Context, t RegistrationToken, tokenHash []byte, a Audit, now time.Time) (RegistrationToken, error)
 	ListRegistrationTokens(ctx context.Context) ([]RegistrationToken, error)
-	RevokeRegistrationToken(ctx context.Context, id string, now time.Time) (RegistrationToken, error)
+	RevokeRegistrationToken(ctx context.Context, id string, a Audit, now time.Time) (RegistrationToken, error)
 	RegisterHost(ctx context.Context, registrationHash []byte, name string, labels wire.Labels, hostTokenHash []byte, now time.Time) (Host, error)
 
 	// Stats counts jobs by state and live leases. Ready returns nil when
@@ -362,14 +368,16 @@ type Store interface {
 	// User tokens, kept in the database so that every replica accepts the
 	// same ones. UserTokenByHash returns a token revoked or not (the
 	// caller refuses a revoked one); ErrUnauthorized if none has the hash.
-	CreateUserToken(ctx context.Context, name string, tokenHash []byte, now time.Time) (UserToken, error)
+	// Create and revoke write a's audit row in their transaction;
+	// revoking a revoked token writes none.
+	CreateUserToken(ctx context.Context, name string, tokenHash []byte, a Audit, now time.Time) (UserToken, error)
 	UserTokenByHash(ctx context.Context, tokenHash []byte) (UserToken, error)
 	// ListUserTokens lists every token ever created, revoked ones
 	// included, oldest first.
 	ListUserTokens(ctx context.Context) ([]UserToken, error)
 	// RevokeUserToken refuses the token from now on, on every replica;
 	// revoking it again keeps the first time. ErrNotFound if none has the id.
-	RevokeUserToken(ctx context.Context, id string, now time.Time) (UserToken, error)
+	RevokeUserToken(ctx context.Context, id string, a Audit, now time.Time) (UserToken, error)
 
 	// User API.
 	CreateConversation(ctx context.Context, req wire.CreateConversationRequest, now time.Time) (wire.Conversation, error)
@@ -404,7 +412,9 @@ type Store interface {
 	// turns fail, with plain reasons (R32), and it takes no new message.
 	// A LOST conversation is returned as it is. ErrInvalid while a turn of
 	// it runs: that turn's lease decides first (R30, R35).
-	LoseConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error)
+	// It writes a's audit row in its transaction (a reason is required);
+	// a conversation LOST or deleted already writes none.
+	LoseConversation(ctx context.Context, id string, a Audit, now time.Time) (wire.Conversation, error)
 	// DeleteConversation marks a conversation deleted on its owner's word
 	// (S3): it takes no new message, and the host holding its sandbox
 	// removes it on the cluster's answer (K8); P8's retention reclaims its

@@ -37,7 +37,7 @@ func TestRenewAsOnTheStoresClock(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				h, err := st.CreateHost(ctx, "h", storetest.Hash("host"), now)
+				h, err := st.CreateHost(ctx, "h", storetest.Hash("host"), store.Audit{Actor: "test"}, now)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -36,7 +36,7 @@ func TestPostgresFinishesCoalesce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), now)
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), store.Audit{Actor: "test"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func TestPostgresCoalescedFinishesQuarantineAdmitted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), now)
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), store.Audit{Actor: "test"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,7 +61,7 @@ func newBatchFixture(t *testing.T, dir string, queued int) *batchFixture {
 	}
 	t.Cleanup(func() { st.Close() })
 	f := &batchFixture{st: st, now: time.Now()}
-	if f.host, err = st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), f.now); err != nil {
+	if f.host, err = st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), store.Audit{Actor: "test"}, f.now); err != nil {
 		t.Fatal(err)
 	}
 	for range queued + 1 {
@@ -183,7 +183,7 @@ func TestK9GroupCommitFailingWriteSparesNeighbours(t *testing.T) {
 			},
 			f.renew,
 			func(ctx context.Context) error {
-				_, err := f.st.CreateHost(ctx, "host-a", storetest.Hash("again"), f.now)
+				_, err := f.st.CreateHost(ctx, "host-a", storetest.Hash("again"), store.Audit{Actor: "test"}, f.now)
 				return err
 			},
 			func(ctx context.Context) error {
@@ -249,12 +249,12 @@ func TestGroupCommitWithdrawnWriteNeverRuns(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		gaveUp := make(chan error, 1)
 		go func() {
-			_, err := f.st.CreateHost(ctx, "host-withdrawn", storetest.Hash("withdrawn"), f.now)
+			_, err := f.st.CreateHost(ctx, "host-withdrawn", storetest.Hash("withdrawn"), store.Audit{Actor: "test"}, f.now)
 			gaveUp <- err
 		}()
 		kept := make(chan error, 1)
 		go func() {
-			_, err := f.st.CreateHost(context.Background(), "host-kept", storetest.Hash("kept"), f.now)
+			_, err := f.st.CreateHost(context.Background(), "host-kept", storetest.Hash("kept"), store.Audit{Actor: "test"}, f.now)
 			kept <- err
 		}()
 		synctest.Wait()
@@ -289,7 +289,7 @@ func TestWorkSignalOnlyForNewWork(t *testing.T) {
 	ctx := context.Background()
 	st := sqltest.SQLite(t)
 	now := time.Now()
-	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("h"), now)
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("h"), store.Audit{Actor: "test"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}

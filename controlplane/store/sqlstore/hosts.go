@@ -17,15 +17,17 @@ import (
 // CreateHost registers a host; only the hash of its token is stored. The
 // name of a removed host registers it anew: the same row and id (its
 // attempts name it), a new token, nothing of what it last said.
-func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, now time.Time) (store.Host, error) {
+func (s *Store) CreateHost(ctx context.Context, name string, tokenHash []byte, a store.Audit, now time.Time) (store.Host, error) {
 	if strings.TrimSpace(name) == "" || len(tokenHash) == 0 {
 		return store.Host{}, fmt.Errorf("create host: %w: name and token hash are required", store.ErrInvalid)
 	}
 	var h store.Host
 	err := s.write(ctx, func(tx txn) error {
 		var err error
-		h, err = s.createHost(ctx, tx, name, tokenHash, "", now)
-		return err
+		if h, err = s.createHost(ctx, tx, name, tokenHash, "", now); err != nil {
+			return err
+		}
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditHostAdd, name, now})
 	})
 	if err != nil && isUniqueViolation(err) {
 		err = store.ErrExists // a concurrent CreateHost of the same name

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
@@ -16,7 +17,10 @@ import (
 // (head = 0): a claim that picked one meanwhile finds it failed once this
 // commits, and one that committed first shows up as a running turn, which
 // refuses the call. A LOST or deleted conversation is returned as it is.
-func (s *Store) LoseConversation(ctx context.Context, id string, now time.Time) (wire.Conversation, error) {
+func (s *Store) LoseConversation(ctx context.Context, id string, a store.Audit, now time.Time) (wire.Conversation, error) {
+	if strings.TrimSpace(a.Reason) == "" {
+		return wire.Conversation{}, fmt.Errorf("lose conversation: %w: a reason is required", store.ErrInvalid)
+	}
 	err := s.write(ctx, func(tx txn) error {
 		var state string
 		err := tx.QueryRowContext(ctx, s.q(`SELECT state FROM conversations WHERE id = ?`+s.lockRow()), id).Scan(&state)
@@ -36,7 +40,10 @@ func (s *Store) LoseConversation(ctx context.Context, id string, now time.Time) 
 		if running > 0 {
 			return fmt.Errorf("%w: a turn of this conversation is running; its lease decides first", store.ErrInvalid)
 		}
-		return s.loseConversation(ctx, tx, id, reasonLostHostRetired, now)
+		if err := s.loseConversation(ctx, tx, id, reasonLostHostRetired, now); err != nil {
+			return err
+		}
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditConversationLose, id, now})
 	})
 	if err != nil {
 		return wire.Conversation{}, fmt.Errorf("lose conversation: %w", err)

@@ -17,7 +17,7 @@ import (
 
 // CreateRegistrationToken stores a new registration token's hash with what
 // it grants.
-func (s *Store) CreateRegistrationToken(ctx context.Context, t store.RegistrationToken, tokenHash []byte, now time.Time) (store.RegistrationToken, error) {
+func (s *Store) CreateRegistrationToken(ctx context.Context, t store.RegistrationToken, tokenHash []byte, a store.Audit, now time.Time) (store.RegistrationToken, error) {
 	if strings.TrimSpace(t.Name) == "" || len(tokenHash) == 0 || t.MaxUses < 0 {
 		return store.RegistrationToken{}, fmt.Errorf("create registration token: %w: a name, a token hash and max uses of 0 or more are required", store.ErrInvalid)
 	}
@@ -33,7 +33,10 @@ func (s *Store) CreateRegistrationToken(ctx context.Context, t store.Registratio
 	err := s.write(ctx, func(tx txn) error {
 		_, err := s.exec(ctx, tx, `INSERT INTO registration_tokens (id, name, token_hash, labels, max_uses, expires_at, created_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Name, hex.EncodeToString(tokenHash), t.Labels.String(), t.MaxUses, expires, ns(now))
-		return err
+		if err != nil {
+			return err
+		}
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditRegistrationTokenCreate, t.ID, now})
 	})
 	if err != nil && isUniqueViolation(err) {
 		err = store.ErrExists // the same token twice
@@ -81,23 +84,32 @@ func (s *Store) ListRegistrationTokens(ctx context.Context) ([]store.Registratio
 	return out, rows.Err()
 }
 
-// RevokeRegistrationToken marks the token revoked, once. The hosts it
-// registered keep their own tokens.
-func (s *Store) RevokeRegistrationToken(ctx context.Context, id string, now time.Time) (store.RegistrationToken, error) {
+// RevokeRegistrationToken marks the token revoked, once: only the first
+// revocation is audited. The hosts it registered keep their own tokens.
+func (s *Store) RevokeRegistrationToken(ctx context.Context, id string, a store.Audit, now time.Time) (store.RegistrationToken, error) {
 	var t store.RegistrationToken
 	err := s.write(ctx, func(tx txn) error {
 		var err error
 		t, err = scanRegistrationToken(tx.QueryRowContext(ctx, s.q(`UPDATE registration_tokens SET revoked_at = COALESCE(revoked_at, ?)
 			WHERE id = ? RETURNING `+registrationTokenCols), ns(now), id))
-		if errors.Is(err, sql.ErrNoRows) {
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
 			return store.ErrNotFound
+		case err != nil || !t.RevokedAt.Equal(fromNS(ns(now))):
+			return err // revoked before: nothing done, nothing audited
 		}
-		return err
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditRegistrationTokenRevoke, id, now})
 	})
 	if err != nil {
 		return store.RegistrationToken{}, fmt.Errorf("revoke registration token: %w", err)
 	}
 	return t, nil
+}
+
+// RegistrationActor is the audit's actor of a registration with t: the
+// registration token's name and id (names need not be unique).
+func RegistrationActor(t store.RegistrationToken) string {
+	return "registration:" + t.Name + "/" + t.ID
 }
 
 // RegisterHost checks the registration token (locked on PostgreSQL, so
@@ -141,8 +153,10 @@ func (s *Store) RegisterHost(ctx context.Context, registrationHash []byte, name 
 		if err := s.setHostLabels(ctx, tx, h.ID, labels); err != nil {
 			return err
 		}
-		_, err = s.exec(ctx, tx, `UPDATE registration_tokens SET uses = uses + 1 WHERE id = ?`, t.ID)
-		return err
+		if _, err = s.exec(ctx, tx, `UPDATE registration_tokens SET uses = uses + 1 WHERE id = ?`, t.ID); err != nil {
+			return err
+		}
+		return s.writeAudit(ctx, tx, audited{store.Audit{Actor: RegistrationActor(t)}, wire.AuditHostRegister, name, now})
 	})
 	if err != nil && isUniqueViolation(err) {
 		err = store.ErrExists // a concurrent registration of the same name

@@ -28,7 +28,7 @@ func TestPostgresSameSeqUploadsRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), now)
+	h, err := st.CreateHost(ctx, "host-a", storetest.Hash("host-a"), store.Audit{Actor: "test"}, now)
 	if err != nil {
 		t.Fatal(err)
 	}

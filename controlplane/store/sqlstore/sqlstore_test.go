@@ -35,7 +35,7 @@ func TestSQLiteInSynctestBubble(t *testing.T) {
 		}
 		defer st.Close()
 		now := time.Now()
-		h, err := st.CreateHost(ctx, "h", storetest.Hash("h"), now)
+		h, err := st.CreateHost(ctx, "h", storetest.Hash("h"), store.Audit{Actor: "test"}, now)
 		if err != nil {
 			t.Fatal(err)
 		}

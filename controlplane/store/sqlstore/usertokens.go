@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane/store"
+	"github.com/runnerd/runnerd/wire"
 )
 
 // CreateUserToken stores a new user token's hash under a label.
-func (s *Store) CreateUserToken(ctx context.Context, name string, tokenHash []byte, now time.Time) (store.UserToken, error) {
+func (s *Store) CreateUserToken(ctx context.Context, name string, tokenHash []byte, a store.Audit, now time.Time) (store.UserToken, error) {
 	if strings.TrimSpace(name) == "" || len(tokenHash) == 0 {
 		return store.UserToken{}, fmt.Errorf("create user token: %w: name and token hash are required", store.ErrInvalid)
 	}
@@ -21,7 +22,10 @@ func (s *Store) CreateUserToken(ctx context.Context, name string, tokenHash []by
 	err := s.write(ctx, func(tx txn) error {
 		_, err := s.exec(ctx, tx, `INSERT INTO user_tokens (id, name, token_hash, created_at) VALUES (?, ?, ?, ?)`,
 			t.ID, name, hex.EncodeToString(tokenHash), ns(now))
-		return err
+		if err != nil {
+			return err
+		}
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditUserTokenCreate, t.ID, now})
 	})
 	if err != nil && isUniqueViolation(err) {
 		err = store.ErrExists // the same token twice
@@ -76,17 +80,21 @@ func (s *Store) ListUserTokens(ctx context.Context) ([]store.UserToken, error) {
 	return out, rows.Err()
 }
 
-// RevokeUserToken marks the token revoked, once.
-func (s *Store) RevokeUserToken(ctx context.Context, id string, now time.Time) (store.UserToken, error) {
+// RevokeUserToken marks the token revoked, once: only the first
+// revocation is audited.
+func (s *Store) RevokeUserToken(ctx context.Context, id string, a store.Audit, now time.Time) (store.UserToken, error) {
 	var t store.UserToken
 	err := s.write(ctx, func(tx txn) error {
 		var err error
 		t, err = scanUserToken(tx.QueryRowContext(ctx, s.q(`UPDATE user_tokens SET revoked_at = COALESCE(revoked_at, ?)
 			WHERE id = ? RETURNING `+userTokenCols), ns(now), id))
-		if errors.Is(err, sql.ErrNoRows) {
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
 			return store.ErrNotFound
+		case err != nil || !t.RevokedAt.Equal(fromNS(ns(now))):
+			return err // revoked before: nothing done, nothing audited
 		}
-		return err
+		return s.writeAudit(ctx, tx, audited{a, wire.AuditUserTokenRevoke, id, now})
 	})
 	if err != nil {
 		return store.UserToken{}, fmt.Errorf("revoke user token: %w", err)

@@ -119,7 +119,7 @@ func testAffinityOperatorLosesConversation(t *testing.T, st store.Store) {
 	t2 := f.enqueue(conv.ID, "two")
 
 	// A turn runs: refused, and nothing changes.
-	_, err := st.LoseConversation(f.ctx, conv.ID, at(2*time.Second))
+	_, err := st.LoseConversation(f.ctx, conv.ID, Lost, at(2*time.Second))
 	wantErr(t, "LoseConversation while a turn runs", err, store.ErrInvalid)
 	f.admit(c1, at(3*time.Second))
 	f.settle(c1, 1, at(3*time.Second))
@@ -131,7 +131,7 @@ func testAffinityOperatorLosesConversation(t *testing.T, st store.Store) {
 
 	// host-a is gone: turn 2 waits; the operator loses the conversation.
 	f.claimOn(b, at(4*time.Second), "")
-	cv, err := st.LoseConversation(f.ctx, conv.ID, at(5*time.Second))
+	cv, err := st.LoseConversation(f.ctx, conv.ID, Lost, at(5*time.Second))
 	if err != nil || cv.State != wire.ConversationLost || cv.LostReason == "" {
 		t.Fatalf("LoseConversation = %+v, %v", cv, err)
 	}
@@ -148,10 +148,10 @@ func testAffinityOperatorLosesConversation(t *testing.T, st store.Store) {
 	f.claimOn(a, at(6*time.Second), "")
 	_, err = st.EnqueueTurn(f.ctx, conv.ID, "four", at(7*time.Second))
 	wantErr(t, "EnqueueTurn after LoseConversation", err, store.ErrConversationLost)
-	if again, err := st.LoseConversation(f.ctx, conv.ID, at(8*time.Second)); err != nil || again.LostReason != cv.LostReason {
+	if again, err := st.LoseConversation(f.ctx, conv.ID, Lost, at(8*time.Second)); err != nil || again.LostReason != cv.LostReason {
 		t.Fatalf("LoseConversation again = %+v, %v; want the same LOST conversation", again, err)
 	}
-	_, err = st.LoseConversation(f.ctx, "conv_nope", at(8*time.Second))
+	_, err = st.LoseConversation(f.ctx, "conv_nope", Lost, at(8*time.Second))
 	wantErr(t, "LoseConversation of an unknown id", err, store.ErrNotFound)
 }
 

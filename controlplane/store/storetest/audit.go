@@ -79,6 +79,8 @@ func testAudit(t *testing.T, st store.Store) {
 		{At: at(2 * time.Second), Actor: "bob", Action: wire.AuditHostResume, Target: "host-a"},
 		{At: at(1500 * time.Millisecond), Actor: "carol", Action: wire.AuditHostPause, Target: "host-a", Reason: "again"},
 		{At: at(time.Second), Actor: "alice", Action: wire.AuditHostPause, Target: "host-a", Reason: "kernel upgrade"},
+		{At: T0, Actor: "test-operator", Action: wire.AuditHostAdd, Target: "host-b"}, // the fixture's hosts
+		{At: T0, Actor: "test-operator", Action: wire.AuditHostAdd, Target: "host-a"},
 	}
 	if len(all) != len(want) {
 		t.Fatalf("audit = %+v, want %d rows", all, len(want))
@@ -109,11 +111,14 @@ func testAudit(t *testing.T, st store.Store) {
 			}
 		}
 	}
-	check("target host-a", store.AuditFilter{Target: "host-a"}, 2, 3, 4)
+	check("target host-a", store.AuditFilter{Target: "host-a"}, 2, 3, 4, 6)
 	check("action remove", store.AuditFilter{Action: wire.AuditHostRemove}, 0)
 	check("action pause", store.AuditFilter{Action: wire.AuditHostPause}, 3, 4)
 	check("since 2s", store.AuditFilter{Since: at(2 * time.Second)}, 0, 1, 2)
 	check("page 1", store.AuditFilter{Limit: 3}, 0, 1, 2)
-	check("page 2", store.AuditFilter{Limit: 3, Before: all[2].ID}, 3, 4)
+	check("page 2", store.AuditFilter{Limit: 3, Before: all[2].ID}, 3, 4, 5)
 	check("target and action", store.AuditFilter{Target: "host-b", Action: wire.AuditHostPause})
 }
+
+// Lost is the audit of the conformance tests' mark-lost: it needs a reason.
+var Lost = store.Audit{Actor: "test-operator", Reason: "the host is gone for good"}

@@ -52,7 +52,7 @@ func testS3DeleteConversation(t *testing.T, st store.Store) {
 	}
 	_, err = st.EnqueueTurn(f.ctx, conv.ID, "three", at(8*time.Second))
 	wantErr(t, "EnqueueTurn on a deleted conversation", err, store.ErrConversationDeleted)
-	if lost, err := st.LoseConversation(f.ctx, conv.ID, at(9*time.Second)); err != nil || lost.State != wire.ConversationDeleted {
+	if lost, err := st.LoseConversation(f.ctx, conv.ID, Lost, at(9*time.Second)); err != nil || lost.State != wire.ConversationDeleted {
 		t.Fatalf("LoseConversation of a deleted conversation = %+v, %v; want it left deleted", lost, err)
 	}
 	states, err := st.ConversationStates(f.ctx, []string{conv.ID, other.ID})

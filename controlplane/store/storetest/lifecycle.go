@@ -88,7 +88,7 @@ func testHostLifecycle(t *testing.T, st store.Store) {
 		wantErr(t, tc.name+" of a removed or unknown host", tc.err, store.ErrNotFound)
 	}
 
-	again, err := st.CreateHost(f.ctx, "host-a", Hash("fresh"), at(13*time.Second))
+	again, err := st.CreateHost(f.ctx, "host-a", Hash("fresh"), Operator, at(13*time.Second))
 	if err != nil || again.ID != f.host.ID {
 		t.Fatalf("CreateHost of a removed name = %+v, %v; want the old id %s", again, err, f.host.ID)
 	}

@@ -17,7 +17,7 @@ import (
 func testRegistration(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	exp := at(time.Hour)
-	rt, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "fleet", Labels: wire.Labels{"pool": "a", "gpu": "1"}, MaxUses: 2, ExpiresAt: &exp}, Hash("reg"), T0)
+	rt, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "fleet", Labels: wire.Labels{"pool": "a", "gpu": "1"}, MaxUses: 2, ExpiresAt: &exp}, Hash("reg"), Operator, T0)
 	if err != nil {
 		t.Fatalf("CreateRegistrationToken: %v", err)
 	}
@@ -42,7 +42,7 @@ func testRegistration(t *testing.T, st store.Store) {
 	if byName["r1"].Labels["pool"] != "a" || len(byName["r2"].Labels) != 0 {
 		t.Fatalf("registered hosts' labels = %+v", servers)
 	}
-	if _, err := st.RevokeRegistrationToken(f.ctx, rt.ID, at(3*time.Second)); err != nil {
+	if _, err := st.RevokeRegistrationToken(f.ctx, rt.ID, Operator, at(3*time.Second)); err != nil {
 		t.Fatalf("RevokeRegistrationToken: %v", err)
 	}
 	if _, err := st.HostByTokenHash(f.ctx, Hash("host-r1")); err != nil {
@@ -57,11 +57,11 @@ func testRegistration(t *testing.T, st store.Store) {
 		got.ExpiresAt == nil || !got.ExpiresAt.Equal(exp) || got.Labels.String() != "gpu=1,pool=a" {
 		t.Fatalf("listed registration token = %+v", got)
 	}
-	again, err := st.RevokeRegistrationToken(f.ctx, rt.ID, at(4*time.Second))
+	again, err := st.RevokeRegistrationToken(f.ctx, rt.ID, Operator, at(4*time.Second))
 	if err != nil || !again.RevokedAt.Equal(at(3*time.Second)) {
 		t.Fatalf("revoking again = %+v, %v; want the first time kept", again, err)
 	}
-	_, err = st.RevokeRegistrationToken(f.ctx, "rtok_nobody", at(4*time.Second))
+	_, err = st.RevokeRegistrationToken(f.ctx, "rtok_nobody", Operator, at(4*time.Second))
 	wantErr(t, "RevokeRegistrationToken(unknown)", err, store.ErrNotFound)
 }
 
@@ -73,7 +73,7 @@ func testRegistrationRefusals(t *testing.T, st store.Store) {
 	mk := func(name string, tok store.RegistrationToken) store.RegistrationToken {
 		t.Helper()
 		tok.Name = name
-		rt, err := st.CreateRegistrationToken(f.ctx, tok, Hash(name), T0)
+		rt, err := st.CreateRegistrationToken(f.ctx, tok, Hash(name), Operator, T0)
 		if err != nil {
 			t.Fatalf("CreateRegistrationToken(%s): %v", name, err)
 		}
@@ -83,7 +83,7 @@ func testRegistrationRefusals(t *testing.T, st store.Store) {
 	mk("once", store.RegistrationToken{MaxUses: 1})
 	mk("pool-a", store.RegistrationToken{Labels: wire.Labels{"pool": "a"}})
 	revoked := mk("revoked", store.RegistrationToken{})
-	if _, err := st.RevokeRegistrationToken(f.ctx, revoked.ID, T0); err != nil {
+	if _, err := st.RevokeRegistrationToken(f.ctx, revoked.ID, Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.RegisterHost(f.ctx, Hash("once"), "first", nil, Hash("h-first"), at(time.Second)); err != nil {
@@ -123,9 +123,9 @@ func testRegistrationRefusals(t *testing.T, st store.Store) {
 			t.Fatalf("registration token %s counts %d uses after refusals; want %d", rt.Name, rt.Uses, want)
 		}
 	}
-	_, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "neg", MaxUses: -1}, Hash("neg"), T0)
+	_, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "neg", MaxUses: -1}, Hash("neg"), Operator, T0)
 	wantErr(t, "CreateRegistrationToken with negative max uses", err, store.ErrInvalid)
-	_, err = st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "dup"}, Hash("once"), T0)
+	_, err = st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "dup"}, Hash("once"), Operator, T0)
 	wantErr(t, "CreateRegistrationToken of a token stored already", err, store.ErrExists)
 }
 
@@ -134,7 +134,7 @@ func testRegistrationRefusals(t *testing.T, st store.Store) {
 func testRaceRegistrationLastUse(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	const maxUses, racers = 3, 8
-	if _, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "few", MaxUses: maxUses}, Hash("few"), T0); err != nil {
+	if _, err := st.CreateRegistrationToken(f.ctx, store.RegistrationToken{Name: "few", MaxUses: maxUses}, Hash("few"), Operator, T0); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup

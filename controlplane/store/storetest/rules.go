@@ -12,7 +12,7 @@ import (
 
 func testHosts(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
-	_, err := st.CreateHost(f.ctx, "host-a", Hash("other"), T0)
+	_, err := st.CreateHost(f.ctx, "host-a", Hash("other"), Operator, T0)
 	wantErr(t, "CreateHost with a taken name", err, store.ErrExists)
 	h, err := st.HostByTokenHash(f.ctx, Hash("host-token-host-a"))
 	if err != nil || h != f.host {

@@ -40,6 +40,7 @@ var tests = []test{
 	{"UserTokens", testUserTokens},
 	{"HostLifecycle", testHostLifecycle},
 	{"Audit", testAudit},
+	{"AuditEveryAction", testAuditEveryAction},
 	{"Registration", testRegistration},
 	{"HostInstance", testHostInstance},
 	{"Registration_RefusalsWriteNothing", testRegistrationRefusals},
@@ -145,7 +146,7 @@ func newFixture(t *testing.T, st store.Store) *fixture {
 
 func (f *fixture) newHost(name string) store.Host {
 	f.t.Helper()
-	h, err := f.st.CreateHost(f.ctx, name, Hash("host-token-"+name), T0)
+	h, err := f.st.CreateHost(f.ctx, name, Hash("host-token-"+name), Operator, T0)
 	if err != nil {
 		f.t.Fatalf("CreateHost: %v", err)
 	}

@@ -76,7 +76,7 @@ func testRenewAs(t *testing.T, st store.Store) {
 func testConversationStates(t *testing.T, st store.Store) {
 	f := newFixture(t, st)
 	usable, lost := f.conversation(), f.conversation()
-	if _, err := st.LoseConversation(f.ctx, lost.ID, at(time.Second)); err != nil {
+	if _, err := st.LoseConversation(f.ctx, lost.ID, Lost, at(time.Second)); err != nil {
 		t.Fatalf("LoseConversation: %v", err)
 	}
 	got, err := st.ConversationStates(f.ctx, []string{lost.ID, "conv_nope", usable.ID, lost.ID})

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/runnerd/runnerd/controlplane"
+	"github.com/runnerd/runnerd/controlplane/store"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore"
 	"github.com/runnerd/runnerd/controlplane/store/sqlstore/sqltest"
 	"github.com/runnerd/runnerd/wire"
@@ -120,7 +121,7 @@ func fenceScenario(t *testing.T, st *sqlstore.Store, clock *storeClock) {
 	var buf bytes.Buffer
 	hist := NewWriter(&buf)
 	const userTok = "rdu_fence-scenario-user-token-0123456789"
-	if _, err := st.CreateUserToken(ctx, "test", controlplane.HashToken(userTok), clock.now()); err != nil {
+	if _, err := st.CreateUserToken(ctx, "test", controlplane.HashToken(userTok), store.Audit{Actor: "test"}, clock.now()); err != nil {
 		t.Fatal(err)
 	}
 	hostTok := map[string]string{}
@@ -130,7 +131,7 @@ func fenceScenario(t *testing.T, st *sqlstore.Store, clock *storeClock) {
 		client[name] = &wire.Client{BaseURL: hs.URL, HTTP: hs.Client()}
 		if name != "" {
 			hostTok[name] = controlplane.NewToken(controlplane.HostTokenPrefix)
-			if _, err := st.CreateHost(ctx, name, controlplane.HashToken(hostTok[name]), clock.now()); err != nil {
+			if _, err := st.CreateHost(ctx, name, controlplane.HashToken(hostTok[name]), store.Audit{Actor: "test"}, clock.now()); err != nil {
 				t.Fatal(err)
 			}
 		}
