@@ -46,10 +46,14 @@ var renewSQL = [...]string{sqlite: statement(sqlite, "renew"), postgres: stateme
 // cancel flag (P7). The zero now is the store's clock: on PostgreSQL the
 // database's, read inside the statement (K3).
 func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
+	return s.renew(ctx, item{w: w, hash: hex.EncodeToString(w.TokenHash), ref: ref}, ttl, now)
+}
+
+func (s *Store) renew(ctx context.Context, in item, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
 	if ttl <= 0 {
 		ttl = s.cfg.leaseTTL
 	}
-	it := renewItem{item: item{w: w, ref: ref}, ttl: ttl}
+	it := renewItem{item: in, ttl: ttl}
 	if !now.IsZero() || s.d == sqlite || s.cfg.clock != nil {
 		t, err := s.nowOr(ctx, now)
 		if err != nil {
@@ -76,19 +80,15 @@ func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef
 // that hold an attempt but not its token. ErrNotFound for an unknown
 // attempt.
 func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
-	var w store.Worker
-	var hash string
-	err := s.r.QueryRowContext(ctx, s.q(`SELECT job_id, token_hash FROM attempts WHERE id = ?`), ref.AttemptID).Scan(&w.JobID, &hash)
+	in := item{ref: ref}
+	err := s.r.QueryRowContext(ctx, s.q(`SELECT job_id, token_hash FROM attempts WHERE id = ?`), ref.AttemptID).Scan(&in.w.JobID, &in.hash)
 	if errors.Is(err, sql.ErrNoRows) {
 		err = store.ErrNotFound
-	}
-	if err == nil {
-		w.TokenHash, err = hex.DecodeString(hash)
 	}
 	if err != nil {
 		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
 	}
-	return s.RenewAs(ctx, w, ref, ttl, now)
+	return s.renew(ctx, in, ttl, now)
 }
 
 // renewOne answers one renewal: through the coalescer on PostgreSQL, as
@@ -179,7 +179,7 @@ func (s *Store) renewArgs(batch []renewItem, round []int) ([]any, error) {
 	ids, hashes, jobs := make([]string, n), make([]string, n), make([]string, n)
 	for i, k := range round {
 		it := batch[k]
-		ks[i], ids[i], gens[i], hashes[i], jobs[i] = int64(k), it.ref.AttemptID, it.ref.LeaseGeneration, hex.EncodeToString(it.w.TokenHash), it.w.JobID
+		ks[i], ids[i], gens[i], hashes[i], jobs[i] = int64(k), it.ref.AttemptID, it.ref.LeaseGeneration, it.hash, it.w.JobID
 		ttls[i], nows[i] = int64(it.ttl), it.now
 	}
 	if s.d == postgres {

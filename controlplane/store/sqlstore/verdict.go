@@ -11,8 +11,9 @@ import (
 // item is one worker call of an operation's batch: the worker's token and
 // job, and the attempt and lease generation its report names.
 type item struct {
-	w   store.Worker
-	ref wire.AttemptRef
+	w    store.Worker
+	hash string // w.TokenHash as the store keeps it (hex)
+	ref  wire.AttemptRef
 }
 
 // row is what an operation's statement returned for one item: nothing
