@@ -2,10 +2,7 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -34,18 +31,6 @@ func (s *Store) one(ctx context.Context, fn func(tx txn) error) (err error) {
 	return fn(s.w)
 }
 
-// workerGuard is guard with the worker's token and job, judged at the SQL
-// expression now. Its arguments, from workerArgs: attempt id, generation,
-// token hash, job id, then now's arguments twice.
-func workerGuard(now string) string {
-	return `id = ? AND generation = ? AND state = 'running' AND token_hash = ? AND job_id = ? AND ` + leaseLiveAt(now)
-}
-
-func workerArgs(w store.Worker, ref wire.AttemptRef, now []any) []any {
-	a := []any{ref.AttemptID, ref.LeaseGeneration, hex.EncodeToString(w.TokenHash), w.JobID}
-	return append(append(a, now...), now...)
-}
-
 // refusedAs explains a worker's call that changed nothing by the ordinary
 // path's answers: the token's (AuthorizeAttempt), ErrOtherAttempt, or
 // nil with the time to run the guarded write at, in a transaction, for
@@ -62,53 +47,6 @@ func (s *Store) refusedAs(ctx context.Context, w store.Worker, ref wire.AttemptR
 		return s.Now(ctx)
 	}
 	return now, nil
-}
-
-// RenewAs is Renew with the worker's authorization in its statement; on
-// PostgreSQL concurrent renewals share one statement (renewBatcher).
-func (s *Store) RenewAs(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
-	if ttl <= 0 {
-		ttl = s.cfg.leaseTTL
-	}
-	if s.d == postgres {
-		nowA, err := s.nowArg(ctx, now)
-		if err != nil {
-			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-		}
-		a := s.renewCoalesced(ctx, w, ref, ttl, nowA)
-		if a.err != nil || a.ok {
-			return a.resp, wrapErr("renew", a.err)
-		}
-		return s.renewRefused(ctx, w, ref, ttl, now)
-	}
-	at, arg, err := s.nowSQL(ctx, now)
-	if err != nil {
-		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-	}
-	q := s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ` + at + ` + ? WHERE ` + workerGuard(at) + `
-		RETURNING lease_expires_at, (SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)`)
-	qa := append(append([]any{int64(ttl)}, arg...), int64(ttl))
-	qa = append(qa, workerArgs(w, ref, arg)...)
-	var exp, cancel int64
-	err = s.one(ctx, func(tx txn) error { return tx.QueryRowContext(ctx, q, qa...).Scan(&exp, &cancel) })
-	if errors.Is(err, sql.ErrNoRows) {
-		return s.renewRefused(ctx, w, ref, ttl, now)
-	}
-	if err != nil {
-		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-	}
-	return wire.RenewResponse{LeaseExpiresAt: fromNS(exp), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}, nil
-}
-
-// renewRefused is the ordinary path of a renewal its statement did not
-// renew: the token's refusal, or renewTx's verdict (not Renew's fast
-// path, which would run the statement just refused again).
-func (s *Store) renewRefused(ctx context.Context, w store.Worker, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
-	now, err := s.refusedAs(ctx, w, ref, now)
-	if err != nil {
-		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-	}
-	return s.renewTx(ctx, ref, ttl, now)
 }
 
 // RecordSandboxStates records what the host said of its sandboxes'

@@ -546,7 +546,14 @@ func (s *Store) stale(ctx context.Context, tx txn, op string, ref wire.AttemptRe
 	case a.state != wire.AttemptRunning:
 		why = "attempt_" + a.state
 	}
-	if err := s.event(ctx, tx, a.jobID, ref.AttemptID, now, "lease.stale_report", map[string]any{
+	return s.staleReport(ctx, tx, op, ref, a.jobID, why, now)
+}
+
+// staleReport records the refusal why of a call to op as a
+// lease.stale_report event and returns ErrLeaseLost, keeping the
+// transaction (P1).
+func (s *Store) staleReport(ctx context.Context, tx txn, op string, ref wire.AttemptRef, jobID, why string, now time.Time) error {
+	if err := s.event(ctx, tx, jobID, ref.AttemptID, now, "lease.stale_report", map[string]any{
 		"op": op, "lease_generation": ref.LeaseGeneration, "why": why,
 	}); err != nil {
 		return err
@@ -566,63 +573,6 @@ func (s *Store) refused(ctx context.Context, tx txn, op string, ref wire.Attempt
 		return a, nil
 	}
 	return a, s.stale(ctx, tx, op, ref, a, now)
-}
-
-// Renew extends the lease by ttl from now and returns the cancel flag (P7).
-func (s *Store) Renew(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
-	if ttl <= 0 {
-		ttl = s.cfg.leaseTTL
-	}
-	if s.d == postgres {
-		// One statement outside any transaction; only a renewal it
-		// refuses takes renewTx, which words the refusal.
-		exp := now.Add(ttl)
-		var cancel int64
-		err := s.one(ctx, func(tx txn) error {
-			return tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+`
-				RETURNING (SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)`),
-				args([]any{int64(ttl), ns(exp)}, guardArgs(ref, now)...)...).Scan(&cancel)
-		})
-		if err == nil {
-			return wire.RenewResponse{LeaseExpiresAt: fromNS(ns(exp)), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}, nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-		}
-	}
-	return s.renewTx(ctx, ref, ttl, now)
-}
-
-// renewTx is Renew in a transaction, which words a refusal; ttl is already
-// defaulted. A caller whose own statement was refused comes here directly.
-func (s *Store) renewTx(ctx context.Context, ref wire.AttemptRef, ttl time.Duration, now time.Time) (wire.RenewResponse, error) {
-	exp := now.Add(ttl)
-	var resp wire.RenewResponse
-	err := s.write(ctx, func(tx txn) error {
-		var jobID string
-		err := tx.QueryRowContext(ctx, s.q(`UPDATE attempts SET lease_ttl = ?, lease_expires_at = ? WHERE `+guard+` RETURNING job_id`),
-			args([]any{int64(ttl), ns(exp)}, guardArgs(ref, now)...)...).Scan(&jobID)
-		if errors.Is(err, sql.ErrNoRows) {
-			_, err := s.refused(ctx, tx, wire.OpRenew, ref, now)
-			if err == nil {
-				err = errRaced
-			}
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		var cancel int64
-		if err := tx.QueryRowContext(ctx, s.q(`SELECT cancel_requested FROM jobs WHERE id = ?`), jobID).Scan(&cancel); err != nil {
-			return err
-		}
-		resp = wire.RenewResponse{LeaseExpiresAt: fromNS(ns(exp)), LeaseTTLMS: ttl.Milliseconds(), CancelRequested: cancel != 0}
-		return nil
-	})
-	if err != nil {
-		return wire.RenewResponse{}, fmt.Errorf("renew: %w", err)
-	}
-	return resp, nil
 }
 
 // AppendEvents stores runner events, idempotent by (attempt, seq).
