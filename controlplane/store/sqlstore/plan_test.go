@@ -172,9 +172,9 @@ func hotStatementPlans(t *testing.T, s *Store) {
 			int64(time.Minute), ns(t0.Add(time.Minute)), nil, int64(0), "{"}, 8, "jobs_claim_any"}},
 			`SELECT COUNT(*) FROM attempts a JOIN jobs j ON j.live_attempt_id = a.id WHERE a.id = ANY($1) AND j.state = 'running'`,
 			[]any{claimIDs}, 8},
-		{"renew batch", []step{{renewSQL[postgres], []any{ks, ids, gens, hashes, jobs, ttls, nows}, n, ""}},
+		{"renew batch", []step{{renewSQL[postgres], []any{ids, gens, hashes, jobs, ttls, nows}, n, ""}},
 			renewedOf, []any{ids, ns(t0.Add(time.Minute))}, n},
-		{"renew batch at the database's clock", []step{{renewSQL[postgres], []any{ks, ids, gens, hashes, jobs, ttls, make([]int64, n)}, n, ""}},
+		{"renew batch at the database's clock", []step{{renewSQL[postgres], []any{ids, gens, hashes, jobs, ttls, make([]int64, n)}, n, ""}},
 			`SELECT COUNT(*) FROM attempts WHERE id = ANY($1) AND lease_expires_at < $2`, []any{ids, ns(t0.Add(time.Hour))}, n},
 		{"finish batch", []step{
 			{coalescedFinish, []any{ids, gens, hashes, jobs, nows, reps, heads, tails, data, outcomes, jstates, reasons, ks}, n, ""},

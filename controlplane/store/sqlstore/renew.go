@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -15,8 +14,8 @@ import (
 
 // A renewal has one path: RenewAs queues it on PostgreSQL's renewal
 // coalescer (s.rb), whose leader runs every renewal queued meanwhile in
-// one statement (on SQLite, a batch of one in the single writer's next
-// transaction), sql/<dialect>/renew.sql, fenced on each item's own row and
+// one statement (on SQLite, one statement of one renewal in the single
+// writer's next transaction, which gathers the concurrent ones), sql/<dialect>/renew.sql, fenced on each item's own row and
 // returning each item's attempt row, renewed or not; verdict words the
 // ones it did not renew. Nothing else writes a lease's renewal.
 
@@ -155,7 +154,7 @@ func (s *Store) renewRound(batch []renewItem, round []int, answers []renewAnswer
 			if s.rb != nil {
 				s.rb.statements.Add(1)
 			}
-			return s.renewRows(ctx, tx, args, batch, answers)
+			return s.renewRows(ctx, tx, args, batch, round, answers)
 		})
 		if err == nil || !s.retryable(err) || try == 7 {
 			break
@@ -172,54 +171,53 @@ func (s *Store) renewRound(batch []renewItem, round []int, answers []renewAnswer
 }
 
 // renewArgs are the statement's arguments for the items of round: arrays
-// on PostgreSQL, one JSON array on SQLite.
+// on PostgreSQL, the one item's values on SQLite (whose batch is the
+// single writer's transaction). An item is known again by its attempt id,
+// unique in a round.
 func (s *Store) renewArgs(batch []renewItem, round []int) ([]any, error) {
 	n := len(round)
-	ks, gens, ttls, nows := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	gens, ttls, nows := make([]int64, n), make([]int64, n), make([]int64, n)
 	ids, hashes, jobs := make([]string, n), make([]string, n), make([]string, n)
 	for i, k := range round {
 		it := batch[k]
-		ks[i], ids[i], gens[i], hashes[i], jobs[i] = int64(k), it.ref.AttemptID, it.ref.LeaseGeneration, it.hash, it.w.JobID
+		ids[i], gens[i], hashes[i], jobs[i] = it.ref.AttemptID, it.ref.LeaseGeneration, it.hash, it.w.JobID
 		ttls[i], nows[i] = int64(it.ttl), it.now
 	}
 	if s.d == postgres {
-		return []any{ks, ids, gens, hashes, jobs, ttls, nows}, nil
+		return []any{ids, gens, hashes, jobs, ttls, nows}, nil
 	}
-	type jsonItem struct {
-		K    int64  `json:"k"`
-		ID   string `json:"id"`
-		Gen  int64  `json:"gen"`
-		Hash string `json:"hash"`
-		Job  string `json:"job"`
-		TTL  int64  `json:"ttl"`
-		Now  int64  `json:"now"`
+	if n != 1 {
+		return nil, fmt.Errorf("a SQLite renewal statement takes one item, not %d", n)
 	}
-	items := make([]jsonItem, n)
-	for i := range items {
-		items[i] = jsonItem{ks[i], ids[i], gens[i], hashes[i], jobs[i], ttls[i], nows[i]}
-	}
-	b, err := json.Marshal(items)
-	return []any{string(b)}, err
+	return []any{ids[0], gens[0], hashes[0], jobs[0], ttls[0], nows[0]}, nil
 }
 
 // renewRows runs the statement and records each returned item's row and
 // answer.
-func (s *Store) renewRows(ctx context.Context, tx txn, args []any, batch []renewItem, answers []renewAnswer) error {
+func (s *Store) renewRows(ctx context.Context, tx txn, args []any, batch []renewItem, round []int, answers []renewAnswer) error {
+	byID := make(map[string]int, len(round))
+	for _, k := range round {
+		byID[batch[k].ref.AttemptID] = k
+	}
 	rows, err := tx.QueryContext(ctx, renewSQL[s.d], args...)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var k, now, gen, ttl, exp, cancel int64
-		var state string
-		if err := rows.Scan(&k, &now, &gen, &state, &ttl, &exp, &cancel); err != nil {
+		var id, state string
+		var now, gen, ttl, exp, cancel int64
+		if err := rows.Scan(&id, &now, &gen, &state, &ttl, &exp, &cancel); err != nil {
 			return err
 		}
-		if k < 0 || k >= int64(len(batch)) {
-			return fmt.Errorf("renewal %d of a batch of %d", k, len(batch))
+		k, ok := byID[id]
+		if !ok {
+			return fmt.Errorf("renewal of attempt %s, which the batch does not hold", id)
 		}
 		it := batch[k]
+		if now == 0 {
+			now = it.now // SQLite returns the item's own
+		}
 		// Renewed: the fence held and the lease now runs to now + TTL. A
 		// lease the fence held out cannot end there: it ended by now.
 		changed := gen == it.ref.LeaseGeneration && state == wire.AttemptRunning && ttl == int64(it.ttl) && exp == now+int64(it.ttl)

@@ -1,23 +1,16 @@
--- renew: a batch of renewals in one statement. ?1 is the batch as one JSON
--- array of items {k, id, gen, hash, job, ttl, now}: index, attempt id,
--- lease generation, worker token hash (hex), job id, TTL and now (Unix
--- nanoseconds). Every item whose token is its attempt's and job's gets the
--- attempt's row back, renewed when the fence holds (the lease to now + TTL)
--- and as it was otherwise, so that verdict words the refusal from what this
--- statement saw. SQLite's RETURNING names only the updated table, so the
--- item's index and now are found again by its attempt id (unique in a
--- batch).
+-- renew: one renewal. ?1 … ?6 are the attempt id, its lease generation,
+-- the worker token hash (hex), the job id, the TTL and now (Unix
+-- nanoseconds). SQLite's batch is the single writer's transaction, which
+-- gathers concurrent renewals, each this statement: so it takes one item,
+-- with plain parameters (a JSON batch cost the single writer half its
+-- renewals a second). The item's attempt gets its row back when its token
+-- is its attempt's and job's, renewed when the fence holds (the lease to
+-- now + TTL) and as it was otherwise, so that verdict words the refusal
+-- from what this statement saw; now is the item's own (0 here).
 UPDATE attempts SET
 	lease_ttl = CASE WHEN /* guard.sql */ THEN r.ttl ELSE attempts.lease_ttl END,
 	lease_expires_at = CASE WHEN /* guard.sql */ THEN r.now + r.ttl ELSE attempts.lease_expires_at END
-FROM (
-	SELECT json_extract(value, '$.k') AS k, json_extract(value, '$.id') AS id, json_extract(value, '$.gen') AS gen,
-		json_extract(value, '$.hash') AS hash, json_extract(value, '$.job') AS job,
-		json_extract(value, '$.ttl') AS ttl, json_extract(value, '$.now') AS now
-	FROM json_each(?1)
-) AS r
+FROM (SELECT ?1 AS id, ?2 AS gen, ?3 AS hash, ?4 AS job, ?5 AS ttl, ?6 AS now) AS r
 WHERE attempts.id = r.id AND attempts.token_hash = r.hash AND attempts.job_id = r.job
-RETURNING (SELECT json_extract(value, '$.k') FROM json_each(?1) WHERE json_extract(value, '$.id') = attempts.id),
-	(SELECT json_extract(value, '$.now') FROM json_each(?1) WHERE json_extract(value, '$.id') = attempts.id),
-	generation, state, lease_ttl, lease_expires_at,
+RETURNING id, 0, generation, state, lease_ttl, lease_expires_at,
 	(SELECT cancel_requested FROM jobs WHERE jobs.id = attempts.job_id)
