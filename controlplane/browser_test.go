@@ -586,7 +586,7 @@ func TestBrowserAdminAtAGlance(t *testing.T) {
 		giveReason := chromedp.SendKeys(chromedp.CSS(`input[name="reason"]`), "host-d was decommissioned")
 		for _, typed := range []string{"", g.login.ID} {
 			run(t, tab, "give the reason", giveReason) // required: the browser sends no form without it
-			if typed != "" { // the page's field starts empty
+			if typed != "" {                           // the page's field starts empty
 				run(t, tab, "type "+typed, chromedp.SendKeys(chromedp.CSS(`input[name="confirm"]`), typed))
 			}
 			if resp := click(t, tab, `#confirm-lose`); resp.Status != http.StatusBadRequest {
