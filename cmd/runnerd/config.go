@@ -108,7 +108,9 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&receiptRetry, "receipt-retry", settlement.DefaultWait, "pause between receipt or report tries (R24)")
 	fs.DurationVar(&c.PermissionTimeout, "permission-timeout", 10*time.Minute, "how long an ACP permission request under the ask policy waits for the owner's answer before it is answered cancelled")
 	fs.DurationVar(&o.watchdog, "watchdog-interval", 10*time.Second, "WATCHDOG=1 period when systemd sets no WATCHDOG_USEC")
-	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address for /metrics, /healthz (the daemon's loops check in) and /readyz (control plane reachable, claiming enabled); empty: off")
+	fs.StringVar(&o.metricsListen, "listen-metrics", "", "address for /metrics, /healthz (the daemon's loops check in) and /readyz (control plane reachable, claiming enabled); empty: off")
+	var metricsListenOld string
+	fs.StringVar(&metricsListenOld, "metrics-listen", "", "the older name of --listen-metrics")
 	fs.StringVar(&o.logFormat, "log-format", "json", "records as json (journald) or text (people)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.Docker.Pull, "pull", docker.PullMissing, "docker backend: pull a conversation's image to create its container: never, missing (when not on this host) or always")
@@ -146,6 +148,12 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	}
 	given := map[string]bool{} // set by any of the three sources
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if given["metrics-listen"] {
+		if given["listen-metrics"] && o.metricsListen != metricsListenOld {
+			return o, fmt.Errorf("--listen-metrics %q and its older name --metrics-listen %q disagree: give one", o.metricsListen, metricsListenOld)
+		}
+		o.metricsListen = metricsListenOld
+	}
 
 	// Every duration flag must be positive: a zero here was given on
 	// purpose, not left for a default.

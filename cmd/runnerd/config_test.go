@@ -54,6 +54,18 @@ func TestConfigPrecedence(t *testing.T) {
 					t.Fatalf("%+v", o)
 				}
 			}},
+		{"--listen-metrics, the issue's name, from the environment", nil, []string{"RUNNERD_LISTEN_METRICS", "127.0.0.1:9464"},
+			func(t *testing.T, o options) {
+				if o.metricsListen != "127.0.0.1:9464" {
+					t.Fatalf("metrics address %q", o.metricsListen)
+				}
+			}},
+		{"--listen-metrics and its older name agreeing", []string{"--listen-metrics=:9", "--metrics-listen=:9"}, nil,
+			func(t *testing.T, o options) {
+				if o.metricsListen != ":9" {
+					t.Fatalf("metrics address %q", o.metricsListen)
+				}
+			}},
 		{"container log caps from the environment", nil, []string{"RUNNERD_DOCKER_LOG_MAX_SIZE", "1048576", "RUNNERD_DOCKER_LOG_MAX_FILES", "5"},
 			func(t *testing.T, o options) {
 				if o.cfg.Docker.LogMaxBytes != 1<<20 || o.cfg.Docker.LogMaxFiles != 5 {
@@ -165,6 +177,7 @@ func TestR12BadConfigurationExitsWithOneLine(t *testing.T) {
 		{"negative sandbox idle", []string{"--sandbox-idle=-1m"}, nil, "--sandbox-idle -1m0s: must not be negative"},
 		{"bad sandbox", nil, []string{"RUNNERD_SANDBOX", "vm"}, `--sandbox "vm": want process or docker`},
 		{"bad log format", []string{"--log-format=xml"}, nil, `--log-format "xml": want json or text`},
+		{"the metrics address twice, disagreeing", []string{"--listen-metrics=:9", "--metrics-listen=:10"}, nil, `--listen-metrics ":9" and its older name --metrics-listen ":10" disagree: give one`},
 		{"automatic label by hand", []string{"--label=sandbox=docker"}, nil, "--label sandbox=docker: sandbox is set by the daemon itself"},
 		{"label not key=value", []string{"--label=gpu"}, nil, `invalid value "gpu" for flag -label: "gpu" is not key=value`},
 		{"label value with a space", nil, []string{"RUNNERD_LABEL", "zone=eu 1"}, `RUNNERD_LABEL="zone=eu 1" is not a valid --label`},

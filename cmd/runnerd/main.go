@@ -196,7 +196,7 @@ func runDaemon(args []string, getenv func(string) string, stdout, stderr io.Writ
 	if o.metricsListen != "" {
 		l, err := net.Listen("tcp", o.metricsListen)
 		if err != nil {
-			fmt.Fprintln(stderr, "runnerd: --metrics-listen: "+err.Error())
+			fmt.Fprintln(stderr, "runnerd: --listen-metrics: "+err.Error())
 			return 1
 		}
 		mux := http.NewServeMux()

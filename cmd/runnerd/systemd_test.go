@@ -67,7 +67,7 @@ func TestSystemdNotifyReadyWatchdogStopping(t *testing.T) {
 		"--state-dir", filepath.Join(dir, "state"), "--lease-ttl=1.2s", "--renew-interval=300ms",
 		"--renew-timeout=100ms", "--renew-retry=50ms", "--host-heartbeat-interval=200ms", "--claim-wait=300ms",
 		"--watchdog-interval=1h", // WATCHDOG_USEC wins
-		"--metrics-listen=127.0.0.1:0",
+		"--listen-metrics=127.0.0.1:0",
 	}
 	stderr := &syncbuf.Buffer{}
 	exit := make(chan int, 1)

@@ -220,7 +220,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	d, err := fleet.StartDaemon(ctx, fleet.DaemonConfig{
 		Bin: bins.Runnerd, ControlPlaneURL: cp.URL, HostTokenFile: tokenFile, HostName: hostName,
 		StateDir: stateDir, Capacity: cfg.Turns, RenewInterval: cfg.RenewInterval, RenewRetry: renewRetry,
-		Args: []string{"--metrics-listen", "127.0.0.1:0"},
+		Args: []string{"--listen-metrics", "127.0.0.1:0"},
 		Env:  cfg.DaemonEnv,
 		Log:  logFile,
 	})
