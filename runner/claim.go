@@ -159,6 +159,9 @@ func (c *claimer) claimed(got []wire.Claim, first time.Time) {
 	c.backoff.Reset()
 	for _, claim := range got {
 		c.d.m.ClaimWait.Observe(time.Since(first).Seconds())
+		if claim.QueuedMS != nil { // nil: a control plane that does not say
+			c.d.m.QueueWait.Observe((time.Duration(*claim.QueuedMS) * time.Millisecond).Seconds())
+		}
 		c.d.startAttempt(c.runCtx, claim, first)
 	}
 }

@@ -29,6 +29,7 @@ type Metrics struct {
 	TurnDuration   *prometheus.HistogramVec
 	ClaimToAccept  prometheus.Histogram // from the claim's answer to the child's ACCEPT
 	ClaimWait      prometheus.Histogram // a claim's first request to the answer that brought turns, per turn
+	QueueWait      prometheus.Histogram // a turn's message to its claim, on the store's clock (wire.Claim.QueuedMS)
 	// SandboxEvictions counts idle evictions (S1) by result: evicted, or
 	// the class of the one that did not happen.
 	SandboxEvictions *prometheus.CounterVec
@@ -117,6 +118,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from a claim's first request (free slots asking for work) to the answer that brought turns, one observation per turn claimed.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
 		}),
+		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "runnerd_queue_wait_seconds",
+			Help:    "Time a claimed turn waited between its message and its claim, on the control plane's store clock; one observation per turn claimed (none from a control plane that does not say).",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 20),
+		}),
 		SandboxEvictions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "runnerd_sandbox_evictions_total", Help: "Idle sandboxes stopped and kept (result evicted), or left running (result: why).",
 		}, []string{"result"}),
@@ -143,7 +149,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Renewals, m.RenewalLatency, m.LaunchFailures, m.Declines, m.ClaimFailures,
-			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.SandboxEvictions, m.SandboxTeardown, m.SandboxTeardownIncomplete, m.SpareChildren,
+			m.Turns, m.TurnDuration, m.ClaimToAccept, m.ClaimWait, m.QueueWait, m.SandboxEvictions, m.SandboxTeardown, m.SandboxTeardownIncomplete, m.SpareChildren,
 			m.ImagePulls, m.ImagePullDuration, stateCollector{m})
 	}
 	return m

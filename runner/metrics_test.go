@@ -98,6 +98,11 @@ func TestDaemonMetricsMoveWithATurn(t *testing.T) {
 	if !ok || margin <= 0 || margin > testTimings.LeaseTTL.Seconds() {
 		t.Fatalf("runnerd_lease_margin_min_seconds = %v (held %v), want in (0, %v]", margin, ok, testTimings.LeaseTTL)
 	}
+	// The claim said how long the turn was queued: one sample, no longer
+	// than the turn has existed.
+	if n, sum := got["runnerd_queue_wait_seconds_count"], got["runnerd_queue_wait_seconds_sum"]; n != 1 || sum < 0 || sum > sinceQueued.Seconds() {
+		t.Fatalf("queue wait: %v samples, %v s; want one of at most the %v since the enqueue", n, sum, sinceQueued)
+	}
 	if n, sum := got["runnerd_claim_to_accept_seconds_count"], got["runnerd_claim_to_accept_seconds_sum"]; n != 1 || sum > sinceQueued.Seconds() {
 		t.Fatalf("claim to accept: %v samples, %v s, more than the %v from the enqueue to the acceptance: measured from the long poll's start, not the claim's answer", n, sum, sinceQueued)
 	}

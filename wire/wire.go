@@ -632,6 +632,11 @@ type Claim struct {
 	// plus HeldMS, so the runner counts it from there: a long poll does
 	// not shorten the lease.
 	HeldMS int64 `json:"held_ms"`
+	// QueuedMS is how long the turn waited between its message and this
+	// claim, in milliseconds on the store's clock (the job's creation to
+	// the claim): the host's queue-wait histogram. nil from a control
+	// plane older than the field.
+	QueuedMS *int64 `json:"queued_ms,omitempty"`
 	// Replayed says this is the answer of an earlier claim with the same
 	// idempotency key, whose answer the host never received: the same
 	// attempt, generation, expiry, hold and worker token.

@@ -151,7 +151,7 @@ func checkMetrics(t *testing.T, logs string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	for _, series := range []string{"runnerd_leases_held 0", "runnerd_claim_to_accept_seconds_count 0", "runnerd_claim_wait_seconds_count 0", "go_goroutines",
+	for _, series := range []string{"runnerd_leases_held 0", "runnerd_claim_to_accept_seconds_count 0", "runnerd_claim_wait_seconds_count 0", "runnerd_queue_wait_seconds_count 0", "go_goroutines",
 		"runnerd_slots 2", "runnerd_draining 0", `runnerd_claims_paused{reason="launch_failures"} 0`, `runnerd_build_info{goversion="go`} {
 		if !strings.Contains(string(b), series) {
 			t.Errorf("/metrics has no %q", series)

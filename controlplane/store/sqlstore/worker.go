@@ -176,7 +176,7 @@ func (s *Store) claimOne(ctx context.Context, tx txn, p store.ClaimParams, slot 
 	if err != nil {
 		return c, false, err
 	}
-	if err := s.claimTurn(ctx, tx, &c); err != nil {
+	if err := s.claimTurn(ctx, tx, &c, p.Now); err != nil {
 		return c, false, err
 	}
 	return c, true, s.event(ctx, tx, c.JobID, c.AttemptID, p.Now, "claimed", map[string]any{
@@ -251,8 +251,8 @@ func claimedRows(rows interface {
 		host = true
 		var keyed bool
 		var jobID, attemptID, conv, prompt, image, cmd, container, state, interrupted, protocol, policy, limits sql.NullString
-		var seq, gen, epoch, native sql.NullInt64
-		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted, &protocol, &policy, &limits); err != nil {
+		var seq, gen, epoch, native, queued sql.NullInt64
+		if err := rows.Scan(&keyed, &jobID, &attemptID, &conv, &seq, &prompt, &gen, &image, &cmd, &container, &epoch, &native, &state, &interrupted, &protocol, &policy, &limits, &queued); err != nil {
 			return nil, false, err
 		}
 		if keyed {
@@ -262,7 +262,7 @@ func claimedRows(rows interface {
 			continue // the host's row with no job
 		}
 		c := wire.Claim{JobID: jobID.String, AttemptID: attemptID.String, LeaseGeneration: gen.Int64, LeaseExpiresAt: exp,
-			LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds(),
+			LeaseTTLMS: ttl.Milliseconds(), HeldMS: p.Held.Milliseconds(), QueuedMS: waitedMS(queued.Int64),
 			Turn: wire.Turn{ConversationID: conv.String, Seq: seq.Int64, Prompt: prompt.String, Image: image.String,
 				ContainerID: container.String, Epoch: epoch.Int64, NativeTurn: native.Int64,
 				AgentProtocol: protocol.String, PermissionPolicy: policy.String,
@@ -326,7 +326,7 @@ const claimPGTail = `
 		attempt_count = jobs.attempt_count + 1, live_attempt_id = sl.a
 	FROM pick JOIN unnest(CAST($4 AS TEXT[]), CAST($5 AS TEXT[])) WITH ORDINALITY AS sl(a, t, k) ON sl.k = pick.k
 	WHERE jobs.pos = pick.pos AND jobs.state = 'queued' AND EXISTS (SELECT 1 FROM h) AND NOT EXISTS (SELECT 1 FROM keyed)
-	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, sl.a, sl.t, sl.k
+	RETURNING jobs.pos, jobs.id, jobs.conversation_id, jobs.seq, jobs.prompt, jobs.generation, jobs.created_at, sl.a, sl.t, sl.k
 ), att AS (
 	INSERT INTO attempts (id, job_id, generation, state, host_id, lease_owner,
 		lease_ttl, lease_expires_at, claimed_at, token_hash, claim_key, claim_held)
@@ -345,7 +345,7 @@ SELECT EXISTS (SELECT 1 FROM keyed), j.id, j.a, j.conversation_id, j.seq, j.prom
 	c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
 	(SELECT ia.activation_id FROM jobs ij JOIN attempts ia ON ia.id = ij.admitted_attempt_id
 		WHERE ij.id = c.interrupted_job_id AND c.state = 'quarantined'),
-	c.agent_protocol, c.permission_policy, c.limits
+	c.agent_protocol, c.permission_policy, c.limits, $2 - j.created_at
 FROM h LEFT JOIN (j JOIN conversations c ON c.id = j.conversation_id) ON true
 ORDER BY j.pos`
 
@@ -355,7 +355,7 @@ ORDER BY j.pos`
 // derive again).
 func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, now time.Time) ([]wire.Claim, error) {
 	rows, err := tx.QueryContext(ctx, s.q(`SELECT a.id, a.job_id, a.generation, a.lease_expires_at, a.lease_ttl, a.claim_held,
-		j.conversation_id, j.seq, j.prompt
+		a.claimed_at, j.conversation_id, j.seq, j.prompt
 		FROM attempts a JOIN jobs j ON j.id = a.job_id
 		WHERE a.host_id = ? AND a.claim_key >= ? AND a.claim_key < ? AND a.state = 'running' AND a.lease_expires_at > ?
 		ORDER BY a.claim_key`), hostID, key, key+"/", ns(now))
@@ -363,10 +363,11 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 		return nil, err
 	}
 	var cs []wire.Claim
+	var claimedAt []time.Time // each claim's time, for its queue wait
 	for rows.Next() {
 		var c wire.Claim
-		var exp, ttl, held int64
-		if err := rows.Scan(&c.AttemptID, &c.JobID, &c.LeaseGeneration, &exp, &ttl, &held,
+		var exp, ttl, held, claimed int64
+		if err := rows.Scan(&c.AttemptID, &c.JobID, &c.LeaseGeneration, &exp, &ttl, &held, &claimed,
 			&c.Turn.ConversationID, &c.Turn.Seq, &c.Turn.Prompt); err != nil {
 			rows.Close()
 			return nil, err
@@ -376,6 +377,7 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 		c.HeldMS = time.Duration(held).Milliseconds()
 		c.Replayed = true
 		cs = append(cs, c)
+		claimedAt = append(claimedAt, fromNS(claimed))
 	}
 	rows.Close() // before the statements below, on SQLite's one connection
 	if err := rows.Err(); err != nil {
@@ -383,7 +385,7 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 	}
 	for i := range cs {
 		c := &cs[i]
-		if err := s.claimTurn(ctx, tx, c); err != nil {
+		if err := s.claimTurn(ctx, tx, c, claimedAt[i]); err != nil {
 			return nil, err
 		}
 		if err := s.event(ctx, tx, c.JobID, c.AttemptID, now, "claim_replayed", map[string]any{"lease_generation": c.LeaseGeneration}); err != nil {
@@ -395,16 +397,19 @@ func (s *Store) replayClaims(ctx context.Context, tx txn, hostID, key string, no
 
 // claimTurn fills in the turn's conversation: its sandbox and boundary,
 // and for a quarantined one the activation its interrupted turn was
-// admitted under, which the supervisor must retain a record of (K13).
-func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim) error {
+// admitted under, which the supervisor must retain a record of (K13);
+// and the turn's queue wait up to claimed, the claim's time.
+func (s *Store) claimTurn(ctx context.Context, tx txn, c *wire.Claim, claimed time.Time) error {
 	var cmd, state, interrupted, limits string
-	if err := tx.QueryRowContext(ctx, s.q(`SELECT image, agent_command, container_id, epoch, native_turn, state, interrupted_job_id,
-		agent_protocol, permission_policy, limits
-		FROM conversations WHERE id = ?`), c.Turn.ConversationID).Scan(
+	var created int64
+	if err := tx.QueryRowContext(ctx, s.q(`SELECT c.image, c.agent_command, c.container_id, c.epoch, c.native_turn, c.state,
+		c.interrupted_job_id, c.agent_protocol, c.permission_policy, c.limits, j.created_at
+		FROM conversations c JOIN jobs j ON j.conversation_id = c.id WHERE j.id = ?`), c.JobID).Scan(
 		&c.Turn.Image, &cmd, &c.Turn.ContainerID, &c.Turn.Epoch, &c.Turn.NativeTurn, &state, &interrupted,
-		&c.Turn.AgentProtocol, &c.Turn.PermissionPolicy, &limits); err != nil {
+		&c.Turn.AgentProtocol, &c.Turn.PermissionPolicy, &limits, &created); err != nil {
 		return err
 	}
+	c.QueuedMS = waitedMS(ns(claimed) - created)
 	var err error
 	if c.Turn.Limits, err = decodeLimits(limits); err != nil {
 		return err
@@ -920,4 +925,11 @@ func (s *Store) Notice(ctx context.Context, ref wire.AttemptRef, req wire.Notice
 		return fmt.Errorf("notice: %w", err)
 	}
 	return nil
+}
+
+// waitedMS is a queue wait of d nanoseconds as a claim says it, in
+// milliseconds (a clock step backwards counts as none).
+func waitedMS(d int64) *int64 {
+	ms := time.Duration(max(d, 0)).Milliseconds()
+	return &ms
 }

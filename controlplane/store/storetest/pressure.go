@@ -106,3 +106,40 @@ func testS2PinnedOnlyClaim(t *testing.T, st store.Store) {
 	}
 	f.claimOn(a, at(7*time.Second), first.ID)
 }
+
+// A claim says how long its turn waited since its message, on the store's
+// clock (the host's queue-wait histogram): a single claim and a batch on
+// each store's path, and a keyed claim's replay answers the wait up to
+// the claim it replays, not up to the replay.
+func testClaimSaysItsQueueWait(t *testing.T, st store.Store) {
+	f := newFixture(t, st)
+	one := f.enqueue(f.conversation().ID, "one") // at T0
+	waited := func(c wire.Claim) int64 {
+		if c.QueuedMS == nil {
+			return -1
+		}
+		return *c.QueuedMS
+	}
+	if c := f.claimOn(f.host, at(7*time.Second), one.ID); waited(c) != 7000 {
+		t.Fatalf("a claim 7 s after the message says queued_ms %d, want 7000", waited(c))
+	}
+	a, b := f.enqueue(f.conversation().ID, "a"), f.enqueue(f.conversation().ID, "b")
+	key := Hash("queue-wait-key")
+	claim := func(now time.Time) []wire.Claim {
+		t.Helper()
+		cs, err := st.ClaimMany(f.ctx, store.ClaimParams{HostID: f.host.ID, LeaseTTL: TTL, WorkerTokenHash: Hash("w-a"), KeyHash: key, Now: now,
+			More: []store.ClaimSlot{{WorkerTokenHash: Hash("w-b")}}})
+		if err != nil {
+			t.Fatalf("ClaimMany: %v", err)
+		}
+		return cs
+	}
+	cs := claim(at(9 * time.Second))
+	if len(cs) != 2 || cs[0].JobID != a.ID || cs[1].JobID != b.ID || waited(cs[0]) != 9000 || waited(cs[1]) != 9000 {
+		t.Fatalf("a batch 9 s after the messages: %+v, want both turns with queued_ms 9000", cs)
+	}
+	again := claim(at(10 * time.Second))
+	if len(again) != 2 || !again[0].Replayed || waited(again[0]) != 9000 || waited(again[1]) != 9000 {
+		t.Fatalf("the replay a second later: %+v, want the same turns with queued_ms 9000, the wait up to the claim", again)
+	}
+}

@@ -54,6 +54,7 @@ var tests = []test{
 	{"ConversationStates_OneRead", testConversationStates},
 	{"S1_SandboxState", testS1SandboxState},
 	{"S2_PinnedOnlyClaim", testS2PinnedOnlyClaim},
+	{"ClaimSaysItsQueueWait", testClaimSaysItsQueueWait},
 	{"ListJobs", testListJobs},
 	{"AdminReads", testAdminReads},
 	{"InvalidInput", testInvalidInput},
