@@ -219,8 +219,11 @@ func (s *Store) renewRows(ctx context.Context, tx txn, args []any, batch []renew
 			now = it.now // SQLite returns the item's own
 		}
 		// Renewed: the fence held and the lease now runs to now + TTL. A
-		// lease the fence held out cannot end there: it ended by now.
-		changed := gen == it.ref.LeaseGeneration && state == wire.AttemptRunning && ttl == int64(it.ttl) && exp == now+int64(it.ttl)
+		// lease the fence held out cannot end there: one that ran out
+		// ended by now, and a finished or superseded attempt's was set at
+		// an earlier now (fenceInGo: off only in the broken build).
+		fenced := !fenceInGo || gen == it.ref.LeaseGeneration && state == wire.AttemptRunning
+		changed := fenced && ttl == int64(it.ttl) && exp == now+int64(it.ttl)
 		answers[k] = renewAnswer{
 			row:  row{found: true, changed: changed, jobID: it.w.JobID, generation: gen, state: state, now: now},
 			resp: wire.RenewResponse{LeaseExpiresAt: fromNS(exp), LeaseTTLMS: it.ttl.Milliseconds(), CancelRequested: cancel != 0},
