@@ -13,11 +13,11 @@ import (
 )
 
 // TestWorkerBatchRequests runs the same turns through a daemon that
-// batches its renewals and reports (the default) and through one with
+// batches its reports (the default) and through one with
 // --batch-requests=false, each against its own real control plane: with
-// batching the control plane answers worker batch requests, whose
-// renewal and finish items are the turns' own, and every turn succeeds;
-// without it none comes. It logs the control plane's requests per turn
+// batching the control plane answers worker batch requests, whose finish
+// items are the turns' own, renewals are never among them (each goes at
+// once, R14), and every turn succeeds; without it none comes. It logs the control plane's requests per turn
 // in both.
 func TestWorkerBatchRequests(t *testing.T) {
 	t.Parallel()
@@ -58,8 +58,11 @@ func TestWorkerBatchRequests(t *testing.T) {
 		if n := batched[`controlplane_worker_batch_items_total{op="finish",status="200"}`]; n != turns {
 			t.Fatalf("%v finish items answered 200 in batches, want %d (every turn's report)", n, turns)
 		}
-		if batched[`controlplane_worker_batch_items_total{op="renew",status="200"}`] < turns {
-			t.Fatalf("renewals in batches: %v", batched)
+		if n := batched[`controlplane_worker_batch_items_total{op="renew",status="200"}`]; n != 0 {
+			t.Fatalf("%v renewals in batches, want none: a renewal goes at once", n)
+		}
+		if batched[`controlplane_renewals_total{status="200"}`] < turns {
+			t.Fatalf("renewals: %v", batched)
 		}
 	})
 	t.Run("per_call", func(t *testing.T) {

@@ -129,8 +129,9 @@ type Config struct {
 	// boottime.Since(time.Now()), which runs on the bubble's fake time.
 	// Deadlines handed to a child are converted to CLOCK_BOOTTIME.
 	Clock boottime.Clock
-	// NoBatchRequests sends every renewal and report on its own request.
-	// By default the daemon batches them per host (internal/workerbatch):
+	// NoBatchRequests sends every report on its own request. By default
+	// the daemon batches them per host (internal/workerbatch; renewals
+	// always go on their own, R14):
 	// one sent at once while nothing is in flight, those made meanwhile
 	// together in POST /v1/agent/worker/batch as soon as it returns; a
 	// control plane without that path gets them one by one.

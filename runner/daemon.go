@@ -89,9 +89,13 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	// Claims, heartbeats, reports and renewals share one view of which
 	// replica answers: a failure seen by one moves them all.
-	// Under the endpoints, each client's attempt-scoped calls go in the
-	// host's batches (internal/workerbatch): renewals in their own, on
-	// their own pool (R3), reports in the control client's.
+	// Under the endpoints, the control client's attempt-scoped calls
+	// (reports) go in the host's batches (internal/workerbatch). Renewals
+	// do not: each goes at once on its own pool (R3). Queued behind a
+	// batch in flight, a renewal waited out that batch's round trip
+	// before its own began, inside its own request timeout (R14): under
+	// load (the chaos campaign at load 24) a host's renewals timed out
+	// one after another and a lease was lost that per-call renewals kept.
 	ep := cfg.endpoints
 	var d *Daemon
 	batched := func(base http.RoundTripper) http.RoundTripper {
@@ -102,7 +106,7 @@ func New(cfg Config) (*Daemon, error) {
 	}
 	cfg.Transport = ep.Transport(batched(cfg.Transport))
 	renewHTTP := heartbeat.NewHTTPClient(cfg.RenewHTTP)
-	renewHTTP.Transport = countRenewals{base: ep.Transport(batched(renewHTTP.Transport)), m: cfg.Metrics}
+	renewHTTP.Transport = countRenewals{base: ep.Transport(renewHTTP.Transport), m: cfg.Metrics}
 	d = &Daemon{
 		cfg:         cfg,
 		log:         cfg.Logger,

@@ -77,7 +77,7 @@ func parseRun(args []string, getenv func(string) string) (options, error) {
 	fs.StringVar(&c.HostName, "host-name", hostname, "this host's name, as registered with the control plane")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/runnerd", "state directory (persisted attempts, sandboxes)")
 	fs.IntVar(&c.Capacity, "capacity", runner.DefaultCapacity, "turns run at once")
-	batch := fs.Bool("batch-requests", true, "send the renewals and reports of this host's turns made while one is in flight together in the next POST /v1/agent/worker/batch (never on a timer: one made while none is in flight goes at once); a control plane without that path gets them one by one; false: each on its own request")
+	batch := fs.Bool("batch-requests", true, "send the reports of this host's turns made while one is in flight together in the next POST /v1/agent/worker/batch (never on a timer: one made while none is in flight goes at once); a control plane without that path gets them one by one; false: each on its own request")
 	spare := fs.Bool("spare-child", true, "keep one turn child started and waiting for the next claim (no slot of --capacity): claim → ACCEPT without a process start")
 	fs.StringVar(&c.Sandbox, "sandbox", sandbox.BackendProcess, "sandbox backend: process or docker")
 	c.Labels = wire.Labels{}
