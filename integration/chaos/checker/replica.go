@@ -176,6 +176,14 @@ func (h *history) replicaCosts(excused *int) []Finding {
 			}
 			lease := r.Kind == KindDaemon && (r.Daemon.Msg == diagnostics.MsgLeaseExpired || r.Daemon.Msg == diagnostics.MsgLeaseLost) ||
 				r.Kind == KindHTTP && IsAttemptWrite(r.HTTP.Call) && r.HTTP.Code == wire.CodeLeaseLost
+			if lease && h.finishedOwn(r.JobID, r.AttemptID) {
+				// The attempt's own report was accepted, so its lease held
+				// until that commit: a renewal answered lease_lost after it
+				// (sent while the report was in flight, as K1 renews) is
+				// the race with its own finish, not a lease the replica's
+				// loss cost.
+				continue
+			}
 			if lease && h.otherFault(p, r.Time, r.Time) != nil {
 				*excused++
 				continue
@@ -251,4 +259,19 @@ func (h *history) sandboxCounts() (evicted, woken int) {
 		}
 	}
 	return evicted, woken
+}
+
+// finishedOwn reports whether attempt's own terminal report was accepted:
+// its job has a "finished" event naming it.
+func (h *history) finishedOwn(jobID, attempt string) bool {
+	j := h.jobs[jobID]
+	if j == nil || attempt == "" {
+		return false
+	}
+	for _, e := range j.events {
+		if e.Event.Type == "finished" && first(e.Event.AttemptID, e.AttemptID) == attempt {
+			return true
+		}
+	}
+	return false
 }

@@ -106,6 +106,22 @@ func TestReplicaLossCostsNothing(t *testing.T) {
 		})
 		only(t, rep, recs, ReplicaLease, 2)
 	})
+	t.Run("a renewal racing its own accepted finish", func(t *testing.T) {
+		// K1 renews while the report is in flight: the renewal answered
+		// after the finish committed is refused, which is no lease the
+		// replica's loss cost; the daemon's record of it neither.
+		rep, _ := build(t, func(h *hist) {
+			h.beats("h2", 90, 110, 100.1)
+			h.via(101, "h2", "cp2", wire.OpFinish, "a3", 200)
+			h.event("j-a3", "a3", "finished", wire.FinishRequest{Outcome: wire.OutcomeSucceeded})
+			h.via(101.01, "h2", "cp2", wire.OpRenew, "a3", 409)
+			h.recs[len(h.recs)-1].HTTP.Code = wire.CodeLeaseLost
+			h.add(Record{Time: h.at(101.04), Host: "h2", JobID: "j-a3", AttemptID: "a3", Daemon: &Daemon{Msg: diagnostics.MsgLeaseLost}})
+		})
+		if n := rep.Count(ReplicaLease); n != 0 {
+			t.Fatalf("%d leases counted lost through the replica's loss, want 0:\n%s", n, rep.Summary())
+		}
+	})
 	t.Run("a fault on the path to the lost replica", func(t *testing.T) {
 		// It cannot cost the host anything: that replica is down anyway.
 		rep, recs := build(t, func(h *hist) {
