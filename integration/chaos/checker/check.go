@@ -49,10 +49,10 @@ const (
 	// demand for it (R30, R31, K13).
 	LostAvoidable Property = "lost_avoidable"
 	// ReplicaOffline: a host went offline while a replica it lists was
-	// killed or restarted, no other fault touching it (issue 22).
+	// killed or restarted, no other fault touching it.
 	ReplicaOffline Property = "replica_loss_host_offline"
 	// ReplicaLease: a host lost a lease while a replica it lists was
-	// killed or restarted, no other fault touching it (issue 22).
+	// killed or restarted, no other fault touching it.
 	ReplicaLease Property = "replica_loss_lease_lost"
 	// LostJustified: a conversation LOST on the evidence the rules demand:
 	// its admission answer lost on every try (R30), or its retained

@@ -12,7 +12,7 @@ import (
 
 // A replica's kill (kill -9) or restart (SIGTERM, down for the fault's
 // length) must cost a host that lists every replica's address nothing
-// (issue 22: the daemon moves to the next address): no host offline, no
+// (the daemon moves to the next address on a transport failure or 5xx): no host offline, no
 // lease lost. The checker judges that for every such loss and every host,
 // from the loss's start to replicaAfter past its end. A cost it finds is
 // set aside (counted, not a violation) when another fault that can cause
